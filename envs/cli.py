@@ -1,0 +1,92 @@
+"""Command lines generated from configuration dataclasses.
+
+Each entry point has one ``@dataclass`` whose fields carry a docstring right under
+them (the CleanRL/tyro convention); :func:`parse` turns it into an argparse CLI
+where ``field_name`` becomes ``--field-name`` and the docstring becomes its help.
+Standard library only, so the simulator's CLIs stay light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import textwrap
+import types
+import typing
+from functools import lru_cache
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+@lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """Map each field of a dataclass to the string literal written under it."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for node, nxt in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _base_type(tp: Any) -> tuple[Any, bool]:
+    """(the type inside Optional[...], whether None is allowed)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return (args[0] if len(args) == 1 else str), True
+    return tp, False
+
+
+def _none_or(conv):
+    def parse(text: str):
+        return None if text.lower() in ("none", "") else conv(text)
+
+    parse.__name__ = getattr(conv, "__name__", "value")
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if not f.init or f.metadata.get("cli") is False:
+            continue
+        tp, optional = _base_type(hints[f.name])
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        help_text = docs.get(f.name, "")
+        if tp is bool:
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=default, help=help_text)
+            continue
+        conv = tp if tp in (int, float, str) else str
+        kwargs: dict[str, Any] = dict(dest=f.name, default=default, metavar=f.name.upper(),
+                                      type=_none_or(conv) if optional else conv,
+                                      help=f"{help_text} (default: {default})")
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+        parser.add_argument(flag, **kwargs)
+
+
+def parse(cls: type[T], argv: list[str] | None = None, description: str | None = None,
+          prog: str | None = None) -> T:
+    """Parse ``argv`` into an instance of the dataclass ``cls``."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description or (inspect.getdoc(cls) or "").split("\n\n")[0])
+    add_arguments(parser, cls)
+    ns = parser.parse_args(argv)
+    return cls(**vars(ns))

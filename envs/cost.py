@@ -1,0 +1,188 @@
+"""The price of one forward pass on a roofline (DESIGN.md, section 2).
+
+    bytes = weights + KV read (each decode's context, each chunk's prefix) + KV written
+    flops = 2 * params * tokens + attention_flops_per_pair * (query, key) pairs
+    time  = max(bytes / bandwidth, flops / peak) + per-pass overhead
+
+A decode with context c (tokens already in its KV cache) reads c tokens of KV,
+writes one, and its query attends to c + 1 keys. A prefill chunk of x tokens
+whose prompt already has q tokens prefilled reads the q-token prefix once,
+writes x tokens, and its queries attend to x*q + x(x+1)/2 keys (full against the
+prefix, causal inside the chunk). Re-reading the prefix once per chunk is why
+chunking costs cache traffic (Sarathi-Serve, section 4.3).
+
+Everything here is a pure function of the pass's shape, the hardware and the
+model; the simulator's hot loop uses the same :class:`Roofline` coefficients,
+and a test checks every simulated pass against :func:`price_pass`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from envs.profiles import HardwareProfile, ModelProfile
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Per-pass cost coefficients for one (hardware, model) pair, in seconds/bytes/FLOP.
+
+    A tensor-parallel group is priced as one device with ``tp`` times the
+    bandwidth and FLOP/s of one GPU.
+    """
+
+    weight_bytes: float
+    kv_bytes_per_token: float
+    flops_per_token: float
+    """2 x params: one multiply-add per weight per token."""
+    attention_flops_per_pair: float
+    seconds_per_byte: float
+    seconds_per_flop: float
+    overhead_s: float
+
+    @classmethod
+    def of(cls, hardware: HardwareProfile, model: ModelProfile) -> "Roofline":
+        tp = model.tensor_parallel
+        return cls(
+            weight_bytes=model.weight_bytes,
+            kv_bytes_per_token=model.kv_bytes_per_token,
+            flops_per_token=2.0 * model.params,
+            attention_flops_per_pair=model.attention_flops_per_pair,
+            seconds_per_byte=1.0 / (hardware.effective_bytes_per_s * tp),
+            seconds_per_flop=1.0 / (hardware.effective_flops_per_s * tp),
+            overhead_s=hardware.per_pass_overhead_s,
+        )
+
+
+@dataclass(frozen=True)
+class PassShape:
+    """What one pass carries, summed over its requests (all counts in tokens).
+
+    Invariants: every field >= 0; ``prefill_attention_pairs`` >= ``prefill_tokens``
+    when there is prefill (each query sees at least itself).
+    """
+
+    num_decodes: int = 0
+    decode_context_tokens: int = 0
+    """Sum over decodes of the tokens already in each one's KV cache."""
+    prefill_tokens: int = 0
+    prefill_prefix_tokens: int = 0
+    """Sum over chunks of the tokens of that prompt already prefilled."""
+    prefill_attention_pairs: int = 0
+
+    @classmethod
+    def of(cls, decode_contexts: Iterable[int] = (),
+           chunks: Iterable[tuple[int, int]] = ()) -> "PassShape":
+        """From each decode's context and each chunk's (size, already-prefilled prefix)."""
+        contexts = list(decode_contexts)
+        chunk_list = list(chunks)
+        return cls(
+            num_decodes=len(contexts),
+            decode_context_tokens=sum(contexts),
+            prefill_tokens=sum(x for x, _ in chunk_list),
+            prefill_prefix_tokens=sum(q for _, q in chunk_list),
+            prefill_attention_pairs=sum(chunk_attention_pairs(x, q) for x, q in chunk_list),
+        )
+
+    @property
+    def tokens(self) -> int:
+        return self.num_decodes + self.prefill_tokens
+
+
+def chunk_attention_pairs(chunk_tokens: int, prefix_tokens: int) -> int:
+    """(query, key) pairs of a chunk: full against its prefix, causal inside itself."""
+    return chunk_tokens * prefix_tokens + chunk_tokens * (chunk_tokens + 1) // 2
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """A pass's price and its parts; the total is derived, never stored."""
+
+    memory_s: float
+    compute_s: float
+    overhead_s: float
+    bytes_moved: float
+    flops: float
+
+    @property
+    def total_s(self) -> float:
+        return max(self.memory_s, self.compute_s) + self.overhead_s
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_s > self.memory_s else "memory"
+
+
+def pass_bytes(r: Roofline, shape: PassShape) -> float:
+    kv_read = shape.decode_context_tokens + shape.prefill_prefix_tokens
+    kv_written = shape.num_decodes + shape.prefill_tokens
+    return r.weight_bytes + r.kv_bytes_per_token * (kv_read + kv_written)
+
+
+def pass_flops(r: Roofline, shape: PassShape) -> float:
+    # A decode's query attends to its context plus itself.
+    pairs = shape.decode_context_tokens + shape.num_decodes + shape.prefill_attention_pairs
+    return r.flops_per_token * shape.tokens + r.attention_flops_per_pair * pairs
+
+
+def price(r: Roofline, shape: PassShape) -> PassCost:
+    """Price a pass from precomputed coefficients."""
+    nbytes = pass_bytes(r, shape)
+    flops = pass_flops(r, shape)
+    return PassCost(memory_s=nbytes * r.seconds_per_byte, compute_s=flops * r.seconds_per_flop,
+                    overhead_s=r.overhead_s, bytes_moved=nbytes, flops=flops)
+
+
+def price_pass(hardware: HardwareProfile, model: ModelProfile,
+               decode_contexts: Sequence[int] = (),
+               chunks: Sequence[tuple[int, int]] = ()) -> PassCost:
+    """Price one pass: each decode's context length, each chunk's (size, prefix).
+
+    >>> from envs.profiles import H100_SXM, LLAMA_3_8B
+    >>> round(price_pass(H100_SXM, LLAMA_3_8B, [2304] * 32).total_s * 1e3, 1)
+    9.8
+    """
+    return price(Roofline.of(hardware, model), PassShape.of(decode_contexts, chunks))
+
+
+def free_ride_formula_tokens(r: Roofline, num_decodes: int, decode_context_tokens: int) -> float:
+    """DESIGN.md's back-of-envelope free ride: prompt tokens whose arithmetic fits in the
+    time the decode pass waits on memory, ``memory time * FLOP/s / (2 * params)``.
+
+    It ignores the decodes' own arithmetic, the chunk's attention and its KV traffic.
+    """
+    shape = PassShape(num_decodes=num_decodes, decode_context_tokens=decode_context_tokens)
+    return pass_bytes(r, shape) * r.seconds_per_byte / (r.flops_per_token * r.seconds_per_flop)
+
+
+def free_ride_tokens(r: Roofline, num_decodes: int, decode_context_tokens: int,
+                     prefix_tokens: int = 0) -> int:
+    """The largest prefill chunk that keeps the pass memory-bound (compute <= memory).
+
+    Exact on this roofline: the decodes' own arithmetic, the chunk's attention over
+    its ``prefix_tokens`` and itself, and the prefix's KV reads are all charged.
+    0 when the decode batch alone is already compute-bound.
+    """
+
+    def excess(x: int) -> float:  # compute time minus memory time with a chunk of x
+        shape = PassShape(num_decodes, decode_context_tokens, x, prefix_tokens if x else 0,
+                          chunk_attention_pairs(x, prefix_tokens))
+        return pass_flops(r, shape) * r.seconds_per_flop - pass_bytes(r, shape) * r.seconds_per_byte
+
+    if excess(0) > 0:
+        return 0
+    # excess(x) is a convex quadratic in x for x >= 1; solve it, then settle the
+    # integer boundary exactly.
+    a = r.attention_flops_per_pair * r.seconds_per_flop / 2
+    b = ((r.flops_per_token + r.attention_flops_per_pair * (prefix_tokens + 0.5)) * r.seconds_per_flop
+         - r.kv_bytes_per_token * r.seconds_per_byte)
+    c = excess(1) - a - b  # the constant term, with the prefix read included
+    disc = b * b - 4 * a * c
+    x = int(max(0.0, (-b + math.sqrt(max(disc, 0.0))) / (2 * a)))
+    while x > 0 and excess(x) > 0:
+        x -= 1
+    while excess(x + 1) <= 0:
+        x += 1
+    return x

@@ -1,0 +1,688 @@
+"""A continuous-batching serving engine, simulated pass by pass (vLLM V1 semantics).
+
+Each pass the scheduler fills a token budget: every running decode gets one token
+first, then partially prefilled requests (in admission order) and then waiting
+requests (in arrival order, preempted ones at the front) share what is left, each
+capped by ``long_prefill_token_threshold``; a prompt larger than what is left is
+chunked over several passes. The KV cache is paged (``block_size`` tokens a
+block); when a pass needs blocks that are not free, the most recently admitted
+running request is preempted and later recomputed from scratch, as vLLM V1 does
+(``Scheduler.schedule``: ``self.running.pop()``). Waiting requests are not
+admitted in a pass that preempted. Every pass is priced by :mod:`envs.cost`.
+
+Requests carry counters, never a phase flag: ``computed`` tokens in the KV cache
+and ``generated`` output tokens; a request is prefilling while
+``computed < prompt + generated`` and decoding once only its last sampled token
+is missing from the cache.
+
+Speed. Decode-only passes are the vast majority and need no decision: their
+price depends only on the number of decodes ``N`` and the total decode context,
+which grows by ``N`` every pass. Each decode's context is kept lazily as
+``offset + pass_index``, so the total is ``sum(offsets) + N * pass_index``; the
+pass at which a decode finishes is known the moment its prefill completes; and
+the decodes that need a new KV block this pass are those whose offset falls in
+one residue class modulo the block size. A decode-only pass therefore costs a
+handful of operations whatever the number of requests (see
+``benchmarks/bench_simulator.py``). Only passes that move prefill work touch
+individual requests.
+
+The budget of a pass with prefill work is asked of a caller-supplied policy,
+``policy(state: SchedulerState) -> int``; passes without prefill work need no
+budget. :meth:`Simulator.advance` runs to the next pass that needs a decision and
+:meth:`Simulator.step` runs that pass, which is what the Gymnasium environment
+drives; :meth:`Simulator.run` does both in a loop.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from envs.cost import PassShape, Roofline, chunk_attention_pairs, free_ride_tokens
+from envs.errors import ConfigError, fraction, positive_int, require
+from envs.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
+from envs.workload import Workload
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine's static settings (vLLM's names where it has them)."""
+
+    max_num_seqs: int = 256
+    """Most requests running at once (decoding or partially prefilled)."""
+    long_prefill_token_threshold: int = 0
+    """Cap on one request's chunk in a pass; 0 means no cap (vLLM's default)."""
+    block_size: int = 16
+    """Tokens per KV-cache block."""
+    gpu_memory_utilization: float = 0.9
+    """Share of device memory the engine may use for weights and KV cache."""
+    num_kv_blocks: int | None = None
+    """Override the KV capacity in blocks (None: derive it from memory)."""
+
+    def __post_init__(self) -> None:
+        positive_int("max_num_seqs", self.max_num_seqs)
+        require(isinstance(self.long_prefill_token_threshold, int)
+                and self.long_prefill_token_threshold >= 0,
+                "long_prefill_token_threshold", self.long_prefill_token_threshold,
+                "must be an integer >= 0 (0 = no cap)")
+        positive_int("block_size", self.block_size)
+        fraction("gpu_memory_utilization", self.gpu_memory_utilization)
+        if self.num_kv_blocks is not None:
+            positive_int("num_kv_blocks", self.num_kv_blocks)
+
+    def kv_blocks(self, hardware: HardwareProfile, model: ModelProfile) -> int:
+        """Blocks that fit in the memory left after the weights (vLLM's profile run,
+        without its activation reserve)."""
+        if self.num_kv_blocks is not None:
+            return self.num_kv_blocks
+        usable = hardware.memory_bytes * model.tensor_parallel * self.gpu_memory_utilization
+        free = usable - model.weight_bytes
+        if free <= 0:
+            raise ConfigError(
+                f"model: {model.name} weights need {model.weight_bytes / 2**30:.1f} GiB but "
+                f"{hardware.name} x{model.tensor_parallel} at gpu_memory_utilization="
+                f"{self.gpu_memory_utilization} offers {usable / 2**30:.1f} GiB; "
+                "use a larger part, more tensor parallelism, or a smaller model")
+        return int(free // (model.kv_bytes_per_token * self.block_size))
+
+
+def check_static_budget(budget: int, config: EngineConfig) -> None:
+    """vLLM refuses ``max_num_batched_tokens < max_num_seqs`` at start-up: a full batch of
+    decodes would leave no room for any prompt, ever."""
+    require(isinstance(budget, (int, np.integer)) and budget >= config.max_num_seqs, "budget",
+            budget, f"must be an integer >= max_num_seqs ({config.max_num_seqs}) for a static "
+            "budget, or lower max_num_seqs")
+
+
+class _Req:
+    """One request's counters. ``offset`` is only meaningful while decoding."""
+
+    __slots__ = ("rid", "arrival", "prompt", "output", "warm", "computed", "generated",
+                 "blocks", "admit_seq", "offset", "dec_start", "dec_g0", "finish_pass",
+                 "first_token_s", "last_token_s", "finish_s", "preemptions", "segments",
+                 "resume_gaps")
+
+    def __init__(self, rid: int, arrival: float, prompt: int, output: int, warm: bool = False):
+        self.rid = rid
+        self.arrival = arrival
+        self.prompt = prompt
+        self.output = output
+        self.warm = warm
+        self.computed = 0
+        self.generated = 0
+        self.blocks = 0
+        self.admit_seq = -1
+        self.offset = 0
+        self.dec_start = -1
+        self.dec_g0 = 0
+        self.finish_pass = -1
+        self.first_token_s = math.nan
+        self.last_token_s = math.nan
+        self.finish_s = math.nan
+        self.preemptions = 0
+        self.segments: list[tuple[int, int]] = []  # [start, end) passes spent decoding
+        self.resume_gaps: list[float] = []
+
+    @property
+    def target(self) -> int:
+        """Tokens that must be in the KV cache before the next token can be sampled."""
+        return self.prompt + self.generated
+
+
+class SchedulerState:
+    """What a budget policy sees before a pass: what a real engine can read cheaply.
+
+    A live, read-only view of the simulator, valid until the next pass runs (so a
+    policy that reads nothing costs nothing); :meth:`as_dict` takes a snapshot.
+    Counts follow vLLM: ``num_running`` counts decodes and partially prefilled
+    requests, ``num_waiting`` the requests not yet admitted.
+    """
+
+    __slots__ = ("_sim",)
+    FIELDS = ("now_s", "pass_index", "num_waiting", "num_running", "num_decodes",
+              "num_prefilling", "waiting_prefill_tokens", "decode_context_tokens",
+              "kv_used_blocks", "kv_total_blocks", "kv_usage", "head_prefilled_tokens",
+              "head_prompt_tokens", "oldest_wait_s", "last_pass_s", "max_num_seqs")
+
+    def __init__(self, sim: "Simulator"):
+        self._sim = sim
+
+    now_s = property(lambda self: self._sim.now)
+    pass_index = property(lambda self: self._sim.pass_index)
+    num_waiting = property(lambda self: len(self._sim.waiting))
+    num_running = property(lambda self: self._sim._n + len(self._sim.prefilling))
+    num_decodes = property(lambda self: self._sim._n)
+    num_prefilling = property(lambda self: len(self._sim.prefilling))
+    waiting_prefill_tokens = property(lambda self: self._sim.waiting_prefill_tokens)
+    decode_context_tokens = property(lambda self: self._sim.decode_context_tokens)
+    kv_used_blocks = property(lambda self: self._sim._used)
+    kv_total_blocks = property(lambda self: self._sim.total_blocks)
+    kv_usage = property(lambda self: self._sim._used / self._sim.total_blocks)
+    last_pass_s = property(lambda self: self._sim.last_pass_s)
+    max_num_seqs = property(lambda self: self._sim.config.max_num_seqs)
+
+    @property
+    def head_prefilled_tokens(self) -> int:
+        """Tokens already prefilled of the request next in line for prefill."""
+        head = self._sim._head()
+        return head.computed if head else 0
+
+    @property
+    def head_prompt_tokens(self) -> int:
+        """Tokens the next-in-line request must prefill in all (prompt, plus output
+        tokens to recompute after a preemption)."""
+        head = self._sim._head()
+        return head.target if head else 0
+
+    @property
+    def oldest_wait_s(self) -> float:
+        """How long the oldest request still waiting for prefill has waited."""
+        sim = self._sim
+        heads = [q[0].arrival for q in (sim.prefilling, sim.waiting) if q]
+        return sim.now - min(heads) if heads else 0.0
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.FIELDS}
+
+
+Policy = Callable[[SchedulerState], int]
+
+
+class Simulator:
+    """One engine serving one workload. Deterministic: no randomness inside."""
+
+    def __init__(self, hardware: HardwareProfile | str, model: ModelProfile | str,
+                 workload: Workload | None = None, config: EngineConfig | None = None,
+                 record_shapes: bool = False):
+        self.hardware = get_hardware(hardware)
+        self.model = get_model(model)
+        self.config = config or EngineConfig()
+        self.roofline = Roofline.of(self.hardware, self.model)
+        rf = self.roofline
+        self._coef = (rf.weight_bytes * rf.seconds_per_byte,
+                      rf.kv_bytes_per_token * rf.seconds_per_byte,
+                      rf.flops_per_token * rf.seconds_per_flop,
+                      rf.attention_flops_per_pair * rf.seconds_per_flop, rf.overhead_s)
+        self.total_blocks = self.config.kv_blocks(self.hardware, self.model)
+        bs = self.config.block_size
+        self._bs = bs
+        self._thresh = self.config.long_prefill_token_threshold or (1 << 62)
+        self.workload = workload if workload is not None else Workload.from_arrays([], [], [])
+        w = self.workload
+        if len(w):
+            need = int(((w.prompt_tokens + w.output_tokens + bs - 1) // bs).max())
+            if need > self.total_blocks:
+                i = int(((w.prompt_tokens + w.output_tokens + bs - 1) // bs).argmax())
+                raise ConfigError(
+                    f"prompt_tokens+output_tokens: request {i} needs "
+                    f"{int(w.prompt_tokens[i] + w.output_tokens[i])} tokens of KV cache, must be <= "
+                    f"{self.total_blocks * bs} (the whole cache of {self.model.name} on "
+                    f"{self.hardware.name})")
+        self._arr = w.arrival_s.tolist()
+        self._prm = w.prompt_tokens.tolist()
+        self._out = w.output_tokens.tolist()
+        self._next = 0  # index of the next arrival
+        self.requests: list[_Req] = []
+        self.waiting: deque[_Req] = deque()
+        self.prefilling: list[_Req] = []
+        self._decodes: dict[int, _Req] = {}
+        self._n = 0  # running decodes
+        self._so = 0  # sum of decode offsets: total decode context = _so + _n * pass
+        self._cnt = [0] * bs  # decodes by offset residue modulo block size
+        self._ksum = 0  # sum of offset // block size over decodes
+        self._used = 0  # KV blocks in use
+        self._finish_at: dict[int, list[_Req]] = {}
+        self._finish_heap: list[int] = []  # finish passes; stale entries dropped lazily
+        self._admit_seq = 0
+        self.pass_index = 0
+        self.now = 0.0
+        self.waiting_prefill_tokens = 0
+        self.preemptions = 0
+        self.finished = 0
+        self.last_pass_s = 0.0
+        # Records: dense per pass, sparse per event.
+        # Pass durations as runs (first pass, count, A, B): pass first+i took A + B*i.
+        # Logs are flat lists of fixed-width records (numpy reads them back in one go).
+        self._segs: list[float] = []
+        self._ndec_log: list[int] = [0, 0]  # (pass, decodes from then on)
+        self._idle_log: list[float] = []  # (pass, idle seconds before it)
+        self._prefill_log: list[int] = []  # (pass, prefill tokens, budget, chunks)
+        self._kv_log: list[int] = []  # (pass, blocks used after it)
+        self._shapes: list[PassShape] | None = [] if record_shapes else None
+        self._pending_decision = False
+        self._view = SchedulerState(self)
+
+    # --- setting up --------------------------------------------------------------------
+
+    def add_running(self, context_tokens: int, output_tokens: int) -> None:
+        """Start a request already decoding with ``context_tokens`` in its KV cache and
+        ``output_tokens`` still to generate (a warm start; excluded from the metrics)."""
+        positive_int("context_tokens", context_tokens)
+        positive_int("output_tokens", output_tokens)
+        require(self._n + len(self.prefilling) < self.config.max_num_seqs, "running", self._n + 1,
+                f"must be <= max_num_seqs ({self.config.max_num_seqs})")
+        blocks = -(-context_tokens // self._bs)
+        require(self._used + blocks <= self.total_blocks, "running x context_tokens",
+                context_tokens, f"the running users' KV must fit in {self.total_blocks} blocks")
+        r = _Req(len(self.requests), self.now, context_tokens, output_tokens + 1, warm=True)
+        self.requests.append(r)
+        r.generated = 1
+        r.computed = context_tokens
+        r.blocks = blocks
+        self._used += blocks
+        self._admit(r)
+        r.first_token_s = r.last_token_s = self.now
+        self._start_decode(r, self.pass_index - 1)
+
+    # --- state ---------------------------------------------------------------------------
+
+    @property
+    def num_decodes(self) -> int:
+        return self._n
+
+    @property
+    def decode_context_tokens(self) -> int:
+        return self._so + self._n * self.pass_index
+
+    @property
+    def kv_used_blocks(self) -> int:
+        return self._used
+
+    @property
+    def done(self) -> bool:
+        return (self._next >= len(self._arr) and not self.waiting and not self.prefilling
+                and self._n == 0)
+
+    def _head(self) -> _Req | None:
+        if self.prefilling:
+            return self.prefilling[0]
+        return self.waiting[0] if self.waiting else None
+
+    def state(self) -> SchedulerState:
+        return self._view
+
+    def free_ride(self) -> int:
+        """Exact free-ride capacity of the next pass, given the head request's progress."""
+        head = self._head()
+        return free_ride_tokens(self.roofline, self._n, self.decode_context_tokens,
+                                head.computed if head else 0)
+
+    def _decision_needed(self) -> bool:
+        return bool(self.prefilling) or (bool(self.waiting) and
+                                         self._n < self.config.max_num_seqs)
+
+    # --- running -------------------------------------------------------------------------
+
+    def run(self, policy: Policy) -> "SimResult":
+        """Serve the whole workload, asking ``policy`` for each budget that matters."""
+        from envs.metrics import SimResult
+
+        # A run allocates many small acyclic objects; the cyclic collector's passes over
+        # them cost about a third of the run and free nothing.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            state = self._view
+            while self.advance():
+                self.step(policy(state))
+            return SimResult.of(self)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def result(self) -> "SimResult":
+        from envs.metrics import SimResult
+
+        return SimResult.of(self)
+
+    def advance(self, until_s: float = INF) -> bool:
+        """Simulate passes that need no decision. True when the next pass needs a budget;
+        False when everything has finished (or the clock passed ``until_s``)."""
+        while True:
+            if self._next < len(self._arr) and self._arr[self._next] <= self.now:
+                self._admit_arrivals()
+            if self._decision_needed():
+                self._pending_decision = True
+                return True
+            if self.now >= until_s:
+                return False
+            if self._n == 0:
+                if self._next >= len(self._arr):
+                    return False  # nothing running, waiting or still to arrive
+                gap = self._arr[self._next] - self.now
+                if gap > 0:
+                    self._idle_log += (self.pass_index, gap)
+                    self.now = self._arr[self._next]
+                continue
+            if not self._decode_stretch(until_s):
+                self._pass(self._n)  # the next decode pass needs blocks: preempt
+
+    def step(self, budget: int) -> None:
+        """Run the pass that :meth:`advance` stopped at, with ``budget`` tokens."""
+        if not self._pending_decision:
+            raise RuntimeError("step() called without a pending decision; call advance() first")
+        if not isinstance(budget, (int, np.integer)) or budget < max(self._n, 1):
+            raise ConfigError(f"budget: got {budget!r}, must be an integer >= {max(self._n, 1)} "
+                              "(the running decodes each take one token)")
+        self._pending_decision = False
+        self._pass(int(budget))
+
+    def _admit_arrivals(self) -> None:
+        arr = self._arr
+        now = self.now
+        i = self._next
+        while i < len(arr) and arr[i] <= now:
+            r = _Req(len(self.requests), arr[i], self._prm[i], self._out[i])
+            self.requests.append(r)
+            self.waiting.append(r)
+            self.waiting_prefill_tokens += r.prompt
+            i += 1
+        self._next = i
+
+    def _decode_stretch(self, until_s: float) -> bool:
+        """Decode-only passes until an arrival, a completion or ``until_s``. False when the
+        next pass needs KV blocks that are not free (the caller preempts)."""
+        n, so, cnt, bs = self._n, self._so, self._cnt, self._bs
+        used, total = self._used, self.total_blocks
+        p, now = self.pass_index, self.now
+        # In K passes a decode needs at most ceil(K / bs) new blocks, so this many passes
+        # cannot run out; near capacity, go one pass at a time with the exact count.
+        limit = p + bs * ((total - used) // n)
+        if limit == p:
+            if used + cnt[-p % bs] > total:
+                return False
+            limit = p + 1
+        nf = self._next_finish()
+        if nf < limit:
+            limit = nf + 1  # stop after the pass in which decodes finish
+        stop = min(self._arr[self._next] if self._next < len(self._arr) else INF, until_s)
+        mem0, kv_s, cmp_tok, att_s, ovh = self._coef
+        # Pass q's price is linear in q on each side of the roofline's max; when both
+        # ends of the stretch lie on the same side, the whole stretch is one arithmetic
+        # sequence A + B*i and its length follows from a quadratic.
+        x0 = so + n * (p + 1)
+        x1 = so + n * limit
+        m0, c0 = mem0 + kv_s * x0, cmp_tok * n + att_s * x0
+        m1, c1 = mem0 + kv_s * x1, cmp_tok * n + att_s * x1
+        p0 = p
+        if (m0 >= c0) == (m1 >= c1):
+            A, B = (m0 + ovh, kv_s * n) if m0 >= c0 else (c0 + ovh, att_s * n)
+            K = limit - p
+            k = K
+            if stop < INF:
+                D = stop - now
+                h = A - B / 2
+                k = max(1, min(K, math.ceil((-h + math.sqrt(h * h + 2 * B * D)) / B)))
+                while k > 1 and (k - 1) * (A + B * (k - 2) / 2) >= D:
+                    k -= 1
+                while k < K and k * (A + B * (k - 1) / 2) < D:
+                    k += 1
+            now += k * (A + B * (k - 1) / 2)
+            dt = A + B * (k - 1)
+            p += k
+            self._segs += (p0, k, A, B)
+        else:
+            dt = self.last_pass_s
+            segs = self._segs
+            while p < limit:
+                x = so + n * (p + 1)  # context read + tokens written == (query, key) pairs
+                m = mem0 + kv_s * x
+                c = cmp_tok * n + att_s * x
+                dt = (m if m > c else c) + ovh
+                segs += (p, 1, dt, 0.0)
+                now += dt
+                p += 1
+                if now >= stop:
+                    break
+        # Blocks allocated in passes [p0, p): decodes whose context hit a block boundary.
+        self._used = used + self._decode_blocks(p) - self._decode_blocks(p0)
+        self.pass_index, self.now, self.last_pass_s = p, now, dt
+        if self._shapes is not None:
+            for q in range(p0, p):
+                self._shapes.append(PassShape(n, so + n * q))
+        if p - 1 == nf:
+            self._finish_decodes(nf)
+        return True
+
+    def _decode_blocks(self, p: int) -> int:
+        """KV blocks the decodes hold at the start of pass p: sum of ceil((offset + p) / bs).
+
+        With offset = bs*k + j and p = bs*a + b, ceil((offset + p) / bs) = k + a
+        + [j + b >= 1] + [j + b >= bs + 1], summed per residue class j.
+        """
+        bs, cnt, n = self._bs, self._cnt, self._n
+        a, b = divmod(p, bs)
+        blocks = self._ksum + n * a + (n - cnt[0] if b == 0 else n)
+        if b >= 2:
+            blocks += sum(cnt[bs + 1 - b:])
+        return blocks
+
+    def _next_finish(self) -> float:
+        heap, finish_at = self._finish_heap, self._finish_at
+        while heap and heap[0] not in finish_at:
+            heapq.heappop(heap)
+        return heap[0] if heap else INF
+
+    def _pass(self, budget: int) -> None:
+        """One pass with prefill work (or a decode pass that must preempt)."""
+        p = self.pass_index
+        bs, total = self._bs, self.total_blocks
+        left = budget - self._n
+        preempted = False
+        need = self._cnt[-p % bs]
+        while self._used + need > total:
+            victim = self._latest_running()
+            if victim.rid in self._decodes and (victim.offset + p) % bs == 0:
+                need -= 1
+            self._preempt(victim)
+            preempted = True
+        self._used += need
+        chunks: list[tuple[_Req, int, int]] = []
+        thresh = self._thresh
+        for r in list(self.prefilling):
+            if left <= 0:
+                break
+            x = min(r.target - r.computed, thresh, left)
+            new_blocks = -(-(r.computed + x) // bs) - r.blocks
+            while self._used + new_blocks > total:
+                victim = self._latest_running()
+                self._preempt(victim)
+                preempted = True
+                if victim is r:
+                    break
+            if r.admit_seq < 0:  # r itself was preempted: vLLM stops scheduling here
+                break
+            r.blocks += new_blocks
+            self._used += new_blocks
+            chunks.append((r, x, r.computed))
+            left -= x
+        if not preempted:
+            waiting = self.waiting
+            while waiting and left > 0 and self._n + len(self.prefilling) < self.config.max_num_seqs:
+                r = waiting[0]
+                x = min(r.target, thresh, left)
+                nb = -(-x // bs)
+                if self._used + nb > total:
+                    break
+                waiting.popleft()
+                self._admit(r)
+                self.prefilling.append(r)
+                r.blocks = nb
+                self._used += nb
+                chunks.append((r, x, 0))
+                left -= x
+
+        n = self._n
+        ctx = self._so + n * p
+        pre_tokens = pre_prefix = pairs = 0
+        for _, x, q in chunks:
+            pre_tokens += x
+            pre_prefix += q
+            pairs += x * q + x * (x + 1) // 2  # == chunk_attention_pairs(x, q)
+        rf = self.roofline
+        nbytes = rf.weight_bytes + rf.kv_bytes_per_token * (ctx + pre_prefix + n + pre_tokens)
+        flops = (rf.flops_per_token * (n + pre_tokens)
+                 + rf.attention_flops_per_pair * (ctx + n + pairs))
+        m = nbytes * rf.seconds_per_byte
+        c = flops * rf.seconds_per_flop
+        dt = (m if m > c else c) + rf.overhead_s
+        self.now += dt
+        self.last_pass_s = dt
+        self._segs += (p, 1, dt, 0.0)
+        if self._shapes is not None:
+            self._shapes.append(PassShape(n, ctx, pre_tokens, pre_prefix, pairs))
+        self._prefill_log += (p, pre_tokens, budget, len(chunks))
+        self.pass_index = p + 1
+        now = self.now
+        for r, x, _ in chunks:
+            r.computed += x
+            self.waiting_prefill_tokens -= x
+            if r.computed == r.target:
+                self.prefilling.remove(r)
+                r.generated += 1
+                if r.generated == 1:
+                    r.first_token_s = now
+                else:  # resumed after a preemption: the whole wait is one gap
+                    r.resume_gaps.append(now - r.last_token_s)
+                r.last_token_s = now
+                if r.generated >= r.output:
+                    self._release(r, r.blocks)
+                    r.finish_s = now
+                    self.finished += 1
+                else:
+                    self._start_decode(r, p)
+        if p in self._finish_at:
+            self._finish_decodes(p)
+        self._kv_log += (p, self._used)
+
+    # --- bookkeeping ------------------------------------------------------------------------
+
+    def _admit(self, r: _Req) -> None:
+        r.admit_seq = self._admit_seq
+        self._admit_seq += 1
+
+    def _start_decode(self, r: _Req, last_pass: int) -> None:
+        """r sampled a token at the end of ``last_pass``; it decodes from the next pass."""
+        start = last_pass + 1
+        r.offset = r.computed - start  # context at pass q is offset + q
+        r.dec_start = start
+        r.dec_g0 = r.generated
+        r.finish_pass = last_pass + r.output - r.generated
+        self._decodes[r.rid] = r
+        self._n += 1
+        self._so += r.offset
+        self._ksum += r.offset // self._bs
+        self._cnt[r.offset % self._bs] += 1
+        waiting_list = self._finish_at.get(r.finish_pass)
+        if waiting_list is None:
+            self._finish_at[r.finish_pass] = [r]
+            heapq.heappush(self._finish_heap, r.finish_pass)
+        else:
+            waiting_list.append(r)
+        self._ndec_log += (start, self._n)
+
+    def _stop_decode(self, r: _Req, end_pass: int) -> None:
+        """r decoded in passes [dec_start, end_pass); bring its counters up to date."""
+        del self._decodes[r.rid]
+        self._n -= 1
+        self._so -= r.offset
+        self._ksum -= r.offset // self._bs
+        self._cnt[r.offset % self._bs] -= 1
+        r.generated = r.dec_g0 + end_pass - r.dec_start
+        r.computed = r.offset + end_pass
+        r.blocks = -(-r.computed // self._bs)
+        if end_pass > r.dec_start:
+            r.segments.append((r.dec_start, end_pass))
+        self._ndec_log += (end_pass, self._n)
+
+    def _finish_decodes(self, p: int) -> None:
+        for r in self._finish_at.pop(p):
+            self._stop_decode(r, p + 1)
+            r.finish_s = r.last_token_s = self.now
+            self._release(r, r.blocks)
+            self.finished += 1
+
+    def _release(self, r: _Req, blocks: int) -> None:
+        self._used -= blocks
+        r.blocks = 0
+        r.admit_seq = -1
+
+    def _latest_running(self) -> _Req:
+        best = None
+        for r in self._decodes.values():
+            if best is None or r.admit_seq > best.admit_seq:
+                best = r
+        for r in self.prefilling:
+            if best is None or r.admit_seq > best.admit_seq:
+                best = r
+        if best is None:  # cannot happen: capacity covers any single request
+            raise RuntimeError("KV cache exhausted with nothing to preempt")
+        return best
+
+    def _preempt(self, r: _Req) -> None:
+        """Free r's blocks and send it to the front of the queue, to be recomputed."""
+        p = self.pass_index
+        if r.rid in self._decodes:
+            self._finish_at[r.finish_pass].remove(r)
+            if not self._finish_at[r.finish_pass]:
+                del self._finish_at[r.finish_pass]
+            self._stop_decode(r, p)
+            r.last_token_s = self.now
+            self.waiting_prefill_tokens += r.target
+        else:
+            self.prefilling.remove(r)
+            self.waiting_prefill_tokens += r.computed
+        self._release(r, r.blocks)
+        r.computed = 0
+        r.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(r)
+
+    # --- checking ---------------------------------------------------------------------------
+
+    def audit(self) -> None:
+        """Recompute the running sums from the requests and compare (for tests)."""
+        p, bs = self.pass_index, self._bs
+        decs = list(self._decodes.values())
+        assert self._n == len(decs)
+        assert self._so == sum(r.offset for r in decs)
+        counts = [0] * bs
+        for r in decs:
+            counts[r.offset % bs] += 1
+        assert counts == self._cnt
+        decode_blocks = sum(-(-(r.offset + p) // bs) for r in decs)
+        assert decode_blocks == self._decode_blocks(p)
+        assert self._ksum == sum(r.offset // bs for r in decs)
+        blocks = decode_blocks + sum(r.blocks for r in self.prefilling)
+        assert blocks == self._used, (blocks, self._used)
+        assert self._used <= self.total_blocks
+        assert self.waiting_prefill_tokens == sum(r.target - r.computed for r in self.waiting) + sum(
+            r.target - r.computed for r in self.prefilling)
+        assert sum(len(v) for v in self._finish_at.values()) == self._n
+
+    def pass_durations(self, start: int = 0) -> np.ndarray:
+        """Every pass's duration from pass ``start`` on, in seconds."""
+        arr = np.asarray(self._segs, dtype=np.float64).reshape(-1, 4)
+        if start:
+            lo = max(0, int(np.searchsorted(arr[:, 0], start, side="right")) - 1)
+            arr = arr[lo:]
+        if not len(arr):
+            return np.zeros(0)
+        counts = arr[:, 1].astype(np.int64)
+        i = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        d = np.repeat(arr[:, 2], counts) + np.repeat(arr[:, 3], counts) * i
+        return d[start - int(arr[0, 0]):]
+
+    @property
+    def shapes(self) -> list[PassShape]:
+        if self._shapes is None:
+            raise RuntimeError("construct the Simulator with record_shapes=True")
+        return self._shapes

@@ -1,0 +1,291 @@
+"""Hardware and model profiles: frozen dataclasses with units in field names.
+
+Every preset number says where it comes from. Derived quantities (KV bytes per
+token, weight bytes, effective rates) are properties, never stored copies.
+
+The achievable fractions of the datacenter parts are chosen so that DESIGN.md's
+worked example reproduces (an H100 decode pass of 32 users x 2,304 tokens of
+Llama-3-8B moves ~24 GiB in ~9.8 ms; the 8,192-token unchunked prefill pass
+takes ~208 ms): 78% of peak HBM bandwidth and 73% of peak dense bf16 FLOP/s.
+These are in line with what STREAM-like copies (~80% of HBM peak) and large
+bf16 GEMMs (70-80% MFU) achieve on Hopper and Ampere parts; the same fractions
+are used for every datacenter part so that presets stay comparable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from dataclasses import MISSING, asdict, dataclass, fields, replace
+from pathlib import Path
+
+from envs.errors import ConfigError, fraction, non_negative, positive, positive_int, require
+
+GIB = 2**30
+
+# Shared achievable fractions for the datacenter presets (see module docstring).
+_DC_BANDWIDTH_FRACTION = 0.78
+_DC_FLOPS_FRACTION = 0.73
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One accelerator (or a tensor-parallel group: see ``ModelProfile.tensor_parallel``).
+
+    Rates are peaks; ``*_fraction`` fields say how much of each a real kernel
+    achieves, and the effective rates are derived from them.
+    """
+
+    name: str
+    hbm_bytes_per_s: float
+    """Peak memory bandwidth, bytes per second."""
+    peak_flops_per_s: float
+    """Peak dense bf16/fp16 tensor throughput, FLOP per second (no sparsity)."""
+    memory_bytes: float
+    """Device memory capacity, bytes."""
+    bandwidth_fraction: float = _DC_BANDWIDTH_FRACTION
+    """Share of peak bandwidth a pass achieves, in (0, 1]."""
+    flops_fraction: float = _DC_FLOPS_FRACTION
+    """Share of peak FLOP/s a pass achieves, in (0, 1]."""
+    per_pass_overhead_s: float = 0.0
+    """Fixed cost of one forward pass (launches, scheduling, sampling), seconds."""
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.name, str) and bool(self.name), "hardware.name", self.name,
+                "must be a non-empty string")
+        positive("hardware.hbm_bytes_per_s", self.hbm_bytes_per_s)
+        positive("hardware.peak_flops_per_s", self.peak_flops_per_s)
+        positive("hardware.memory_bytes", self.memory_bytes)
+        fraction("hardware.bandwidth_fraction", self.bandwidth_fraction)
+        fraction("hardware.flops_fraction", self.flops_fraction)
+        non_negative("hardware.per_pass_overhead_s", self.per_pass_overhead_s)
+
+    @property
+    def effective_bytes_per_s(self) -> float:
+        return self.hbm_bytes_per_s * self.bandwidth_fraction
+
+    @property
+    def effective_flops_per_s(self) -> float:
+        return self.peak_flops_per_s * self.flops_fraction
+
+    @property
+    def ridge_flops_per_byte(self) -> float:
+        """Arithmetic intensity above which a pass is compute-bound."""
+        return self.effective_flops_per_s / self.effective_bytes_per_s
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """A dense decoder-only transformer, as the roofline sees it."""
+
+    name: str
+    layers: int
+    hidden_size: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    params: float
+    """Parameter count (all weights read once per pass)."""
+    bytes_per_weight: float = 2.0
+    """2 for bf16/fp16; 0.5625 for 4-bit blocks with one fp16 scale per 32 weights."""
+    bytes_per_kv_element: float = 2.0
+    tensor_parallel: int = 1
+    """GPUs the model is sharded over; the group acts as one device with that many
+    times the bandwidth, FLOP/s and memory (all-reduce traffic is not modelled:
+    put it in the hardware's per-pass overhead)."""
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.name, str) and bool(self.name), "model.name", self.name,
+                "must be a non-empty string")
+        for f in ("layers", "hidden_size", "heads", "kv_heads", "head_dim", "tensor_parallel"):
+            positive_int(f"model.{f}", getattr(self, f))
+        positive("model.params", self.params)
+        positive("model.bytes_per_weight", self.bytes_per_weight)
+        positive("model.bytes_per_kv_element", self.bytes_per_kv_element)
+        require(self.heads % self.kv_heads == 0, "model.kv_heads", self.kv_heads,
+                f"must divide model.heads ({self.heads})")
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params * self.bytes_per_weight
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """2 (K and V) x layers x kv_heads x head_dim x bytes per element (DESIGN.md section 2)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_kv_element
+
+    @property
+    def attention_flops_per_pair(self) -> float:
+        """~4 x layers x (heads x head_dim) FLOPs per (query, key) pair: QK^T and PV,
+        two multiply-adds each (DESIGN.md section 2)."""
+        return 4.0 * self.layers * self.heads * self.head_dim
+
+
+# --- Hardware presets ------------------------------------------------------------
+# Peak rates are the vendors' datasheet figures for dense (non-sparse) bf16 tensor
+# math; sparsity-doubled marketing numbers are halved.
+
+H100_SXM = HardwareProfile(
+    name="h100-sxm",
+    hbm_bytes_per_s=3.35e12,  # NVIDIA H100 SXM5 datasheet: 3.35 TB/s HBM3
+    peak_flops_per_s=989.4e12,  # datasheet: 1,979 TFLOPS bf16 with sparsity -> 989.4 dense
+    memory_bytes=80 * GIB,  # datasheet "80GB": five 16 GiB HBM3 stacks
+)
+H200 = HardwareProfile(
+    name="h200",
+    hbm_bytes_per_s=4.8e12,  # NVIDIA H200 SXM datasheet: 4.8 TB/s HBM3e
+    peak_flops_per_s=989.4e12,  # datasheet: same tensor cores as H100 SXM, 1,979 sparse
+    memory_bytes=141e9,  # datasheet: 141 GB HBM3e
+)
+A100_80G = HardwareProfile(
+    name="a100-80g",
+    hbm_bytes_per_s=2.039e12,  # NVIDIA A100 80GB SXM datasheet: 2,039 GB/s HBM2e
+    peak_flops_per_s=312e12,  # datasheet: 312 TFLOPS bf16 dense (624 with sparsity)
+    memory_bytes=80 * GIB,  # datasheet "80GB"
+)
+L40S = HardwareProfile(
+    name="l40s",
+    hbm_bytes_per_s=864e9,  # NVIDIA L40S datasheet: 864 GB/s GDDR6
+    peak_flops_per_s=362.05e12,  # datasheet: 362.05 TFLOPS bf16 dense (733 with sparsity)
+    memory_bytes=48 * GIB,  # datasheet: 48 GB GDDR6
+)
+M5_MAX = HardwareProfile(
+    name="m5-max",
+    hbm_bytes_per_s=614e9,  # Apple M5 Max (March 2026): 614 GB/s unified memory
+    # Apple publishes no FLOP/s figure. This is the effective rate implied by
+    # DESIGN.md's measured trade table (8B Q4, 8,000-token prompt, 3.1 s unchunked
+    # TTFT): ~145 TFLOP of prompt work in ~3.05 s of compute.
+    peak_flops_per_s=47.6e12,
+    memory_bytes=128e9,  # Apple: up to 128 GB unified memory
+    bandwidth_fraction=0.8,  # llama.cpp/MLX token generation reaches ~80% of peak
+    flops_fraction=1.0,  # already an effective figure (see above)
+    # Fitted to the same table: chunk 256 turns 3.1 s into 4.6 s over 32 passes,
+    # (4.6 - 3.1) / 31 = 48 ms of fixed cost per pass; chunk 1,024 then predicts
+    # 3.45 s (measured 3.5 s).
+    per_pass_overhead_s=0.048,
+)
+
+# --- Model presets ---------------------------------------------------------------
+# Shapes are from each model's Hugging Face config.json; parameter counts from the
+# model cards (all weights, embeddings included).
+
+LLAMA_3_8B = ModelProfile(
+    name="llama-3-8b",
+    layers=32, hidden_size=4096, heads=32, kv_heads=8, head_dim=128,  # config.json
+    params=8.03e9,  # Meta model card: 8.03B
+)
+LLAMA_3_8B_Q4 = replace(
+    LLAMA_3_8B,
+    name="llama-3-8b-q4",
+    bytes_per_weight=0.5625,  # GGUF Q4_0: 18 bytes per block of 32 weights (4.5 bits)
+)
+_LLAMA_3_70B_SHAPE = dict(
+    layers=80, hidden_size=8192, heads=64, kv_heads=8, head_dim=128,  # config.json
+    params=70.6e9,  # Meta model card: 70.6B
+)
+LLAMA_3_70B_TP4 = ModelProfile(name="llama-3-70b-tp4", tensor_parallel=4, **_LLAMA_3_70B_SHAPE)
+LLAMA_3_70B_TP8 = ModelProfile(name="llama-3-70b-tp8", tensor_parallel=8, **_LLAMA_3_70B_SHAPE)
+MISTRAL_7B = ModelProfile(
+    name="mistral-7b",
+    layers=32, hidden_size=4096, heads=32, kv_heads=8, head_dim=128,  # Mistral-7B-v0.1 config.json
+    params=7.24e9,  # Mistral AI: 7.24B
+)
+QWEN2_5_32B = ModelProfile(
+    name="qwen2.5-32b",
+    layers=64, hidden_size=5120, heads=40, kv_heads=8, head_dim=128,  # Qwen2.5-32B config.json
+    params=32.5e9,  # Qwen model card: 32.5B
+)
+
+HARDWARE_PRESETS: dict[str, HardwareProfile] = {
+    p.name: p for p in (H100_SXM, H200, A100_80G, L40S, M5_MAX)
+}
+MODEL_PRESETS: dict[str, ModelProfile] = {
+    p.name: p for p in (LLAMA_3_8B, LLAMA_3_8B_Q4, LLAMA_3_70B_TP4, LLAMA_3_70B_TP8,
+                        MISTRAL_7B, QWEN2_5_32B)
+}
+# "llama-3-70b" alone means the TP-8 deployment (the usual one on 80 GB parts).
+MODEL_ALIASES = {"llama-3-70b": "llama-3-70b-tp8"}
+
+
+def _load_table(path: Path, section: str) -> dict:
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"{section}: cannot read profile file {str(path)!r} ({err.strerror})")
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{section}: {str(path)!r} is not valid {path.suffix[1:].upper()} ({err})")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{section}: {str(path)!r} must hold a table of fields")
+    # Either a file with a [hardware] / [model] table, or a flat table.
+    table = data.get(section, data)
+    if not isinstance(table, dict):
+        raise ConfigError(f"{section}: [{section}] in {str(path)!r} must be a table")
+    return table
+
+
+def _from_table(cls, table: dict, section: str, path: Path):
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"{section}: unknown field(s) {', '.join(unknown)} in {str(path)!r}; "
+                          f"known: {', '.join(sorted(known))}")
+    required = {f.name for f in fields(cls) if f.default is MISSING} - {"name"}
+    missing = sorted(required - set(table))
+    if missing:
+        raise ConfigError(f"{section}: missing field(s) {', '.join(missing)} in {str(path)!r}")
+    kwargs = dict(table)
+    kwargs.setdefault("name", path.stem)
+    try:
+        return cls(**kwargs)
+    except TypeError as err:  # e.g. a string where a number belongs
+        raise ConfigError(f"{section}: bad field type in {str(path)!r} ({err})")
+
+
+def _resolve(spec, presets: dict, aliases: dict, cls, section: str):
+    if isinstance(spec, cls):
+        return spec
+    require(isinstance(spec, str) and bool(spec), section, spec,
+            f"must be a preset name ({', '.join(sorted(presets))}) or a .toml/.json file")
+    if spec.endswith((".toml", ".json")):
+        path = Path(spec)
+        return _from_table(cls, _load_table(path, section), section, path)
+    name = aliases.get(spec, spec)
+    if name not in presets:
+        raise ConfigError(f"{section}: unknown preset {spec!r}; known: "
+                          f"{', '.join(sorted(list(presets) + list(aliases)))}, "
+                          "or a path to a .toml/.json profile")
+    return presets[name]
+
+
+def get_hardware(spec: str | HardwareProfile, per_pass_overhead_s: float | None = None) -> HardwareProfile:
+    """A preset by name, a profile file (.toml/.json), or a profile as is.
+
+    ``per_pass_overhead_s`` overrides the profile's fixed per-pass cost.
+    """
+    hw = _resolve(spec, HARDWARE_PRESETS, {}, HardwareProfile, "hardware")
+    if per_pass_overhead_s is not None:
+        non_negative("per_pass_overhead_s", per_pass_overhead_s)
+        hw = replace(hw, per_pass_overhead_s=float(per_pass_overhead_s))
+    return hw
+
+
+def get_model(spec: str | ModelProfile) -> ModelProfile:
+    """A preset by name, a profile file (.toml/.json), or a profile as is."""
+    return _resolve(spec, MODEL_PRESETS, MODEL_ALIASES, ModelProfile, "model")
+
+
+def profile_to_toml(profile: HardwareProfile | ModelProfile) -> str:
+    """Serialise a profile as a TOML table that get_hardware/get_model read back."""
+    section = "hardware" if isinstance(profile, HardwareProfile) else "model"
+    lines = [f"[{section}]"]
+    for key, value in asdict(profile).items():
+        if isinstance(value, str):
+            lines.append(f'{key} = "{value}"')
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{section}.{key}: got {value!r}, must be finite")
+        else:
+            lines.append(f"{key} = {value!r}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,108 @@
+"""A scenario: hardware x model x workload x engine settings x SLO, from flat fields.
+
+The simulator's CLIs, the Gymnasium environment, training and evaluation all take
+the same fields, so one scenario means the same thing everywhere. A scenario
+replays a trace when ``trace`` is set and otherwise draws a seeded synthetic
+stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from envs.engine import EngineConfig, Simulator
+from envs.metrics import SLO
+from envs.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
+from envs.workload import SyntheticSpec, Workload, load_trace
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Hardware, model, workload, engine settings and SLO of one simulated deployment."""
+
+    hardware: str = "h100-sxm"
+    """Hardware preset (h100-sxm, h200, a100-80g, l40s, m5-max) or a .toml/.json profile."""
+    model: str = "llama-3-8b"
+    """Model preset (llama-3-8b, llama-3-8b-q4, llama-3-70b-tp4, llama-3-70b-tp8, mistral-7b,
+    qwen2.5-32b) or a .toml/.json profile."""
+    per_pass_overhead_s: float | None = None
+    """Fixed cost per pass in seconds (default: the hardware profile's)."""
+    trace: str | None = None
+    """CSV trace (arrival_s,prompt_tokens,output_tokens) to replay; unset: synthetic arrivals."""
+    rate_scale: float = 1.0
+    """Trace replay speed: 2 doubles the arrival rate."""
+    window_start_s: float = 0.0
+    """Replay only trace requests arriving at or after this time (trace seconds)."""
+    window_end_s: float | None = None
+    """Replay only trace requests arriving before this time (trace seconds)."""
+    max_requests: int | None = None
+    """Replay at most this many trace requests."""
+    rate: float = 4.0
+    """Synthetic: mean arrival rate, requests per second."""
+    num_requests: int = 1000
+    """Synthetic: number of requests."""
+    arrival: str = field(default="poisson", metadata={"choices": ["poisson", "gamma", "onoff"]})
+    """Synthetic: arrival process."""
+    burstiness: float = 1.0
+    """Synthetic: gamma shape for arrival=gamma (1 is Poisson, below 1 burstier)."""
+    on_s: float = 10.0
+    """Synthetic: length of a burst for arrival=onoff, seconds."""
+    off_s: float = 10.0
+    """Synthetic: silence between bursts for arrival=onoff, seconds."""
+    prompt: str = "short-long"
+    """Synthetic: prompt lengths (fixed:N, uniform:LO:HI, lognormal:MEDIAN:SIGMA[:MAX],
+    empirical:PATH, mix:W*SPEC+W*SPEC, short-long)."""
+    output: str = "lognormal:128:0.8:1024"
+    """Synthetic: output lengths, same forms as --prompt."""
+    seed: int = 0
+    """Seed of the synthetic stream."""
+    max_num_seqs: int = 256
+    """Most requests running at once (vLLM's max_num_seqs)."""
+    long_prefill_token_threshold: int = 0
+    """Cap on one request's chunk per pass; 0 means no cap."""
+    gpu_memory_utilization: float = 0.9
+    """Share of device memory for weights and KV cache."""
+    num_kv_blocks: int | None = None
+    """KV-cache capacity in 16-token blocks (default: derived from memory)."""
+    slo_ttft_s: float = 2.0
+    """TTFT target, seconds."""
+    slo_itl_s: float = 0.1
+    """ITL target, seconds."""
+
+    def hardware_profile(self) -> HardwareProfile:
+        return get_hardware(self.hardware, self.per_pass_overhead_s)
+
+    def model_profile(self) -> ModelProfile:
+        return get_model(self.model)
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(max_num_seqs=self.max_num_seqs,
+                            long_prefill_token_threshold=self.long_prefill_token_threshold,
+                            gpu_memory_utilization=self.gpu_memory_utilization,
+                            num_kv_blocks=self.num_kv_blocks)
+
+    def slo(self) -> SLO:
+        return SLO(self.slo_ttft_s, self.slo_itl_s)
+
+    def synthetic_spec(self) -> SyntheticSpec:
+        return SyntheticSpec(rate=self.rate, num_requests=self.num_requests, arrival=self.arrival,
+                             burstiness=self.burstiness, on_s=self.on_s, off_s=self.off_s,
+                             prompt=self.prompt, output=self.output)
+
+    def workload(self, seed: int | None = None) -> Workload:
+        """The scenario's requests; ``seed`` overrides the synthetic seed."""
+        if self.trace:
+            return load_trace(self.trace, self.rate_scale, self.window_start_s, self.window_end_s,
+                              self.max_requests)
+        return self.synthetic_spec().build(self.seed if seed is None else seed)
+
+    def simulator(self, workload: Workload | None = None, **kwargs) -> Simulator:
+        return Simulator(self.hardware_profile(), self.model_profile(),
+                         workload if workload is not None else self.workload(),
+                         self.engine_config(), **kwargs)
+
+    def with_fields(self, **changes) -> "Scenario":
+        return replace(self, **changes)
+
+    def fields_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(Scenario)}

@@ -1,0 +1,31 @@
+"""Test factories: a toy accelerator and model with round numbers, and tiny simulators."""
+
+from __future__ import annotations
+
+import pytest
+
+from envs.engine import EngineConfig, Simulator
+from envs.profiles import HardwareProfile, ModelProfile
+from envs.workload import Workload
+
+# Round numbers so roofline cases can be worked out by hand:
+#   1 TB/s, 100 TFLOP/s, 1 ms per pass; 1e9 params in bf16 (2 GB of weights);
+#   KV bytes/token = 2 * 2 layers * 2 kv heads * 16 dims * 2 bytes = 256;
+#   attention FLOPs per (query, key) pair = 4 * 2 layers * 4 heads * 16 dims = 512.
+TOY_HW = HardwareProfile(name="toy", hbm_bytes_per_s=1e12, peak_flops_per_s=1e14,
+                         memory_bytes=4e9, bandwidth_fraction=1.0, flops_fraction=1.0,
+                         per_pass_overhead_s=0.001)
+TOY_MODEL = ModelProfile(name="toy-1b", layers=2, hidden_size=64, heads=4, kv_heads=2,
+                         head_dim=16, params=1e9)
+
+
+def make_sim(requests, budget_blocks=None, hardware=TOY_HW, model=TOY_MODEL, **config) -> Simulator:
+    """A simulator over ``requests`` = [(arrival_s, prompt_tokens, output_tokens), ...]."""
+    arr, prm, out = zip(*requests) if requests else ((), (), ())
+    cfg = EngineConfig(num_kv_blocks=budget_blocks, **config)
+    return Simulator(hardware, model, Workload.from_arrays(arr, prm, out), cfg, record_shapes=True)
+
+
+@pytest.fixture
+def toy():
+    return TOY_HW, TOY_MODEL

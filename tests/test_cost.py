@@ -1,0 +1,120 @@
+"""The roofline: hand-computed cases, DESIGN.md's worked example, the free ride."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from envs.cost import (PassShape, Roofline, chunk_attention_pairs, free_ride_formula_tokens,
+                       free_ride_tokens, price, price_pass)
+from envs.profiles import H100_SXM, LLAMA_3_8B
+from tests.conftest import TOY_HW, TOY_MODEL
+
+
+def test_memory_bound_mixed_pass_by_hand():
+    # Decodes with contexts 100 and 300, plus a 50-token chunk with no prefix.
+    # bytes = 2e9 weights + 256 * (400 read + 2 + 50 written) = 2,000,115,712
+    # flops = 2e9 * 52 tokens + 512 * (400 + 2 + 50*51/2) = 104e9 + 858,624
+    cost = price_pass(TOY_HW, TOY_MODEL, [100, 300], [(50, 0)])
+    assert cost.bytes_moved == 2_000_115_712
+    assert cost.flops == 104_000_858_624
+    assert cost.memory_s == pytest.approx(2.000115712e-3)
+    assert cost.compute_s == pytest.approx(1.04000858624e-3)
+    assert cost.overhead_s == 0.001
+    assert cost.total_s == pytest.approx(3.000115712e-3)
+    assert cost.bound == "memory"
+
+
+def test_compute_bound_chunk_with_prefix_by_hand():
+    # A 1,000-token chunk after 500 prefilled tokens: reads the 500-token prefix once,
+    # writes 1,000; pairs = 1000*500 + 1000*1001/2 = 1,000,500.
+    cost = price_pass(TOY_HW, TOY_MODEL, [], [(1000, 500)])
+    assert cost.bytes_moved == 2e9 + 256 * 1500
+    assert cost.flops == 2e9 * 1000 + 512 * 1_000_500
+    assert cost.compute_s == pytest.approx(2.000512256e-2)
+    assert cost.total_s == pytest.approx(2.000512256e-2 + 0.001)
+    assert cost.bound == "compute"
+
+
+def test_chunk_attention_pairs():
+    assert chunk_attention_pairs(1, 0) == 1
+    assert chunk_attention_pairs(4, 0) == 10  # 1 + 2 + 3 + 4
+    assert chunk_attention_pairs(4, 6) == 34  # 4 * 6 + 10
+
+
+def test_shape_aggregates_match_lists():
+    shape = PassShape.of([10, 20, 30], [(5, 0), (7, 3)])
+    assert shape == PassShape(num_decodes=3, decode_context_tokens=60, prefill_tokens=12,
+                              prefill_prefix_tokens=3, prefill_attention_pairs=15 + 49)
+    assert shape.tokens == 15
+
+
+def test_tensor_parallel_divides_time():
+    from dataclasses import replace
+    tp2 = replace(TOY_MODEL, tensor_parallel=2)
+    one = price_pass(TOY_HW, TOY_MODEL, [100] * 8, [(256, 0)])
+    two = price_pass(TOY_HW, tp2, [100] * 8, [(256, 0)])
+    assert two.memory_s == pytest.approx(one.memory_s / 2)
+    assert two.compute_s == pytest.approx(one.compute_s / 2)
+
+
+class TestWorkedExample:
+    """DESIGN.md section 2: 32 users at ~2,300 tokens each on H100 + Llama-3-8B."""
+
+    decode = price_pass(H100_SXM, LLAMA_3_8B, [2304] * 32)
+
+    def test_decode_pass_moves_24_gib_in_9_8_ms(self):
+        assert self.decode.bytes_moved / 2**30 == pytest.approx(24.3, rel=0.03)
+        assert self.decode.total_s * 1e3 == pytest.approx(9.8, rel=0.05)
+        assert self.decode.bound == "memory"
+
+    def test_decode_pass_arithmetic_and_idle_tensor_cores(self):
+        assert self.decode.flops / 1e9 == pytest.approx(563, rel=0.03)
+        assert self.decode.compute_s * 1e3 == pytest.approx(0.8, rel=0.1)
+        assert 1 - self.decode.compute_s / self.decode.memory_s == pytest.approx(0.92, abs=0.01)
+
+    def test_kv_cache_is_about_9_gib(self):
+        assert 32 * 2304 * LLAMA_3_8B.kv_bytes_per_token / 2**30 == pytest.approx(9.0, rel=0.01)
+
+    def test_unchunked_prompt_takes_one_208_ms_pass(self):
+        cost = price_pass(H100_SXM, LLAMA_3_8B, [2304] * 32, [(8192, 0)])
+        assert cost.total_s * 1e3 == pytest.approx(208, rel=0.05)
+        assert cost.total_s / self.decode.total_s == pytest.approx(22, rel=0.1)
+
+    def test_free_ride(self):
+        r = Roofline.of(H100_SXM, LLAMA_3_8B)
+        formula = free_ride_formula_tokens(r, 32, 32 * 2304)
+        exact = free_ride_tokens(r, 32, 32 * 2304)
+        assert formula == pytest.approx(444, rel=0.05)
+        # Charging the decodes' own arithmetic and the chunk's attention brings it lower.
+        assert exact < formula
+        assert exact > 0.8 * formula
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 256), ctx=st.integers(1, 8192), prefix=st.integers(0, 30000))
+def test_free_ride_is_the_memory_bound_boundary(n, ctx, prefix):
+    r = Roofline.of(H100_SXM, LLAMA_3_8B)
+    x = free_ride_tokens(r, n, n * ctx, prefix)
+
+    def pass_cost(chunk):
+        if chunk == 0:
+            return price(r, PassShape(n, n * ctx))
+        return price(r, PassShape(n, n * ctx, chunk, prefix, chunk_attention_pairs(chunk, prefix)))
+
+    if x > 0:
+        assert pass_cost(x).bound == "memory"
+    assert pass_cost(x + 1).bound == "compute"
+
+
+def test_free_ride_is_zero_when_decodes_alone_are_compute_bound():
+    r = Roofline.of(TOY_HW, TOY_MODEL)  # ridge ~100 FLOP/byte: 2,000 decodes are compute-bound
+    assert free_ride_tokens(r, 2000, 2000 * 10) == 0
+
+
+def test_longer_prefix_leaves_less_free_ride():
+    r = Roofline.of(H100_SXM, LLAMA_3_8B)
+    early = free_ride_tokens(r, 32, 32 * 2304, prefix_tokens=0)
+    late = free_ride_tokens(r, 32, 32 * 2304, prefix_tokens=7000)
+    assert late < early
