@@ -108,7 +108,7 @@ class _Req:
     __slots__ = ("rid", "arrival", "prompt", "output", "warm", "computed", "generated",
                  "blocks", "admit_seq", "offset", "dec_start", "dec_g0", "finish_pass",
                  "first_token_s", "last_token_s", "finish_s", "preemptions", "segments",
-                 "resume_gaps")
+                 "resume_gaps", "recomputed")
 
     def __init__(self, rid: int, arrival: float, prompt: int, output: int, warm: bool = False):
         self.rid = rid
@@ -130,6 +130,7 @@ class _Req:
         self.preemptions = 0
         self.segments: list[tuple[int, int]] = []  # [start, end) passes spent decoding
         self.resume_gaps: list[float] = []
+        self.recomputed = 0  # prefill tokens its preemptions added (work done again)
 
     @property
     def target(self) -> int:
@@ -258,6 +259,7 @@ class Simulator:
         self._kv_log: list[int] = []  # (pass, blocks used after it)
         self._shapes: list[PassShape] | None = [] if record_shapes else None
         self._pending_decision = False
+        self._decode_alloc_pass = -1
         self._view = SchedulerState(self)
 
     # --- setting up --------------------------------------------------------------------
@@ -485,10 +487,13 @@ class Simulator:
             self._preempt(victim)
             preempted = True
         self._used += need
+        self._decode_alloc_pass = p  # decodes hold this pass's slot from here on
         chunks: list[tuple[_Req, int, int]] = []
         thresh = self._thresh
         for r in list(self.prefilling):
-            if left <= 0:
+            # A request preempted earlier in this pass is not scheduled, and neither is
+            # anything admitted after it (victims go latest-first).
+            if left <= 0 or r.admit_seq < 0:
                 break
             x = min(r.target - r.computed, thresh, left)
             new_blocks = -(-(r.computed + x) // bs) - r.blocks
@@ -634,12 +639,18 @@ class Simulator:
             self._finish_at[r.finish_pass].remove(r)
             if not self._finish_at[r.finish_pass]:
                 del self._finish_at[r.finish_pass]
+            # Preempted by a prefill chunk after this pass's decode slots were allocated
+            # (decodes go first): give back the block its slot may have opened.
+            slot_block = self._decode_alloc_pass == p and (r.offset + p) % self._bs == 0
             self._stop_decode(r, p)
+            r.blocks += slot_block
             r.last_token_s = self.now
-            self.waiting_prefill_tokens += r.target
+            added = r.target  # its whole context, and its last sampled token, again
         else:
             self.prefilling.remove(r)
-            self.waiting_prefill_tokens += r.computed
+            added = r.computed  # the part of its prefill already done, again
+        self.waiting_prefill_tokens += added
+        r.recomputed += added
         self._release(r, r.blocks)
         r.computed = 0
         r.preemptions += 1

@@ -53,7 +53,7 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, q) -> np.ndarra
     if not len(values):
         out = np.full(len(qs), math.nan)
         return float(out[0]) if scalar else out
-    order = np.argsort(values, kind="stable")
+    order = np.argsort(values)
     v = values[order]
     cum = np.cumsum(weights[order])  # cum[i] - 1 is the last expanded index of v[i]
     n = int(cum[-1])

@@ -112,15 +112,31 @@ class Workload:
 
 # --- Traces -------------------------------------------------------------------------
 
+BUNDLED_TRACES = Path(__file__).parent / "data"
+
+
+def bundled_traces() -> list[str]:
+    return sorted(p.stem for p in BUNDLED_TRACES.glob("*.csv"))
+
+
+def resolve_trace(path: str | Path) -> Path:
+    """A path to a CSV, or the name of a bundled trace (``azure_conv_2023``)."""
+    p = Path(path)
+    if not p.exists() and (BUNDLED_TRACES / f"{p.stem}.csv").exists() and p.parent == Path("."):
+        return BUNDLED_TRACES / f"{p.stem}.csv"
+    return p
+
+
 def load_trace(path: str | Path, rate_scale: float = 1.0, start_s: float = 0.0,
                end_s: float | None = None, max_requests: int | None = None) -> Workload:
-    """Read an ``arrival_s,prompt_tokens,output_tokens`` CSV; every bad row is reported
-    with its line number."""
-    path = Path(path)
+    """Read an ``arrival_s,prompt_tokens,output_tokens`` CSV (or a bundled trace by name,
+    see :func:`bundled_traces`); every bad row is reported with its line number."""
+    path = resolve_trace(path)
     try:
         fh = path.open(newline="")
     except OSError as err:
-        raise ConfigError(f"trace: cannot read {str(path)!r} ({err.strerror})")
+        raise ConfigError(f"trace: cannot read {str(path)!r} ({err.strerror}); bundled traces: "
+                          f"{', '.join(bundled_traces())}")
     arrivals: list[float] = []
     prompts: list[int] = []
     outputs: list[int] = []

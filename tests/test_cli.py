@@ -1,0 +1,99 @@
+"""The probe and simulate command lines: DESIGN.md's worked example, JSON output, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def cli(module, *args):
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
+
+
+def probe_json(*args):
+    out = cli("envs.probe", *args, "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_probe_reproduces_the_worked_example_unchunked():
+    r = probe_json("--hardware", "h100-sxm", "--model", "llama-3-8b", "--running", "32",
+                   "--context-tokens", "2304", "--prompt-tokens", "8192", "--budget", "16384")
+    assert r["passes"] == 1
+    assert r["ttft_ms"] == pytest.approx(208, rel=0.05)
+    assert r["baseline_pass_ms"] == pytest.approx(9.8, rel=0.05)
+    assert r["free_ride_formula_tokens"] == pytest.approx(444, rel=0.05)
+    assert r["pass_ms"] == [pytest.approx(r["ttft_ms"])]
+    assert r["worst_gap_ms"] == pytest.approx(217, rel=0.05)  # "from 9.8 ms to about 217 ms"
+    assert r["tokens_delivered"] == 32
+    assert isinstance(r["free_ride_tokens"], int) and r["free_ride_tokens"] < r["free_ride_formula_tokens"]
+
+
+def test_probe_chunking_trades_ttft_for_gaps():
+    big = probe_json("--budget", "16384")
+    mid = probe_json("--budget", "2048")
+    small = probe_json("--budget", "256")
+    # 2,048 - 32 decodes = 2,016 prompt tokens a pass: 5 passes for 8,192 tokens.
+    assert mid["passes"] == 5 and len(mid["pass_ms"]) == 5
+    assert small["passes"] == -(-8192 // (256 - 32))
+    assert big["worst_gap_ms"] > mid["worst_gap_ms"] > small["worst_gap_ms"]
+    assert big["ttft_ms"] < mid["ttft_ms"] < small["ttft_ms"]
+    assert small["worst_gap_ms"] < 1.1 * small["baseline_pass_ms"]  # chunks inside the free ride
+    assert mid["tokens_delivered"] == 32 * 5
+    # Late chunks pay more attention over their longer prefix.
+    assert mid["pass_ms"][3] > mid["pass_ms"][0]
+
+
+def test_probe_human_output_explains():
+    out = cli("envs.probe", "--budget", "16384")
+    assert out.returncode == 0
+    assert "Unchunked" in out.stdout and "free ride" in out.stdout
+
+
+def test_simulate_json_keys():
+    out = cli("envs.simulate", "--trace", "azure_conv_2023", "--max-requests", "300", "--budget",
+              "2048", "--json")
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    for key in ("requests_finished", "passes", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
+                "itl_max_s", "throughput_tok_s", "preemptions", "wall_s", "goodput"):
+        assert key in r
+    assert r["requests_finished"] == 300
+
+
+def test_simulate_synthetic_flags():
+    out = cli("envs.simulate", "--rate", "3", "--num-requests", "100", "--arrival", "onoff",
+              "--prompt", "fixed:1000", "--output", "fixed:10", "--budget", "512", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["output_tokens"] == 1000
+
+
+@pytest.mark.parametrize("module, args, message", [
+    ("envs.probe", ["--hardware", "tpu9"], "hardware: unknown preset 'tpu9'; known:"),
+    ("envs.probe", ["--running", "300"], "running: got 300, must be < max_num_seqs"),
+    ("envs.probe", ["--budget", "64"], "budget: got 64, must be an integer >= max_num_seqs"),
+    ("envs.probe", ["--prompt-tokens", "0"], "prompt_tokens: got 0"),
+    ("envs.probe", ["--prompt-tokens", "900000"], "request 0 needs"),
+    ("envs.simulate", ["--trace", "nope.csv"], "trace: cannot read 'nope.csv'"),
+    ("envs.simulate", ["--rate", "-2"], "rate: got -2.0, must be a finite number > 0"),
+    ("envs.simulate", ["--prompt", "fixed:abc"], "prompt: got 'fixed:abc'"),
+    ("envs.simulate", ["--model", "qwen2.5-32b", "--hardware", "l40s"], "weights need"),
+    ("envs.simulate", ["--slo-itl-s", "0"], "slo itl_s: got 0.0"),
+])
+def test_bad_input_is_one_line_and_exit_2(module, args, message):
+    out = cli(module, *args)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.stderr
+
+
+def test_bad_trace_row_names_the_line(tmp_path):
+    p = tmp_path / "bad.csv"
+    p.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,10,5\n0.5,10,5\n")
+    out = cli("envs.simulate", "--trace", str(p))
+    assert out.returncode == 2
+    assert "line 4: arrival_s" in out.stderr and "Traceback" not in out.stderr
