@@ -4,3 +4,14 @@ The simulator modules (``profiles``, ``cost``, ``workload``, ``engine``, ``metri
 ``scenario``, ``probe``, ``simulate``) never import gymnasium, torch or
 stable-baselines3.
 """
+
+ENV_ID = "chunkpilot/ChunkBudget-v0"
+
+try:  # registration is free when gymnasium is absent: the simulator needs none of it
+    from gymnasium.envs.registration import register, registry
+except ImportError:  # pragma: no cover - exercised by the no-gymnasium test
+    pass
+else:
+    if ENV_ID not in registry:
+        register(id=ENV_ID, entry_point="envs.chunk_budget_env:ChunkBudgetEnv",
+                 max_episode_steps=4096)

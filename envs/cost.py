@@ -173,16 +173,29 @@ def free_ride_tokens(r: Roofline, num_decodes: int, decode_context_tokens: int,
 
     if excess(0) > 0:
         return 0
-    # excess(x) is a convex quadratic in x for x >= 1; solve it, then settle the
-    # integer boundary exactly.
-    a = r.attention_flops_per_pair * r.seconds_per_flop / 2
-    b = ((r.flops_per_token + r.attention_flops_per_pair * (prefix_tokens + 0.5)) * r.seconds_per_flop
-         - r.kv_bytes_per_token * r.seconds_per_byte)
-    c = excess(1) - a - b  # the constant term, with the prefix read included
-    disc = b * b - 4 * a * c
-    x = int(max(0.0, (-b + math.sqrt(max(disc, 0.0))) / (2 * a)))
+    x = int(free_ride_root(r, num_decodes, decode_context_tokens, prefix_tokens))
+    # The root is exact up to rounding; settle the integer boundary.
     while x > 0 and excess(x) > 0:
         x -= 1
     while excess(x + 1) <= 0:
         x += 1
     return x
+
+
+def free_ride_root(r: Roofline, num_decodes: int, decode_context_tokens: int,
+                   prefix_tokens: int = 0) -> float:
+    """The real root of compute time = memory time in the chunk size (>= 0), in closed
+    form: cheap enough to compute every pass (the Gymnasium observation uses it)."""
+    spf, spb = r.seconds_per_flop, r.seconds_per_byte
+    kv = r.kv_bytes_per_token * spb
+    att = r.attention_flops_per_pair * spf
+    # excess(x) = a x^2 + b x + c for a chunk of x >= 1 tokens after a q-token prefix
+    a = att / 2
+    b = (r.flops_per_token * spf + att * (prefix_tokens + 0.5)) - kv
+    c = ((r.flops_per_token * num_decodes + r.attention_flops_per_pair
+          * (decode_context_tokens + num_decodes)) * spf
+         - (r.weight_bytes + r.kv_bytes_per_token
+            * (decode_context_tokens + num_decodes + prefix_tokens)) * spb)
+    if c >= 0:
+        return 0.0
+    return (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)

@@ -250,10 +250,10 @@ class Simulator:
         self.finished = 0
         self.last_pass_s = 0.0
         # Records: dense per pass, sparse per event.
-        # Pass durations as runs (first pass, count, A, B): pass first+i took A + B*i.
         # Logs are flat lists of fixed-width records (numpy reads them back in one go).
+        # Runs of passes (first pass, count, A, B, decodes): pass first+i took A + B*i
+        # seconds and carried that many decodes.
         self._segs: list[float] = []
-        self._ndec_log: list[int] = [0, 0]  # (pass, decodes from then on)
         self._idle_log: list[float] = []  # (pass, idle seconds before it)
         self._prefill_log: list[int] = []  # (pass, prefill tokens, budget, chunks)
         self._kv_log: list[int] = []  # (pass, blocks used after it)
@@ -261,6 +261,11 @@ class Simulator:
         self._pending_decision = False
         self._decode_alloc_pass = -1
         self._view = SchedulerState(self)
+        # Running TTFT sums: requests still waiting for their first token, and the TTFT
+        # of those that have it (see ttft_accrued).
+        self._first_wait_n = 0
+        self._first_wait_arrivals = 0.0
+        self._ttft_sum = 0.0
 
     # --- setting up --------------------------------------------------------------------
 
@@ -316,6 +321,16 @@ class Simulator:
         head = self._head()
         return free_ride_tokens(self.roofline, self._n, self.decode_context_tokens,
                                 head.computed if head else 0)
+
+    def ttft_accrued(self) -> float:
+        """Sum over arrived requests of the time each has waited for its first token so far
+        (its TTFT once it has one). Its growth between two decisions is the TTFT that the
+        passes in between cost."""
+        return self._ttft_sum + self._first_wait_n * self.now - self._first_wait_arrivals
+
+    @property
+    def num_awaiting_first_token(self) -> int:
+        return self._first_wait_n
 
     def _decision_needed(self) -> bool:
         return bool(self.prefilling) or (bool(self.waiting) and
@@ -386,6 +401,8 @@ class Simulator:
             self.requests.append(r)
             self.waiting.append(r)
             self.waiting_prefill_tokens += r.prompt
+            self._first_wait_n += 1
+            self._first_wait_arrivals += r.arrival
             i += 1
         self._next = i
 
@@ -430,7 +447,7 @@ class Simulator:
             now += k * (A + B * (k - 1) / 2)
             dt = A + B * (k - 1)
             p += k
-            self._segs += (p0, k, A, B)
+            self._segs += (p0, k, A, B, n)
         else:
             dt = self.last_pass_s
             segs = self._segs
@@ -439,7 +456,7 @@ class Simulator:
                 m = mem0 + kv_s * x
                 c = cmp_tok * n + att_s * x
                 dt = (m if m > c else c) + ovh
-                segs += (p, 1, dt, 0.0)
+                segs += (p, 1, dt, 0.0, n)
                 now += dt
                 p += 1
                 if now >= stop:
@@ -486,75 +503,84 @@ class Simulator:
                 need -= 1
             self._preempt(victim)
             preempted = True
-        self._used += need
+        used = self._used + need
+        self._used = used
         self._decode_alloc_pass = p  # decodes hold this pass's slot from here on
-        chunks: list[tuple[_Req, int, int]] = []
+        chunks: list[tuple[_Req, int]] = []
         thresh = self._thresh
-        for r in list(self.prefilling):
+        pre_tokens = pre_prefix = pairs = 0
+        prefilling = self.prefilling
+        for r in list(prefilling) if prefilling else ():
             # A request preempted earlier in this pass is not scheduled, and neither is
             # anything admitted after it (victims go latest-first).
             if left <= 0 or r.admit_seq < 0:
                 break
-            x = min(r.target - r.computed, thresh, left)
-            new_blocks = -(-(r.computed + x) // bs) - r.blocks
-            while self._used + new_blocks > total:
-                victim = self._latest_running()
-                self._preempt(victim)
-                preempted = True
-                if victim is r:
+            q = r.computed
+            x = min(r.target - q, thresh, left)
+            new_blocks = -(-(q + x) // bs) - r.blocks
+            if self._used + new_blocks > total:
+                while self._used + new_blocks > total:
+                    victim = self._latest_running()
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is r:
+                        break
+                if r.admit_seq < 0:  # r itself was preempted: vLLM stops scheduling here
                     break
-            if r.admit_seq < 0:  # r itself was preempted: vLLM stops scheduling here
-                break
             r.blocks += new_blocks
             self._used += new_blocks
-            chunks.append((r, x, r.computed))
+            chunks.append((r, x))
             left -= x
-        if not preempted:
-            waiting = self.waiting
-            while waiting and left > 0 and self._n + len(self.prefilling) < self.config.max_num_seqs:
-                r = waiting[0]
-                x = min(r.target, thresh, left)
-                nb = -(-x // bs)
-                if self._used + nb > total:
-                    break
-                waiting.popleft()
-                self._admit(r)
-                self.prefilling.append(r)
-                r.blocks = nb
-                self._used += nb
-                chunks.append((r, x, 0))
-                left -= x
-
-        n = self._n
-        ctx = self._so + n * p
-        pre_tokens = pre_prefix = pairs = 0
-        for _, x, q in chunks:
             pre_tokens += x
             pre_prefix += q
             pairs += x * q + x * (x + 1) // 2  # == chunk_attention_pairs(x, q)
-        rf = self.roofline
-        nbytes = rf.weight_bytes + rf.kv_bytes_per_token * (ctx + pre_prefix + n + pre_tokens)
-        flops = (rf.flops_per_token * (n + pre_tokens)
-                 + rf.attention_flops_per_pair * (ctx + n + pairs))
-        m = nbytes * rf.seconds_per_byte
-        c = flops * rf.seconds_per_flop
-        dt = (m if m > c else c) + rf.overhead_s
-        self.now += dt
+        if not preempted:
+            waiting = self.waiting
+            max_seqs = self.config.max_num_seqs
+            used = self._used
+            while waiting and left > 0 and self._n + len(prefilling) < max_seqs:
+                r = waiting[0]
+                x = min(r.target, thresh, left)
+                nb = -(-x // bs)
+                if used + nb > total:
+                    break
+                waiting.popleft()
+                r.admit_seq = self._admit_seq
+                self._admit_seq += 1
+                prefilling.append(r)
+                r.blocks = nb
+                used += nb
+                chunks.append((r, x))
+                left -= x
+                pre_tokens += x
+                pairs += x * (x + 1) // 2
+            self._used = used
+
+        n = self._n
+        ctx = self._so + n * p
+        mem0, kv_s, cmp_tok, att_s, ovh = self._coef
+        m = mem0 + kv_s * (ctx + pre_prefix + n + pre_tokens)
+        c = cmp_tok * (n + pre_tokens) + att_s * (ctx + n + pairs)
+        dt = (m if m > c else c) + ovh
+        now = self.now + dt
+        self.now = now
         self.last_pass_s = dt
-        self._segs += (p, 1, dt, 0.0)
+        self._segs += (p, 1, dt, 0.0, n)
         if self._shapes is not None:
             self._shapes.append(PassShape(n, ctx, pre_tokens, pre_prefix, pairs))
         self._prefill_log += (p, pre_tokens, budget, len(chunks))
         self.pass_index = p + 1
-        now = self.now
-        for r, x, _ in chunks:
+        self.waiting_prefill_tokens -= pre_tokens
+        for r, x in chunks:
             r.computed += x
-            self.waiting_prefill_tokens -= x
             if r.computed == r.target:
-                self.prefilling.remove(r)
+                prefilling.remove(r)
                 r.generated += 1
                 if r.generated == 1:
                     r.first_token_s = now
+                    self._first_wait_n -= 1
+                    self._first_wait_arrivals -= r.arrival
+                    self._ttft_sum += now - r.arrival
                 else:  # resumed after a preemption: the whole wait is one gap
                     r.resume_gaps.append(now - r.last_token_s)
                 r.last_token_s = now
@@ -592,7 +618,6 @@ class Simulator:
             heapq.heappush(self._finish_heap, r.finish_pass)
         else:
             waiting_list.append(r)
-        self._ndec_log += (start, self._n)
 
     def _stop_decode(self, r: _Req, end_pass: int) -> None:
         """r decoded in passes [dec_start, end_pass); bring its counters up to date."""
@@ -606,7 +631,6 @@ class Simulator:
         r.blocks = -(-r.computed // self._bs)
         if end_pass > r.dec_start:
             r.segments.append((r.dec_start, end_pass))
-        self._ndec_log += (end_pass, self._n)
 
     def _finish_decodes(self, p: int) -> None:
         for r in self._finish_at.pop(p):
@@ -679,18 +703,24 @@ class Simulator:
             r.target - r.computed for r in self.prefilling)
         assert sum(len(v) for v in self._finish_at.values()) == self._n
 
-    def pass_durations(self, start: int = 0) -> np.ndarray:
-        """Every pass's duration from pass ``start`` on, in seconds."""
-        arr = np.asarray(self._segs, dtype=np.float64).reshape(-1, 4)
+    def pass_records(self, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(duration in seconds, decodes carried) of every pass from pass ``start`` on."""
+        arr = np.asarray(self._segs, dtype=np.float64).reshape(-1, 5)
         if start:
             lo = max(0, int(np.searchsorted(arr[:, 0], start, side="right")) - 1)
             arr = arr[lo:]
         if not len(arr):
-            return np.zeros(0)
+            return np.zeros(0), np.zeros(0, dtype=np.int64)
         counts = arr[:, 1].astype(np.int64)
         i = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
         d = np.repeat(arr[:, 2], counts) + np.repeat(arr[:, 3], counts) * i
-        return d[start - int(arr[0, 0]):]
+        n = np.repeat(arr[:, 4].astype(np.int64), counts)
+        skip = start - int(arr[0, 0])
+        return d[skip:], n[skip:]
+
+    def pass_durations(self, start: int = 0) -> np.ndarray:
+        """Every pass's duration from pass ``start`` on, in seconds."""
+        return self.pass_records(start)[0]
 
     @property
     def shapes(self) -> list[PassShape]:

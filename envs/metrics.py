@@ -66,8 +66,8 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, q) -> np.ndarra
     return float(out[0]) if scalar else out
 
 
-def _pct(x: np.ndarray, q: float) -> float:
-    return float(np.percentile(x, q)) if len(x) else math.nan
+def _pcts(x: np.ndarray, qs: list[float]) -> list[float]:
+    return [float(v) for v in np.percentile(x, qs)] if len(x) else [math.nan] * len(qs)
 
 
 def _mean(x: np.ndarray) -> float:
@@ -105,15 +105,12 @@ class SimResult:
     @classmethod
     def of(cls, sim) -> "SimResult":
         reqs = [r for r in sim.requests if not r.warm]
-        dur = sim.pass_durations()
+        dur, decodes = sim.pass_records()
         P = len(dur)
         idle = np.zeros(P + 1)
         il = np.asarray(sim._idle_log, dtype=np.float64).reshape(-1, 2)
         np.add.at(idle, il[:, 0].astype(np.int64), il[:, 1])
         end = np.cumsum(dur + idle[:P]) if P else np.zeros(0)
-        log = np.asarray(sim._ndec_log, dtype=np.int64).reshape(-1, 2)
-        idx = np.searchsorted(log[:, 0], np.arange(P), side="right") - 1
-        decodes = log[idx, 1] if P else np.zeros(0, dtype=np.int64)
         prefill = np.zeros(P, dtype=np.int64)
         budget = np.full(P, -1, dtype=np.int64)
         if sim._prefill_log:
@@ -217,17 +214,19 @@ class SimResult:
         gaps = self.max_gap_s[fin]
         smooth = np.nan_to_num(gaps, nan=0.0) <= 2 * slo.itl_s
         kv = self.kv_used_blocks / self.kv_total_blocks
+        t50, t90, t99 = _pcts(ttft, [50, 90, 99])
+        tp50, tp99 = _pcts(tpot, [50, 99])
+        e50, e99 = _pcts(e2el, [50, 99])
         return {
             "requests_total": self.requests_total,
             "requests_finished": n_fin,
             "passes": len(self.pass_duration_s),
             "sim_time_s": self.sim_time_s,
-            "ttft_mean_s": _mean(ttft), "ttft_p50_s": _pct(ttft, 50), "ttft_p90_s": _pct(ttft, 90),
-            "ttft_p99_s": _pct(ttft, 99),
+            "ttft_mean_s": _mean(ttft), "ttft_p50_s": t50, "ttft_p90_s": t90, "ttft_p99_s": t99,
             "itl_mean_s": itl_mean, "itl_p50_s": float(itl[0]), "itl_p90_s": float(itl[1]),
             "itl_p99_s": float(itl[2]), "itl_max_s": itl_max if ntok else math.nan,
-            "tpot_mean_s": _mean(tpot), "tpot_p50_s": _pct(tpot, 50), "tpot_p99_s": _pct(tpot, 99),
-            "e2el_p50_s": _pct(e2el, 50), "e2el_p99_s": _pct(e2el, 99),
+            "tpot_mean_s": _mean(tpot), "tpot_p50_s": tp50, "tpot_p99_s": tp99,
+            "e2el_p50_s": e50, "e2el_p99_s": e99,
             "throughput_tok_s": out_tok / span if span > 0 else math.nan,
             "request_throughput_rps": n_fin / span if span > 0 else math.nan,
             "output_tokens": out_tok,

@@ -1,0 +1,368 @@
+"""Gymnasium environment: choose the token budget of each scheduler pass.
+
+A thin adapter over :class:`envs.engine.Simulator`; it owns no physics.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from envs.cost import free_ride_root
+from envs.engine import Simulator
+from envs.errors import ConfigError, require
+from envs.metrics import SLO
+from envs.scenario import Scenario, named_workload
+from envs.workload import Workload, load_trace
+
+DEFAULT_LADDER = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+OBSERVATION_FIELDS = (
+    "waiting_requests", "waiting_prefill_tokens", "running_decodes", "kv_usage",
+    "oldest_wait_vs_ttft", "last_pass_vs_itl", "free_ride_tokens", "head_prefilled_share",
+    "head_remaining_tokens", "decode_context_mean", "slo_ttft", "slo_itl",
+)
+
+
+_INV_LOG_512 = 1 / math.log1p(512)
+_INV_LOG_16K = 1 / math.log1p(16384)
+_INV_LOG_128K = 1 / math.log1p(131072)
+
+
+def _log_scale(x: float, top: float) -> float:
+    """log1p(x) / log1p(top), clipped to [0, 1]."""
+    v = math.log1p(x) / math.log1p(top) if x > 0 else 0.0
+    return v if v < 1.0 else 1.0
+
+
+@dataclass(frozen=True)
+class RewardWeights:
+    """Weights of the per-step reward's three charges (see the env docstring)."""
+
+    ttft_miss: float = 1.0
+    """Per request whose wait crosses the TTFT target without a first token."""
+    ttft_wait: float = 0.05
+    """Per TTFT-target's worth of waiting accrued by requests without a first token."""
+    itl_excess: float = 1.0
+    """Per mean-output-length's worth of decode tokens, times each one's excess gap over
+    the ITL target in units of that target."""
+
+
+@dataclass(frozen=True)
+class EpisodeSampler:
+    """How each episode's arrivals are drawn (domain randomisation).
+
+    Synthetic scenarios draw ``episode_requests`` requests at the scenario's rate
+    times a factor uniform in ``rate_range``; trace scenarios replay a random window
+    of ``window_s`` seconds from the part of the trace between the fractions
+    ``trace_span`` (keep evaluation windows outside it), sped up by a factor in
+    ``rate_range``.
+    """
+
+    rate_range: tuple[float, float] = (0.6, 1.2)
+    episode_requests: int = 300
+    window_s: float = 120.0
+    trace_span: tuple[float, float] = (0.0, 0.8)
+    slo_ttft_range: tuple[float, float] | None = None
+    """When set, each episode draws its TTFT target log-uniformly from this range."""
+    slo_itl_range: tuple[float, float] | None = None
+    """When set, each episode draws its ITL target log-uniformly from this range."""
+    hardware_choices: tuple[str, ...] = ()
+    """When set, each episode runs on one of these hardware presets."""
+
+
+class ChunkBudgetEnv(gym.Env):
+    """Pick the token budget of every scheduler pass that has prefill work to place.
+
+    ## Description
+
+    A continuous-batching LLM server (vLLM V1 semantics, roofline-priced passes) serves
+    a stream of requests. Running decodes always get one token each; the budget decides
+    how many prompt tokens ride along in the same pass. Small budgets keep the running
+    users' inter-token latency (ITL) low and delay new prompts' first token (TTFT);
+    large budgets do the opposite.
+
+    **One step is one pass that has a decision to make**: passes with no prefill work
+    waiting are simulated inside the step (their ITL and rewards are accounted), so an
+    episode is not padded with decisions that change nothing.
+
+    ## Action Space
+
+    ``Discrete(len(budgets))``: index into a log-spaced ladder of budgets (default
+    64 ... 16,384). With ``action_type="continuous"``, ``Box(-1, 1, (1,))`` maps
+    linearly to log2 of the budget between the ladder's ends. The budget applied is
+    never below the running decodes (each must get its token); ``info["budget_applied"]``
+    and ``info["budget_clipped"]`` say what was used.
+
+    ## Observation Space
+
+    ``Box(0, 1, (12,), float32)``, every entry scaled to [0, 1] and clipped:
+
+    | idx | observation | scaling |
+    |-----|-------------|---------|
+    | 0 | waiting requests (vLLM ``num_requests_waiting``) | log1p(x)/log1p(512) |
+    | 1 | prompt tokens still to prefill, waiting + partial | log1p(x)/log1p(131072) |
+    | 2 | running decodes | x / max_num_seqs |
+    | 3 | KV-cache usage (vLLM ``kv_cache_usage_perc``) | fraction |
+    | 4 | oldest waiting request's age | age / TTFT target / 4 |
+    | 5 | last pass's duration | duration / ITL target / 4 |
+    | 6 | free-ride capacity of this pass, tokens | log1p(x)/log1p(16384) |
+    | 7 | share of the head request's prompt already prefilled | fraction |
+    | 8 | head request's prompt tokens still to prefill | log1p(x)/log1p(131072) |
+    | 9 | mean decode context, tokens | log1p(x)/log1p(131072) |
+    | 10 | TTFT target | log1p(s)/log1p(30) |
+    | 11 | ITL target | log1p(1000 s)/log1p(1000) |
+
+    All of them are cheap for a real engine to read each pass (counts, KV usage, the
+    head request's computed tokens, running requests' context lengths).
+
+    ## Rewards
+
+    The episode's objective is goodput under an SLO pair (TTFT target, ITL target),
+    i.e. few requests late for their first token and few slow tokens. p99 and
+    per-request TPOT are episode statistics, so the reward charges, per step, what the
+    passes it covered cost:
+
+    - ``ttft_miss``: -1 for each request whose wait crosses the TTFT target without a
+      first token (charged when the deadline passes, so the charge lands on the steps
+      that caused it, not on the one that finally serves the request);
+    - ``ttft_wait``: -(waiting time accrued by requests without a first token) / TTFT
+      target; summed over an episode this is total TTFT / target (Little's law), a dense
+      signal towards throughput;
+    - ``itl_excess``: -sum over decode tokens of max(0, gap - ITL target) / ITL target,
+      divided by the episode's mean output length; a request all of whose gaps are
+      twice the target costs about 1, like a TTFT miss, and tokens inside the target
+      cost nothing.
+
+    The weights are ``RewardWeights``; ``info`` carries each charge.
+
+    ## Starting State
+
+    An idle engine; the first request of a freshly drawn stream arrives at time 0.
+    Episode streams are drawn from ``self.np_random`` (rate randomised per episode).
+
+    ## Episode End
+
+    - Termination: every request of the episode's stream has finished.
+    - Truncation: ``max_episode_steps`` decisions (``register``; default 4096).
+
+    When an episode terminates, ``info["episode"]`` holds its TTFT p50/p99, ITL
+    p99/max, goodput and the mean applied budget.
+
+    ## Arguments
+
+    ``gymnasium.make("chunkpilot/ChunkBudget-v0", hardware="h100-sxm",
+    model="llama-3-8b", workload="mixed-bursty", slo=(2.0, 0.1), budgets=DEFAULT_LADDER,
+    action_type="discrete", sampler=EpisodeSampler(), reward=RewardWeights(),
+    scenario=None)``. ``workload`` is a name from ``envs.scenario.WORKLOADS``, a trace
+    name or path, a dict of Scenario fields, or a fixed :class:`Workload` (replayed
+    as is every episode). ``scenario`` (a :class:`Scenario`) replaces hardware, model,
+    workload and SLO at once.
+
+    ## Version History
+
+    - v0: initial version.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, hardware: str = "h100-sxm", model: str = "llama-3-8b",
+                 workload: str | dict | Workload = "mixed-bursty",
+                 slo: tuple[float, float] | SLO | None = None,
+                 budgets: Sequence[int] = DEFAULT_LADDER, action_type: str = "discrete",
+                 sampler: EpisodeSampler | None = None, reward: RewardWeights | None = None,
+                 scenario: Scenario | None = None):
+        super().__init__()
+        self.fixed_workload: Workload | None = None
+        if scenario is None:
+            scenario = Scenario(hardware=hardware, model=model)
+            if isinstance(workload, Workload):
+                self.fixed_workload = workload
+            elif isinstance(workload, dict):
+                scenario = replace(scenario, **workload)
+            elif isinstance(workload, str):
+                try:
+                    scenario = replace(scenario, **named_workload(workload))
+                except ConfigError:
+                    load_trace(workload)  # raises a clear error if it is not a trace either
+                    scenario = replace(scenario, trace=workload)
+            else:
+                raise ConfigError(f"workload: got {type(workload).__name__}, must be a name, "
+                                  "a trace, a dict of Scenario fields or a Workload")
+            if slo is not None:
+                s = slo if isinstance(slo, SLO) else SLO(*slo)
+                scenario = replace(scenario, slo_ttft_s=s.ttft_s, slo_itl_s=s.itl_s)
+        self.scenario = scenario
+        scenario.slo()  # validate
+        self.budgets = tuple(int(b) for b in budgets)
+        require(len(self.budgets) >= 2 and all(b >= 1 for b in self.budgets)
+                and list(self.budgets) == sorted(set(self.budgets)), "budgets", self.budgets,
+                "must be at least two distinct positive integers in increasing order")
+        require(action_type in ("discrete", "continuous"), "action_type", action_type,
+                "must be 'discrete' or 'continuous'")
+        self.action_type = action_type
+        self.sampler = sampler or EpisodeSampler()
+        self.weights = reward or RewardWeights()
+        if action_type == "discrete":
+            self.action_space = spaces.Discrete(len(self.budgets))
+        else:
+            self.action_space = spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+        self.observation_space = spaces.Box(0.0, 1.0, shape=(len(OBSERVATION_FIELDS),),
+                                            dtype=np.float32)
+        self._log2_lo = math.log2(self.budgets[0])
+        self._log2_hi = math.log2(self.budgets[-1])
+        self._trace: Workload | None = None
+        if scenario.trace and self.fixed_workload is None:
+            self._trace = load_trace(scenario.trace, scenario.rate_scale, scenario.window_start_s,
+                                     scenario.window_end_s, scenario.max_requests)
+        self.sim: Simulator | None = None
+
+    # --- episode streams ---------------------------------------------------------------
+
+    def _draw_episode(self) -> tuple[Scenario, Workload]:
+        rng = self.np_random
+        s = self.sampler
+        sc = self.scenario
+        if s.slo_ttft_range:
+            lo, hi = s.slo_ttft_range
+            sc = replace(sc, slo_ttft_s=float(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+        if s.slo_itl_range:
+            lo, hi = s.slo_itl_range
+            sc = replace(sc, slo_itl_s=float(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+        if s.hardware_choices:
+            sc = replace(sc, hardware=str(rng.choice(list(s.hardware_choices))))
+        if self.fixed_workload is not None:
+            return sc, self.fixed_workload
+        factor = float(rng.uniform(*s.rate_range))
+        if self._trace is not None:
+            t = self._trace
+            span_lo, span_hi = (f * t.duration_s for f in s.trace_span)
+            start = float(rng.uniform(span_lo, max(span_lo, span_hi - s.window_s)))
+            w = t.window(start, start + s.window_s)
+            if len(w) == 0:
+                w = t.window(span_lo, None).head(1)
+            return sc, w.scaled(factor)
+        spec = replace(sc.synthetic_spec(), rate=sc.rate * factor, num_requests=s.episode_requests)
+        return sc, spec.build(int(rng.integers(2**31 - 1)))
+
+    # --- gymnasium API ---------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        sc, workload = self._draw_episode()
+        self.episode_scenario = sc
+        self.sim = sc.simulator(workload)
+        self._slo = sc.slo()
+        self._mean_output = float(workload.output_tokens.mean())
+        self._seg_pos = 0
+        self._deadline_pos = 0
+        self._ttft_accrued = 0.0
+        self._budget_sum = 0
+        self._steps = 0
+        self._slo_obs = (_log_scale(self._slo.ttft_s, 30.0), _log_scale(1000 * self._slo.itl_s, 1000.0))
+        self._done = not self.sim.advance()
+        return self._observe(), {}
+
+    def budget_for(self, action) -> int:
+        if self.action_type == "discrete":
+            return self.budgets[int(action)]
+        a = float(np.clip(np.asarray(action, dtype=np.float64).reshape(-1)[0], -1.0, 1.0))
+        return int(round(2 ** (self._log2_lo + (a + 1) / 2 * (self._log2_hi - self._log2_lo))))
+
+    def step(self, action):
+        if self.sim is None:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            raise RuntimeError("the episode has ended; call reset()")
+        sim = self.sim
+        budget = self.budget_for(action)
+        applied = max(budget, sim.num_decodes, 1)
+        sim.step(applied)
+        self._budget_sum += applied
+        self._steps += 1
+        self._done = not sim.advance()
+        miss, wait, itl = self._charges()
+        w = self.weights
+        reward = -(w.ttft_miss * miss + w.ttft_wait * wait + w.itl_excess * itl)
+        info: dict[str, Any] = {"budget": budget, "budget_applied": applied,
+                                "budget_clipped": applied != budget, "ttft_miss": miss,
+                                "ttft_wait": wait, "itl_excess": itl, "sim_time_s": sim.now}
+        if self._done:
+            info["episode"] = self.episode_metrics()
+        return self._observe(), float(reward), self._done, False, info
+
+    def episode_metrics(self) -> dict:
+        s = self.sim.result().summary(self._slo)
+        return {"ttft_p50_s": s["ttft_p50_s"], "ttft_p99_s": s["ttft_p99_s"],
+                "itl_p99_s": s["itl_p99_s"], "itl_max_s": s["itl_max_s"],
+                "goodput": s["goodput"], "budget_mean": self._budget_sum / max(self._steps, 1),
+                "requests": s["requests_finished"], "preemptions": s["preemptions"]}
+
+    # --- reward ----------------------------------------------------------------------------
+
+    def _charges(self) -> tuple[int, float, float]:
+        sim, slo = self.sim, self._slo
+        # TTFT deadlines that passed during this step, in arrival order.
+        reqs, j, now, target = sim.requests, self._deadline_pos, sim.now, slo.ttft_s
+        miss = 0
+        while j < len(reqs) and (reqs[j].arrival + target <= now or self._done):
+            r = reqs[j]
+            if not r.warm and not (r.first_token_s <= r.arrival + target):
+                miss += 1
+            j += 1
+        self._deadline_pos = j
+        accrued = sim.ttft_accrued()
+        wait = (accrued - self._ttft_accrued) / target
+        self._ttft_accrued = accrued
+        # Decode tokens of the passes simulated since the last step, by excess gap.
+        segs, i, itl = sim._segs, self._seg_pos, slo.itl_s
+        excess = 0.0
+        while i < len(segs):
+            _, k, a, b, n = segs[i:i + 5]
+            i += 5
+            if not n:
+                continue
+            k = int(k)
+            if b <= 0:
+                if a > itl:
+                    excess += n * k * (a - itl)
+                continue
+            i0 = 0 if a > itl else int((itl - a) / b) + 1
+            if i0 < k:
+                m = k - i0
+                excess += n * (m * (a - itl) + b * (i0 + k - 1) * m / 2)
+        self._seg_pos = i
+        return miss, wait, excess / itl / self._mean_output
+
+    # --- observation -------------------------------------------------------------------------
+
+    def _observe(self) -> np.ndarray:
+        sim, slo = self.sim, self._slo
+        n = sim.num_decodes
+        ctx = sim.decode_context_tokens
+        head = sim._head()
+        done_tokens = head.computed if head else 0
+        total_tokens = head.target if head else 0
+        free = free_ride_root(sim.roofline, n, ctx, done_tokens)
+        heads = [q[0].arrival for q in (sim.prefilling, sim.waiting) if q]
+        oldest = sim.now - min(heads) if heads else 0.0
+        log1p = math.log1p
+        obs = (
+            min(log1p(len(sim.waiting)) * _INV_LOG_512, 1.0),
+            min(log1p(sim.waiting_prefill_tokens) * _INV_LOG_128K, 1.0),
+            n / sim.config.max_num_seqs,
+            sim.kv_used_blocks / sim.total_blocks,
+            min(oldest / slo.ttft_s / 4.0, 1.0),
+            min(sim.last_pass_s / slo.itl_s / 4.0, 1.0),
+            min(log1p(free) * _INV_LOG_16K, 1.0),
+            done_tokens / total_tokens if total_tokens else 0.0,
+            min(log1p(total_tokens - done_tokens) * _INV_LOG_128K, 1.0),
+            min(log1p(ctx / n) * _INV_LOG_128K, 1.0) if n else 0.0,
+            *self._slo_obs,
+        )
+        return np.array(obs, dtype=np.float32)
