@@ -1,0 +1,1 @@
+"""stable-baselines3 setups for budget policies: algorithms, hyperparameters, callbacks."""

@@ -21,6 +21,7 @@ from envs.scenario import Scenario, named_workload
 from envs.workload import Workload, load_trace
 
 DEFAULT_LADDER = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+EVAL_SEED_BASE = 2**30
 
 OBSERVATION_FIELDS = (
     "waiting_requests", "waiting_prefill_tokens", "running_decodes", "kv_usage",
@@ -32,6 +33,16 @@ OBSERVATION_FIELDS = (
 _INV_LOG_512 = 1 / math.log1p(512)
 _INV_LOG_16K = 1 / math.log1p(16384)
 _INV_LOG_128K = 1 / math.log1p(131072)
+
+
+def budget_from_action(action, ladder: Sequence[int], action_type: str = "discrete") -> int:
+    """Tokens for an action: a ladder index, or a value in [-1, 1] mapped linearly to
+    log2 of the budget between the ladder's ends."""
+    if action_type == "discrete":
+        return ladder[int(np.asarray(action).reshape(-1)[0])]
+    a = float(np.clip(np.asarray(action, dtype=np.float64).reshape(-1)[0], -1.0, 1.0))
+    lo, hi = math.log2(ladder[0]), math.log2(ladder[-1])
+    return int(round(2 ** (lo + (a + 1) / 2 * (hi - lo))))
 
 
 def _log_scale(x: float, top: float) -> float:
@@ -151,7 +162,7 @@ class ChunkBudgetEnv(gym.Env):
     - Termination: every request of the episode's stream has finished.
     - Truncation: ``max_episode_steps`` decisions (``register``; default 4096).
 
-    When an episode terminates, ``info["episode"]`` holds its TTFT p50/p99, ITL
+    When an episode terminates, ``info["episode_metrics"]`` holds its TTFT p50/p99, ITL
     p99/max, goodput and the mean applied budget.
 
     ## Arguments
@@ -214,8 +225,6 @@ class ChunkBudgetEnv(gym.Env):
             self.action_space = spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
         self.observation_space = spaces.Box(0.0, 1.0, shape=(len(OBSERVATION_FIELDS),),
                                             dtype=np.float32)
-        self._log2_lo = math.log2(self.budgets[0])
-        self._log2_hi = math.log2(self.budgets[-1])
         self._trace: Workload | None = None
         if scenario.trace and self.fixed_workload is None:
             self._trace = load_trace(scenario.trace, scenario.rate_scale, scenario.window_start_s,
@@ -248,7 +257,9 @@ class ChunkBudgetEnv(gym.Env):
                 w = t.window(span_lo, None).head(1)
             return sc, w.scaled(factor)
         spec = replace(sc.synthetic_spec(), rate=sc.rate * factor, num_requests=s.episode_requests)
-        return sc, spec.build(int(rng.integers(2**31 - 1)))
+        # Training streams use seeds below 2**30; evaluation uses seeds from 2**30 up
+        # (EVAL_SEED_BASE), so the two never share arrivals.
+        return sc, spec.build(int(rng.integers(EVAL_SEED_BASE)))
 
     # --- gymnasium API ---------------------------------------------------------------------
 
@@ -264,15 +275,12 @@ class ChunkBudgetEnv(gym.Env):
         self._ttft_accrued = 0.0
         self._budget_sum = 0
         self._steps = 0
-        self._slo_obs = (_log_scale(self._slo.ttft_s, 30.0), _log_scale(1000 * self._slo.itl_s, 1000.0))
+        self._slo_obs = slo_features(self._slo)
         self._done = not self.sim.advance()
         return self._observe(), {}
 
     def budget_for(self, action) -> int:
-        if self.action_type == "discrete":
-            return self.budgets[int(action)]
-        a = float(np.clip(np.asarray(action, dtype=np.float64).reshape(-1)[0], -1.0, 1.0))
-        return int(round(2 ** (self._log2_lo + (a + 1) / 2 * (self._log2_hi - self._log2_lo))))
+        return budget_from_action(action, self.budgets, self.action_type)
 
     def step(self, action):
         if self.sim is None:
@@ -293,7 +301,7 @@ class ChunkBudgetEnv(gym.Env):
                                 "budget_clipped": applied != budget, "ttft_miss": miss,
                                 "ttft_wait": wait, "itl_excess": itl, "sim_time_s": sim.now}
         if self._done:
-            info["episode"] = self.episode_metrics()
+            info["episode_metrics"] = self.episode_metrics()
         return self._observe(), float(reward), self._done, False, info
 
     def episode_metrics(self) -> dict:
@@ -342,27 +350,42 @@ class ChunkBudgetEnv(gym.Env):
     # --- observation -------------------------------------------------------------------------
 
     def _observe(self) -> np.ndarray:
-        sim, slo = self.sim, self._slo
-        n = sim.num_decodes
-        ctx = sim.decode_context_tokens
-        head = sim._head()
-        done_tokens = head.computed if head else 0
-        total_tokens = head.target if head else 0
-        free = free_ride_root(sim.roofline, n, ctx, done_tokens)
-        heads = [q[0].arrival for q in (sim.prefilling, sim.waiting) if q]
-        oldest = sim.now - min(heads) if heads else 0.0
-        log1p = math.log1p
-        obs = (
-            min(log1p(len(sim.waiting)) * _INV_LOG_512, 1.0),
-            min(log1p(sim.waiting_prefill_tokens) * _INV_LOG_128K, 1.0),
-            n / sim.config.max_num_seqs,
-            sim.kv_used_blocks / sim.total_blocks,
-            min(oldest / slo.ttft_s / 4.0, 1.0),
-            min(sim.last_pass_s / slo.itl_s / 4.0, 1.0),
-            min(log1p(free) * _INV_LOG_16K, 1.0),
-            done_tokens / total_tokens if total_tokens else 0.0,
-            min(log1p(total_tokens - done_tokens) * _INV_LOG_128K, 1.0),
-            min(log1p(ctx / n) * _INV_LOG_128K, 1.0) if n else 0.0,
-            *self._slo_obs,
-        )
-        return np.array(obs, dtype=np.float32)
+        return observe(self.sim, self._slo, self._slo_obs)
+
+
+def slo_features(slo: SLO) -> tuple[float, float]:
+    """The SLO pair as the last two observation entries."""
+    return _log_scale(slo.ttft_s, 30.0), _log_scale(1000 * slo.itl_s, 1000.0)
+
+
+def observe(sim: Simulator, slo: SLO, slo_obs: tuple[float, float] | None = None) -> np.ndarray:
+    """The observation of ``sim``'s state before its next pass (see ChunkBudgetEnv's table).
+
+    A function of the simulator alone, so that a trained model can drive a simulator
+    (or a real engine's equivalent counters) outside the environment.
+    """
+    if slo_obs is None:
+        slo_obs = slo_features(slo)
+    n = sim.num_decodes
+    ctx = sim.decode_context_tokens
+    head = sim._head()
+    done_tokens = head.computed if head else 0
+    total_tokens = head.target if head else 0
+    free = free_ride_root(sim.roofline, n, ctx, done_tokens)
+    heads = [q[0].arrival for q in (sim.prefilling, sim.waiting) if q]
+    oldest = sim.now - min(heads) if heads else 0.0
+    log1p = math.log1p
+    obs = (
+        min(log1p(len(sim.waiting)) * _INV_LOG_512, 1.0),
+        min(log1p(sim.waiting_prefill_tokens) * _INV_LOG_128K, 1.0),
+        n / sim.config.max_num_seqs,
+        sim.kv_used_blocks / sim.total_blocks,
+        min(oldest / slo.ttft_s / 4.0, 1.0),
+        min(sim.last_pass_s / slo.itl_s / 4.0, 1.0),
+        min(log1p(free) * _INV_LOG_16K, 1.0),
+        done_tokens / total_tokens if total_tokens else 0.0,
+        min(log1p(total_tokens - done_tokens) * _INV_LOG_128K, 1.0),
+        min(log1p(ctx / n) * _INV_LOG_128K, 1.0) if n else 0.0,
+        *slo_obs,
+    )
+    return np.array(obs, dtype=np.float32)

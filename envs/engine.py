@@ -156,6 +156,11 @@ class SchedulerState:
     def __init__(self, sim: "Simulator"):
         self._sim = sim
 
+    @property
+    def simulator(self) -> "Simulator":
+        """The simulator behind this view (for policies that need its profiles)."""
+        return self._sim
+
     now_s = property(lambda self: self._sim.now)
     pass_index = property(lambda self: self._sim.pass_index)
     num_waiting = property(lambda self: len(self._sim.waiting))

@@ -89,8 +89,8 @@ def test_reward_charges_by_hand():
     excess = ((d2 - 0.001) + (d3 - 0.001)) / 0.001 / 3  # per mean output length (3)
     assert info["itl_excess"] == pytest.approx(excess)
     assert r == pytest.approx(-(0.05 * d1 / 0.01 + excess))
-    assert info["episode"]["goodput"] == 0.0
-    assert info["episode"]["budget_mean"] == 512
+    assert info["episode_metrics"]["goodput"] == 0.0
+    assert info["episode_metrics"]["budget_mean"] == 512
 
 
 def test_no_charge_when_the_slo_is_met():
@@ -103,7 +103,7 @@ def test_no_charge_when_the_slo_is_met():
         _, r, term, _, info = env.step(2)
         total += r
     assert total == 0.0
-    assert info["episode"]["goodput"] == 1.0
+    assert info["episode_metrics"]["goodput"] == 1.0
 
 
 def test_budget_below_decodes_is_raised_and_reported():

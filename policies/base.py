@@ -1,0 +1,51 @@
+"""One interface for everything that picks a pass's token budget.
+
+A policy is called with the simulator's :class:`~envs.engine.SchedulerState` and
+returns a budget in tokens (``policy(state) -> int``), so :meth:`Simulator.run`
+and the evaluation harness run any of them on the same arrivals. Policies also
+offer stable-baselines3's ``predict(observation, state, episode_start,
+deterministic) -> (action, state)`` over the environment's observations, so SB3's
+own evaluation code runs them too.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from envs.chunk_budget_env import DEFAULT_LADDER
+
+
+class BudgetPolicy:
+    """Base class: subclasses implement :meth:`budget`."""
+
+    name = "policy"
+    ladder: Sequence[int] = DEFAULT_LADDER
+
+    def budget(self, state) -> int:
+        """Tokens for the next pass, given the scheduler's state."""
+        raise NotImplementedError
+
+    def __call__(self, state) -> int:
+        # Never below the running decodes: each must get its token (vLLM would not
+        # schedule them otherwise, and the simulator refuses it).
+        return max(int(self.budget(state)), state.num_decodes, 1)
+
+    def reset(self) -> None:
+        """Forget anything remembered from an earlier run."""
+
+    # --- stable-baselines3 protocol -----------------------------------------------------
+
+    def action_for_budget(self, budget: int) -> int:
+        """The ladder index nearest to ``budget`` in log scale."""
+        logs = np.log2(np.asarray(self.ladder, dtype=float))
+        return int(np.argmin(np.abs(logs - math.log2(max(budget, 1)))))
+
+    def predict(self, observation, state=None, episode_start=None, deterministic: bool = True):
+        raise NotImplementedError(f"{self.name} decides from the simulator's state; run it with "
+                                  "Simulator.run or eval's harness")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
