@@ -71,6 +71,8 @@ class Args:
     """Highest load factor drawn per training episode."""
     learning_rate: float | None = None
     """Learning rate (default: the algorithm's setup in agents/setup.py)."""
+    n_steps: int | None = None
+    """Rollout length per environment for PPO/A2C (default: agents/setup.py's)."""
     gamma: float = 0.99
     """Discount factor per decision."""
     net_arch: str = "64,64"
@@ -109,6 +111,8 @@ class Args:
         positive_int("final_eval_seeds", self.final_eval_seeds)
         positive_int("checkpoint_every", self.checkpoint_every)
         positive_int("torch_threads", self.torch_threads)
+        if self.n_steps is not None:
+            positive_int("n_steps", self.n_steps)
         positive("rate_low", self.rate_low)
         require(self.rate_high >= self.rate_low, "rate_high", self.rate_high,
                 f"must be >= rate_low ({self.rate_low})")
@@ -297,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         venv = VecNormalize(venv, norm_obs=False, norm_reward=True, gamma=args.gamma)
         model = make_model(args.algo, venv, args.seed, tb_dir, args.learning_rate, args.gamma,
-                           args.layers())
+                           args.layers(), args.n_steps)
     done = model.num_timesteps
     remaining = max(args.total_timesteps - done, 0)
 
@@ -326,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     model.save(str(run_dir / "model.zip"))
     venv.save(str(run_dir / "vecnormalize.pkl"))
     if not evaluator.history or evaluator.history[-1]["timesteps"] != model.num_timesteps:
+        if evaluator.model is None:  # learn() did not run: nothing was left to train
+            evaluator.init_callback(model)
         evaluator.evaluate()
 
     # The final comparison, on arrivals neither training nor model selection saw.

@@ -24,15 +24,15 @@ def algorithm_class(algo: str):
 
 
 def hyperparameters(algo: str, n_envs: int, learning_rate: float | None, gamma: float,
-                    net_arch: tuple[int, ...]) -> dict:
+                    net_arch: tuple[int, ...], n_steps: int | None = None) -> dict:
     """Defaults tuned for this environment: short decisions (tens of ms of simulated
     time each) whose consequences play out over a few hundred passes."""
     kw: dict = {"gamma": gamma, "policy_kwargs": {"net_arch": list(net_arch)}}
     if algo == "ppo":
-        kw.update(n_steps=max(2048 // n_envs, 64), batch_size=256, n_epochs=5, gae_lambda=0.95,
+        kw.update(n_steps=n_steps or max(2048 // n_envs, 64), batch_size=256, n_epochs=5, gae_lambda=0.95,
                   ent_coef=0.01, clip_range=0.2, learning_rate=learning_rate or 3e-4)
     elif algo == "a2c":
-        kw.update(n_steps=32, ent_coef=0.01, learning_rate=learning_rate or 7e-4)
+        kw.update(n_steps=n_steps or 32, ent_coef=0.01, learning_rate=learning_rate or 7e-4)
     elif algo == "dqn":
         kw.update(buffer_size=100_000, learning_starts=5_000, batch_size=128, train_freq=4,
                   target_update_interval=2_000, exploration_fraction=0.3,
@@ -44,10 +44,10 @@ def hyperparameters(algo: str, n_envs: int, learning_rate: float | None, gamma: 
 
 
 def make_model(algo: str, env, seed: int, tensorboard_log: str | None, learning_rate: float | None,
-               gamma: float, net_arch: tuple[int, ...]):
+               gamma: float, net_arch: tuple[int, ...], n_steps: int | None = None):
     cls = algorithm_class(algo)
     return cls("MlpPolicy", env, seed=seed, tensorboard_log=tensorboard_log, verbose=0,
-               **hyperparameters(algo, env.num_envs, learning_rate, gamma, net_arch))
+               **hyperparameters(algo, env.num_envs, learning_rate, gamma, net_arch, n_steps))
 
 
 def load_model(algo: str, path: str | Path, env=None):
