@@ -36,3 +36,127 @@ def vllm_default_budget(hardware, entry_point: str = "server") -> int:
         return 16384 if large else 8192
     from envs.errors import ConfigError
     raise ConfigError(f"entry_point: got {entry_point!r}, must be 'server' or 'offline'")
+
+
+class VllmDefaultPolicy(StaticPolicy):
+    """vLLM's default budget for the hardware (see :func:`vllm_default_budget`)."""
+
+    def __init__(self, hardware, entry_point: str = "server"):
+        super().__init__(vllm_default_budget(hardware, entry_point),
+                         name=f"vllm-default:{vllm_default_budget(hardware, entry_point)}")
+
+
+class QueueDepthPolicy(BudgetPolicy):
+    """The public queue-depth heuristic (DESIGN.md section 3): the prompt chunk is the base
+    chunk times 4 when no decode is running, 2 under 10 decodes, 1 under 50, and half at
+    50 or more; the pass's budget is that chunk plus the running decodes."""
+
+    def __init__(self, base: int = 512):
+        self.base = int(base)
+        self.name = f"queue-depth:{self.base}"
+
+    def budget(self, state) -> int:
+        n = state.num_decodes
+        if n == 0:
+            factor = 4.0
+        elif n < 10:
+            factor = 2.0
+        elif n < 50:
+            factor = 1.0
+        else:
+            factor = 0.5
+        return n + int(self.base * factor)
+
+
+class NoDecodeBoostPolicy(BudgetPolicy):
+    """A large budget when nothing is decoding (chunking then only costs), otherwise a
+    small one (a rule proposed for vLLM)."""
+
+    def __init__(self, low: int = 2048, high: int = 16384):
+        self.low, self.high = int(low), int(high)
+        self.name = f"no-decode-boost:{self.low}:{self.high}"
+
+    def budget(self, state) -> int:
+        return self.high if state.num_decodes == 0 else self.low
+
+
+class FreeRidePolicy(BudgetPolicy):
+    """Running decodes plus the exact free-ride capacity of this pass (the largest chunk
+    that keeps it memory-bound, given the head request's prefilled prefix), floored and
+    capped. With nothing decoding there is nothing to ride along with and chunking is
+    pure loss, so it uses the cap (DESIGN.md section 2)."""
+
+    def __init__(self, floor: int = 256, cap: int = 16384):
+        self.floor, self.cap = int(floor), int(cap)
+        self.name = "free-ride" if (floor, cap) == (256, 16384) else f"free-ride:{floor}:{cap}"
+
+    def budget(self, state) -> int:
+        n = state.num_decodes
+        if n == 0:
+            return self.cap
+        sim = state.simulator
+        from envs.cost import free_ride_root
+
+        free = int(free_ride_root(sim.roofline, n, state.decode_context_tokens,
+                                  state.head_prefilled_tokens))
+        return min(max(n + free, self.floor), self.cap)
+
+
+class SarathiSLOPolicy(StaticPolicy):
+    """Sarathi-Serve's way: the largest static budget whose pass stays within the ITL
+    target at the scenario's typical decode batch, from the cost model.
+
+    The typical batch is measured by a pilot run of the scenario at vLLM's default
+    budget: the median number of running decodes and their median mean context over
+    passes that carried prefill. The chunk is priced as the last chunk of a long prompt
+    (the 90th-percentile prompt: its prefix is that length minus the chunk), because
+    late chunks of long prompts pay the most attention and set the worst ITL.
+    """
+
+    def __init__(self, tokens: int, typical: dict | None = None):
+        super().__init__(tokens, name=f"sarathi-slo:{tokens}")
+        self.typical = typical or {}
+
+    @classmethod
+    def fit(cls, scenario, workload=None, max_budget: int = 65536,
+            prompt_percentile: float = 90.0) -> "SarathiSLOPolicy":
+        from envs.cost import PassShape, chunk_attention_pairs, price
+
+        sim = scenario.simulator(workload)
+        pilot = VllmDefaultPolicy(sim.hardware)
+        decodes, contexts = [], []
+
+        def record(state):
+            if state.num_decodes:
+                decodes.append(state.num_decodes)
+                contexts.append(state.decode_context_tokens / state.num_decodes)
+            return pilot(state)
+
+        sim.run(record)
+        n = int(np.median(decodes)) if decodes else 0
+        ctx = float(np.median(contexts)) if contexts else 0.0
+        prompts = sim.workload.prompt_tokens
+        prompt = int(np.percentile(prompts, prompt_percentile)) if len(prompts) else 0
+        itl = scenario.slo_itl_s
+        floor = scenario.max_num_seqs
+
+        def pass_time(budget: int) -> float:
+            chunk = max(budget - n, 0)
+            prefix = max(prompt - chunk, 0)
+            shape = PassShape(n, int(n * ctx), chunk, prefix if chunk else 0,
+                              chunk_attention_pairs(chunk, prefix))
+            return price(sim.roofline, shape).total_s
+
+        lo, hi = floor, max_budget
+        if pass_time(lo) > itl:
+            best = lo  # even the smallest allowed budget misses the target: use it
+        else:
+            while lo < hi:  # largest budget with pass_time <= itl
+                mid = (lo + hi + 1) // 2
+                if pass_time(mid) <= itl:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            best = lo
+        return cls(best, {"decodes": n, "mean_context": ctx, "prompt_tokens": prompt,
+                          "pass_s": pass_time(best)})

@@ -1,0 +1,201 @@
+"""Export a trained policy as a lookup table that an engine reads in microseconds.
+
+    python -m policies.export RUN_DIR --out tables/NAME.json [--csv tables/NAME.csv]
+
+1. Visited states: the trained model drives the simulator on the run's scenario at
+   loads across its training range; every decision's engine-readable features
+   (running decodes, waiting requests, waiting prefill tokens, KV usage) and the
+   model's budget are recorded.
+2. Buckets: each feature's edges are quantiles of the values visited, so cells sit
+   where the policy actually spends its time.
+3. Cells: the budget the model chose most often in that cell. Cells never visited take
+   the budget of the nearest visited cell (fewest bucket steps away, ties to the
+   more visited one) and are flagged ``visited: 0``.
+4. Fidelity, on arrivals the table was not built from: agreement between table and
+   model on visited states, and the goodput / p99 TTFT / p99 ITL of ``model:`` and
+   ``table:`` on the same arrivals. A table losing more than 3% of the model's goodput
+   says so loudly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from envs.chunk_budget_env import EVAL_SEED_BASE
+from envs.cli import parse
+from envs.errors import ConfigError, positive_int, run_cli
+from envs.scenario import Scenario
+from policies.table import SCHEMA_VERSION, BudgetTable, write_atomic
+from policies.table_policy import FEATURE_GETTERS
+
+FEATURES = ("running_decodes", "waiting_requests", "waiting_prefill_tokens", "kv_usage")
+# Seeds for table building and for fidelity checks: apart from training (< EVAL_SEED_BASE)
+# and from train.py's evaluation streams (EVAL_SEED_BASE + 0..999 and + 1000..).
+BUILD_SEED_BASE = EVAL_SEED_BASE + 5000
+FIDELITY_SEED_BASE = EVAL_SEED_BASE + 6000
+LOUD_GOODPUT_LOSS = 0.03
+
+
+@dataclass(frozen=True)
+class ExportArgs:
+    """Export a train.py run's policy as a bucketed lookup table."""
+
+    run_dir: str = ""
+    """The train.py run directory (also accepted as the first positional argument)."""
+    out: str = "tables/policy.json"
+    """Where to write the table (JSON, written atomically)."""
+    csv: str | None = None
+    """Also write the table as CSV for people and spreadsheets."""
+    buckets: int = 6
+    """Buckets per feature (fewer when a feature takes fewer distinct values)."""
+    build_runs: int = 4
+    """Simulated streams whose decisions the table is built from (loads across training's range)."""
+    build_requests: int = 600
+    """Requests per build stream."""
+    fidelity_runs: int = 2
+    """Held-out streams for the fidelity report."""
+    fidelity_requests: int = 1000
+    """Requests per fidelity stream."""
+
+
+def collect(policy, scenario: Scenario, workloads) -> tuple[np.ndarray, np.ndarray]:
+    """(features, budgets) of every decision the policy makes on these arrivals."""
+    feats, budgets = [], []
+    getters = [FEATURE_GETTERS[f] for f in FEATURES]
+
+    def record(state):
+        b = policy(state)
+        feats.append([g(state) for g in getters])
+        budgets.append(b)
+        return b
+
+    for w in workloads:
+        policy.reset()
+        scenario.simulator(w).run(record)
+    return np.asarray(feats, dtype=np.float64).reshape(-1, len(FEATURES)), np.asarray(budgets)
+
+
+def quantile_edges(values: np.ndarray, buckets: int) -> list[float]:
+    qs = np.linspace(0, 1, buckets + 1)[1:-1]
+    edges = np.unique(np.quantile(values, qs)) if len(values) else np.zeros(0)
+    # An edge at the minimum would leave the lowest bucket empty.
+    return [float(e) for e in edges if len(values) and e > values.min()]
+
+
+def build_table(feats: np.ndarray, budgets: np.ndarray, buckets: int) -> BudgetTable:
+    edges = [quantile_edges(feats[:, j], buckets) for j in range(len(FEATURES))]
+    skeleton = BudgetTable({"schema_version": SCHEMA_VERSION, "kind": "chunkpilot-budget-table",
+                            "features": [{"name": n, "edges": e} for n, e in zip(FEATURES, edges)],
+                            "budgets": [1] * int(np.prod([len(e) + 1 for e in edges]))})
+    cells = np.array([skeleton.cell(row) for row in feats], dtype=np.int64)
+    table = np.zeros(skeleton.cells, dtype=np.int64)
+    counts = np.bincount(cells, minlength=skeleton.cells)
+    for c in np.flatnonzero(counts):
+        vals, n = np.unique(budgets[cells == c], return_counts=True)
+        table[c] = int(vals[np.argmax(n)])  # the budget chosen most often there
+    # Unvisited cells: nearest visited cell in bucket steps (ties: the more visited one).
+    shape = [len(e) + 1 for e in edges]
+    coords = np.array(np.unravel_index(np.arange(skeleton.cells), shape)).T
+    seen = np.flatnonzero(counts)
+    for c in np.flatnonzero(counts == 0):
+        dist = np.abs(coords[seen] - coords[c]).sum(axis=1)
+        near = seen[dist == dist.min()]
+        table[c] = table[near[np.argmax(counts[near])]]
+    data = skeleton.to_dict()
+    data["budgets"] = [int(b) for b in table]
+    data["visited"] = [int(v > 0) for v in counts]
+    values, n = np.unique(budgets, return_counts=True)
+    data["default_budget"] = int(values[np.argmax(n)])
+    return BudgetTable(data)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    positional = [a for a in argv[:1] if not a.startswith("-")]
+    args = parse(ExportArgs, argv[len(positional):], prog="python -m policies.export RUN_DIR")
+    if positional:
+        args = ExportArgs(**{**args.__dict__, "run_dir": positional[0]})
+    if not args.run_dir:
+        raise ConfigError("run_dir: missing; usage: python -m policies.export RUN_DIR --out PATH")
+    for f in ("buckets", "build_runs", "build_requests", "fidelity_runs", "fidelity_requests"):
+        positive_int(f, getattr(args, f))
+
+    from eval.harness import evaluation_workloads, run_policies
+    from policies.specs import load_run
+    from policies.table_policy import TablePolicy
+
+    model = load_run(args.run_dir)
+    config = model.config
+    scenario = Scenario(**config["scenario"])
+    targs = config["args"]
+    lo, hi = targs.get("rate_low", 1.0), targs.get("rate_high", 1.0)
+    if scenario.trace:
+        build = [w for w in evaluation_workloads(scenario, 1, eval_span=(0.0, 0.8))]
+        held = evaluation_workloads(scenario, 1)
+    else:
+        factors = np.linspace(lo, hi, args.build_runs)
+        build = [scenario.with_fields(rate=scenario.rate * f, num_requests=args.build_requests)
+                 .workload(BUILD_SEED_BASE + i) for i, f in enumerate(factors)]
+        held = [scenario.with_fields(num_requests=args.fidelity_requests)
+                .workload(FIDELITY_SEED_BASE + i) for i in range(args.fidelity_runs)]
+    t0 = time.perf_counter()
+    feats, budgets = collect(model, scenario, build)
+    table = build_table(feats, budgets, args.buckets)
+
+    # Fidelity: agreement on states from held-out arrivals, then both policies end to end.
+    held_feats, held_budgets = collect(model, scenario, held)
+    table_budgets = np.array([table.lookup_values(row) for row in held_feats])
+    agree = float(np.mean(table_budgets == held_budgets)) if len(held_budgets) else math.nan
+    within2 = float(np.mean(np.abs(np.log2(table_budgets / held_budgets)) <= 1)) if len(
+        held_budgets) else math.nan
+    tpol = TablePolicy(table, name="table")
+    res = run_policies(scenario, [model, tpol], held)
+    m, t = res[model.name].summary(), res["table"].summary()
+    loss = (m["goodput"] - t["goodput"]) / m["goodput"] if m["goodput"] > 0 else 0.0
+    fidelity = {
+        "held_out_states": int(len(held_budgets)), "agreement": agree, "agreement_within_2x": within2,
+        "model_goodput": m["goodput"], "table_goodput": t["goodput"], "goodput_loss": loss,
+        "model_ttft_p99_s": m["ttft_p99_s"], "table_ttft_p99_s": t["ttft_p99_s"],
+        "model_itl_p99_s": m["itl_p99_s"], "table_itl_p99_s": t["itl_p99_s"],
+        "streams": len(held), "visited_cells": int(sum(table.visited)), "cells": table.cells,
+        "build_states": int(len(budgets)),
+    }
+    data = table.to_dict()
+    data["fidelity"] = fidelity
+    data["provenance"] = {
+        "hardware": scenario.hardware, "model": scenario.model,
+        "slo_ttft_s": scenario.slo_ttft_s, "slo_itl_s": scenario.slo_itl_s,
+        "workload": targs.get("trace") or targs.get("workload"), "run_dir": str(args.run_dir),
+        "algo": targs.get("algo"), "commit": config.get("commit"),
+        "exported": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "rule": "cell = the model's most frequent budget among visited states; unvisited cells "
+                "= nearest visited cell",
+    }
+    final = BudgetTable(data, args.out)
+    final.save(args.out)
+    if args.csv:
+        write_atomic(args.csv, final.to_csv())
+    print(f"table: {args.out} ({final.cells} cells, {fidelity['visited_cells']} visited, budgets "
+          f"{min(final.budgets)}-{final.max_budget}; built from {len(budgets)} decisions in "
+          f"{time.perf_counter() - t0:.0f} s)")
+    print(f"fidelity on {len(held)} held-out streams: table = model on {agree:.1%} of states "
+          f"({within2:.1%} within 2x); goodput model {m['goodput']:.3f} vs table {t['goodput']:.3f} "
+          f"({-loss:+.1%}); p99 TTFT {m['ttft_p99_s']:.2f} vs {t['ttft_p99_s']:.2f} s; p99 ITL "
+          f"{m['itl_p99_s'] * 1e3:.1f} vs {t['itl_p99_s'] * 1e3:.1f} ms")
+    if loss > LOUD_GOODPUT_LOSS:
+        print(f"WARNING: the table loses {loss:.1%} of the model's goodput (more than "
+              f"{LOUD_GOODPUT_LOSS:.0%}); use more buckets or serve the model", file=sys.stderr)
+    print(f"serve it in vLLM with --max-num-batched-tokens {final.max_budget} (the table's largest "
+          "budget); see README")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
