@@ -270,9 +270,7 @@ class ChunkBudgetEnv(gym.Env):
         self.sim = sc.simulator(workload)
         self._slo = sc.slo()
         self._mean_output = float(workload.output_tokens.mean())
-        self._seg_pos = 0
-        self._deadline_pos = 0
-        self._ttft_accrued = 0.0
+        self.meter = RewardMeter(self.sim, self._slo, self._mean_output, self.weights)
         self._budget_sum = 0
         self._steps = 0
         self._slo_obs = slo_features(self._slo)
@@ -294,9 +292,8 @@ class ChunkBudgetEnv(gym.Env):
         self._budget_sum += applied
         self._steps += 1
         self._done = not sim.advance()
-        miss, wait, itl = self._charges()
-        w = self.weights
-        reward = -(w.ttft_miss * miss + w.ttft_wait * wait + w.itl_excess * itl)
+        miss, wait, itl = self.meter.charges(final=self._done)
+        reward = self.meter.reward(miss, wait, itl)
         info: dict[str, Any] = {"budget": budget, "budget_applied": applied,
                                 "budget_clipped": applied != budget, "ttft_miss": miss,
                                 "ttft_wait": wait, "itl_excess": itl, "sim_time_s": sim.now}
@@ -310,42 +307,6 @@ class ChunkBudgetEnv(gym.Env):
                 "itl_p99_s": s["itl_p99_s"], "itl_max_s": s["itl_max_s"],
                 "goodput": s["goodput"], "budget_mean": self._budget_sum / max(self._steps, 1),
                 "requests": s["requests_finished"], "preemptions": s["preemptions"]}
-
-    # --- reward ----------------------------------------------------------------------------
-
-    def _charges(self) -> tuple[int, float, float]:
-        sim, slo = self.sim, self._slo
-        # TTFT deadlines that passed during this step, in arrival order.
-        reqs, j, now, target = sim.requests, self._deadline_pos, sim.now, slo.ttft_s
-        miss = 0
-        while j < len(reqs) and (reqs[j].arrival + target <= now or self._done):
-            r = reqs[j]
-            if not r.warm and not (r.first_token_s <= r.arrival + target):
-                miss += 1
-            j += 1
-        self._deadline_pos = j
-        accrued = sim.ttft_accrued()
-        wait = (accrued - self._ttft_accrued) / target
-        self._ttft_accrued = accrued
-        # Decode tokens of the passes simulated since the last step, by excess gap.
-        segs, i, itl = sim._segs, self._seg_pos, slo.itl_s
-        excess = 0.0
-        while i < len(segs):
-            _, k, a, b, n = segs[i:i + 5]
-            i += 5
-            if not n:
-                continue
-            k = int(k)
-            if b <= 0:
-                if a > itl:
-                    excess += n * k * (a - itl)
-                continue
-            i0 = 0 if a > itl else int((itl - a) / b) + 1
-            if i0 < k:
-                m = k - i0
-                excess += n * (m * (a - itl) + b * (i0 + k - 1) * m / 2)
-        self._seg_pos = i
-        return miss, wait, excess / itl / self._mean_output
 
     # --- observation -------------------------------------------------------------------------
 
@@ -389,3 +350,63 @@ def observe(sim: Simulator, slo: SLO, slo_obs: tuple[float, float] | None = None
         *slo_obs,
     )
     return np.array(obs, dtype=np.float32)
+
+
+class RewardMeter:
+    """Charges of the passes a simulator ran since the last call (the env's reward).
+
+    Kept apart from the environment so that look-ahead controllers score their
+    rollouts by exactly the same objective.
+    """
+
+    def __init__(self, sim: Simulator, slo: SLO, mean_output: float,
+                 weights: RewardWeights | None = None):
+        self.sim, self.slo, self.weights = sim, slo, weights or RewardWeights()
+        self.mean_output = max(mean_output, 1.0)
+        self.seg_pos = len(sim._segs)
+        # Requests whose TTFT deadline has already passed were charged before this meter.
+        reqs, j = sim.requests, 0
+        while j < len(reqs) and reqs[j].arrival + slo.ttft_s <= sim.now:
+            j += 1
+        self.deadline_pos = j
+        self.ttft_accrued = sim.ttft_accrued()
+
+    def reward(self, miss: float, wait: float, itl: float) -> float:
+        w = self.weights
+        return -(w.ttft_miss * miss + w.ttft_wait * wait + w.itl_excess * itl)
+
+    def charges(self, final: bool = False) -> tuple[int, float, float]:
+        """(TTFT deadlines missed, accrued wait / TTFT target, ITL excess / mean output)."""
+        sim, slo = self.sim, self.slo
+        # TTFT deadlines that passed since the last call, in arrival order.
+        reqs, j, now, target = sim.requests, self.deadline_pos, sim.now, slo.ttft_s
+        miss = 0
+        while j < len(reqs) and (reqs[j].arrival + target <= now or final):
+            r = reqs[j]
+            if not r.warm and not (r.first_token_s <= r.arrival + target):
+                miss += 1
+            j += 1
+        self.deadline_pos = j
+        accrued = sim.ttft_accrued()
+        wait = (accrued - self.ttft_accrued) / target
+        self.ttft_accrued = accrued
+        # Decode tokens of the passes simulated since, by their excess gap: each run of
+        # passes is an arithmetic sequence of durations a + b*i, summed in closed form.
+        segs, i, itl = sim._segs, self.seg_pos, slo.itl_s
+        excess = 0.0
+        while i < len(segs):
+            _, k, a, b, n = segs[i:i + 5]
+            i += 5
+            if not n:
+                continue
+            k = int(k)
+            if b <= 0:
+                if a > itl:
+                    excess += n * k * (a - itl)
+                continue
+            i0 = 0 if a > itl else int((itl - a) / b) + 1
+            if i0 < k:
+                m = k - i0
+                excess += n * (m * (a - itl) + b * (i0 + k - 1) * m / 2)
+        self.seg_pos = i
+        return miss, wait, excess / itl / self.mean_output

@@ -237,6 +237,7 @@ class Simulator:
         self._out = w.output_tokens.tolist()
         self._next = 0  # index of the next arrival
         self.requests: list[_Req] = []
+        self._next_rid = 0  # ids restart with each simulator (and continue in its forks)
         self.waiting: deque[_Req] = deque()
         self.prefilling: list[_Req] = []
         self._decodes: dict[int, _Req] = {}
@@ -284,7 +285,8 @@ class Simulator:
         blocks = -(-context_tokens // self._bs)
         require(self._used + blocks <= self.total_blocks, "running x context_tokens",
                 context_tokens, f"the running users' KV must fit in {self.total_blocks} blocks")
-        r = _Req(len(self.requests), self.now, context_tokens, output_tokens + 1, warm=True)
+        r = _Req(self._next_rid, self.now, context_tokens, output_tokens + 1, warm=True)
+        self._next_rid += 1
         self.requests.append(r)
         r.generated = 1
         r.computed = context_tokens
@@ -402,7 +404,8 @@ class Simulator:
         now = self.now
         i = self._next
         while i < len(arr) and arr[i] <= now:
-            r = _Req(len(self.requests), arr[i], self._prm[i], self._out[i])
+            r = _Req(self._next_rid, arr[i], self._prm[i], self._out[i])
+            self._next_rid += 1
             self.requests.append(r)
             self.waiting.append(r)
             self.waiting_prefill_tokens += r.prompt
@@ -732,3 +735,38 @@ class Simulator:
         if self._shapes is None:
             raise RuntimeError("construct the Simulator with record_shapes=True")
         return self._shapes
+
+
+def fork(sim: Simulator) -> Simulator:
+    """A copy of ``sim``'s live state that can run ahead without touching ``sim``.
+
+    Finished requests and the records of past passes are left behind (the fork starts
+    with empty logs and only the live requests, cloned), so a fork costs about the
+    number of requests in flight. Used by look-ahead controllers.
+    """
+    new = Simulator.__new__(Simulator)
+    new.__dict__.update(sim.__dict__)
+    clones: dict[int, _Req] = {}
+
+    def clone(r: _Req) -> _Req:
+        c = clones.get(r.rid)
+        if c is None:
+            c = _Req.__new__(_Req)
+            for slot in _Req.__slots__:
+                setattr(c, slot, getattr(r, slot))
+            c.segments = []
+            c.resume_gaps = list(r.resume_gaps)
+            clones[r.rid] = c
+        return c
+
+    new.waiting = deque(clone(r) for r in sim.waiting)
+    new.prefilling = [clone(r) for r in sim.prefilling]
+    new._decodes = {rid: clone(r) for rid, r in sim._decodes.items()}
+    new._finish_at = {p: [clone(r) for r in rs] for p, rs in sim._finish_at.items()}
+    new._finish_heap = list(sim._finish_heap)
+    new._cnt = list(sim._cnt)
+    new.requests = sorted(clones.values(), key=lambda r: (r.arrival, r.rid))
+    new._segs, new._idle_log, new._prefill_log, new._kv_log = [], [], [], []
+    new._shapes = None
+    new._view = SchedulerState(new)
+    return new

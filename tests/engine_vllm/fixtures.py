@@ -1,0 +1,70 @@
+"""Build vLLM's real Scheduler without a model, the way vLLM's own tests do."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.sampling_params import SamplingParams
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+BLOCK = 16
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+    "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+    "tie_word_embeddings": False,
+}
+
+
+def model_dir(root: Path) -> str:
+    """A config.json-only model directory (no weights, no tokenizer)."""
+    path = root / "tiny-llama"
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    return str(path)
+
+
+def create_scheduler(cls, model: str, max_num_batched_tokens: int, max_num_seqs: int = 32,
+                     num_blocks: int = 4000, **kwargs):
+    sched_config = SchedulerConfig(max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=max_num_batched_tokens,
+                                   max_model_len=8192, enable_chunked_prefill=True,
+                                   is_encoder_decoder=False)
+    model_config = ModelConfig(model=model, skip_tokenizer_init=True, dtype="float32", seed=0,
+                               max_model_len=8192)
+    cache_config = CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.9, cache_dtype="auto",
+                               enable_prefix_caching=False)
+    vllm_config = VllmConfig(scheduler_config=sched_config, model_config=model_config,
+                             cache_config=cache_config)
+    kv_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1,
+                                                      head_size=1, dtype=torch.float32))])
+    cache_config.num_gpu_blocks = num_blocks
+    return cls(vllm_config=vllm_config, kv_cache_config=kv_config,
+               structured_output_manager=StructuredOutputManager(vllm_config), block_size=BLOCK,
+               log_stats=False, **kwargs)
+
+
+def make_request(rid: str, prompt_tokens: int, max_tokens: int) -> Request:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return Request(request_id=rid, prompt_token_ids=[7] * prompt_tokens, sampling_params=params,
+                   pooling_params=None)
+
+
+def fake_output(scheduler, scheduler_output) -> ModelRunnerOutput:
+    """What a model runner returns: token 5 for each request whose scheduled tokens reach
+    the end of its sequence, nothing for a partial prefill chunk."""
+    ids = list(scheduler_output.num_scheduled_tokens)
+    sampled = []
+    for rid in ids:
+        req = scheduler.requests[rid]
+        sampled.append([5] if req.num_computed_tokens >= req.num_tokens else [])
+    return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                             sampled_token_ids=sampled)

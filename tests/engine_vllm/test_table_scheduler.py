@@ -1,0 +1,83 @@
+"""chunkpilot's table inside vLLM's real V1 scheduler (no model: fake runner outputs)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip(
+    "vllm.v1.core.sched.scheduler",
+    reason="vLLM is not installed here; this tier runs in .venv-vllm (see .ci/run)")
+
+
+from policies.table import BudgetTable, TableError
+from tests.engine_vllm.fixtures import create_scheduler, fake_output, make_request, model_dir
+
+# Budget by running decodes: 1,024 with none, 256 with 1-3, 128 with 4 or more.
+TABLE = {"schema_version": 1, "kind": "chunkpilot-budget-table",
+         "features": [{"name": "running_decodes", "edges": [1, 4]},
+                      {"name": "waiting_prefill_tokens", "edges": [1]}],
+         "budgets": [64, 1024, 64, 256, 64, 128], "default_budget": 256}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return model_dir(tmp_path_factory.mktemp("models"))
+
+
+def expected_budget(sched, table):
+    decodes = sum(1 for r in sched.running if r.num_computed_tokens >= r.num_prompt_tokens)
+    partial = sum(r.num_prompt_tokens - r.num_computed_tokens for r in sched.running
+                  if r.num_computed_tokens < r.num_prompt_tokens)
+    waiting = sum(r.num_tokens - r.num_computed_tokens for r in sched.waiting)
+    budget = table.lookup(running_decodes=decodes, waiting_prefill_tokens=partial + waiting)
+    return max(budget, decodes), decodes
+
+
+@pytest.mark.parametrize("cls_name", ["TableScheduler", "AsyncTableScheduler"])
+def test_every_step_schedules_what_the_table_says(model, cls_name):
+    import policies.vllm_scheduler as vs
+
+    table = BudgetTable(TABLE)
+    sched = create_scheduler(getattr(vs, cls_name), model, max_num_batched_tokens=1024,
+                             chunkpilot_table=table)
+    # Five short requests start decoding, then a 3,000-token prompt arrives among them.
+    for i in range(5):
+        sched.add_request(make_request(f"short{i}", 20, 40))
+    long_chunks = []
+    for step in range(60):
+        if step == 3:
+            sched.add_request(make_request("long", 3000, 4))
+        want, decodes = expected_budget(sched, table)
+        long = sched.requests.get("long")
+        rem_long = long.num_prompt_tokens - long.num_computed_tokens if long else 0
+        out = sched.schedule()
+        total = sum(out.num_scheduled_tokens.values())
+        assert out.total_num_scheduled_tokens == total
+        assert total <= want, (step, total, want)
+        if rem_long > 0:  # prefill work waits: decodes first, the prompt fills the rest
+            assert total == min(want, decodes + rem_long), (step, total, want, decodes, rem_long)
+        if "long" in out.num_scheduled_tokens and sched.requests["long"].num_computed_tokens <= 3000:
+            long_chunks.append(out.num_scheduled_tokens["long"])
+        sched.update_from_output(out, fake_output(sched, out))
+        assert sched.chunkpilot_history[-1][1] == want
+    # The long prompt was chunked by the table's budget for 5 running decodes (128),
+    # i.e. 123 prompt tokens a step, until its last chunk.
+    assert sum(long_chunks[:-1]) + long_chunks[-1] >= 3000 - 1
+    assert max(long_chunks) <= 128
+    assert len(long_chunks) >= 3000 // 128
+
+
+def test_table_larger_than_the_engine_ceiling_fails_at_load(model):
+    from policies.vllm_scheduler import TableScheduler
+
+    with pytest.raises(TableError, match="--max-num-batched-tokens 1024"):
+        create_scheduler(TableScheduler, model, max_num_batched_tokens=512,
+                         chunkpilot_table=BudgetTable(TABLE))
+
+
+def test_missing_table_is_a_clear_error(model, monkeypatch):
+    from policies.vllm_scheduler import TableScheduler
+
+    monkeypatch.delenv("CHUNKPILOT_TABLE", raising=False)
+    with pytest.raises(TableError, match="CHUNKPILOT_TABLE"):
+        create_scheduler(TableScheduler, model, max_num_batched_tokens=1024)
