@@ -11,7 +11,10 @@ from policies.base import BudgetPolicy
 
 
 class LookaheadPolicy(BudgetPolicy):
-    def __init__(self, slo, ladder=DEFAULT_LADDER, horizon_s: float = 0.5, max_decisions: int = 32,
+    """Every rollout covers the same simulated time (``horizon_s``), whatever the number of
+    decisions it takes, so budgets are compared over equal spans."""
+
+    def __init__(self, slo, ladder=DEFAULT_LADDER, horizon_s: float = 1.0, max_decisions: int = 5000,
                  weights: RewardWeights | None = None, name: str = "lookahead (bound)"):
         self.slo = slo
         self.ladder = tuple(ladder)

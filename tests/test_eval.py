@@ -1,0 +1,104 @@
+"""The evaluation harness on tiny scenarios: identical arrivals, capacity, plots, reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from envs.scenario import Scenario
+from eval.capacity import capacity
+from eval.compare import compare, comparison_report, workloads_for
+from policies.baselines import FreeRidePolicy, StaticPolicy
+
+TINY = Scenario(rate=6.0, num_requests=200)
+
+
+def test_every_policy_sees_identical_arrivals():
+    seen = {}
+
+    class Spy(StaticPolicy):
+        def budget(self, state):
+            sim = state.simulator
+            seen.setdefault(self.name, set()).add(
+                (len(sim.workload), float(sim.workload.arrival_s.sum()), int(sim.workload.prompt_tokens.sum())))
+            return self.tokens
+
+    cmp = compare(TINY, [Spy(512, "a"), Spy(4096, "b")], seeds=2)
+    assert seen["a"] == seen["b"] and len(seen["a"]) == 2  # two streams, the same for both
+    for r in cmp.results.values():
+        assert [run["requests_total"] for run in r.runs] == [200, 200]
+    # The hidden static ladder runs on them too, for the best static in hindsight.
+    assert set(cmp.ladder) == {256, 512, 1024, 2048, 4096, 8192, 16384}
+
+
+def test_workloads_are_disjoint_from_training_seeds():
+    from envs.chunk_budget_env import EVAL_SEED_BASE, ChunkBudgetEnv, EpisodeSampler
+    a = workloads_for(TINY, 1, None)[0]
+    b = TINY.workload(EVAL_SEED_BASE)
+    assert np.array_equal(a.arrival_s, b.arrival_s)
+    env = ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=20))
+    env.reset(seed=0)
+    assert not np.array_equal(env.sim.workload.arrival_s[:5], a.arrival_s[:5])
+
+
+def test_goodput_mean_and_interval_by_hand():
+    from eval.harness import PolicyResult
+    r = PolicyResult("x", runs=[{"goodput": 0.9}, {"goodput": 0.7}])
+    assert r.mean("goodput") == pytest.approx(0.8)
+    # 1.96 * sample std / sqrt(n) = 1.96 * 0.1414 / 1.414
+    assert r.ci95("goodput") == pytest.approx(1.96 * np.std([0.9, 0.7], ddof=1) / np.sqrt(2))
+
+
+def test_capacity_is_the_boundary_of_the_slo():
+    sc = Scenario(rate=4.0, num_requests=150)
+    res = capacity(sc, StaticPolicy(2048), seeds=1, num_requests=150)
+    passing = [load for load, t, i in res.probes if t <= sc.slo_ttft_s and i <= sc.slo_itl_s]
+    failing = [load for load, t, i in res.probes if not (t <= sc.slo_ttft_s and i <= sc.slo_itl_s)]
+    assert res.capacity == max(passing)
+    assert min(f for f in failing if f > res.capacity) <= res.capacity * 1.05
+    # A budget whose every chunk stalls decodes past the ITL target has less capacity.
+    worse = capacity(sc, StaticPolicy(16384), seeds=1, num_requests=150)
+    assert worse.capacity < res.capacity
+
+
+def test_report_and_plots_are_written(tmp_path):
+    cmp = compare(TINY.with_fields(num_requests=120), [StaticPolicy(2048), FreeRidePolicy()], seeds=1)
+    text = comparison_report(cmp, tmp_path, 1)
+    assert "Best static budget in hindsight" in text
+    assert "free-ride" in text and ("matches it" in text or "does NOT match" in text or "beats" in text)
+    for name in ("pareto.png", "timeline.png", "budget_vs_state.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    assert (tmp_path / "report.md").read_text() == text
+
+
+def test_compare_cli_json(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "eval", "compare", "--policies", "static:512,free-ride",
+                          "--num-requests", "100", "--seeds", "1", "--out", str(tmp_path), "--json"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    data = json.loads(out.stdout)
+    assert {"static:512", "free-ride", "_best_static"} <= set(data)
+    for key in ("ttft_p99_s", "itl_p99_s", "goodput", "goodput_ci95", "itl_max_s", "smooth_share"):
+        assert key in data["static:512"]
+    assert (tmp_path / "results.json").exists() and (tmp_path / "report.md").exists()
+
+
+def test_eval_cli_bad_input():
+    out = subprocess.run([sys.executable, "-m", "eval", "compare", "--policies", "best"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "unknown spec 'best'" in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run([sys.executable, "-m", "eval", "bogus"], capture_output=True, text=True)
+    assert out.returncode == 2 and "must be one of compare, capacity, suite" in out.stderr
+
+
+def test_lookahead_forks_without_disturbing_the_run():
+    from eval.lookahead import LookaheadPolicy
+    sc = Scenario(rate=6.0, num_requests=40)
+    w = sc.workload(3)
+    res = sc.simulator(w).run(LookaheadPolicy(sc.slo(), horizon_s=0.3))
+    assert res.finished.all() and len(res.arrival_s) == 40
