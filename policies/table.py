@@ -189,6 +189,9 @@ def write_atomic(path: str, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a table is meant to be shared
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
