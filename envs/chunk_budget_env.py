@@ -410,3 +410,25 @@ class RewardMeter:
                 excess += n * (m * (a - itl) + b * (i0 + k - 1) * m / 2)
         self.seg_pos = i
         return miss, wait, excess / itl / self.mean_output
+
+
+class ObservedState:
+    """Scheduler counts recovered from an observation vector (the inverse of
+    :func:`observe` up to rounding and clipping), so that rules written against the
+    scheduler's state also answer SB3's ``predict(observation)``."""
+
+    __slots__ = ("num_waiting", "waiting_prefill_tokens", "num_decodes", "kv_usage",
+                 "free_ride_tokens", "head_prefilled_tokens", "head_prompt_tokens")
+
+    def __init__(self, obs, max_num_seqs: int = 256):
+        o = [float(x) for x in obs]
+        self.num_waiting = int(round(math.expm1(o[0] / _INV_LOG_512)))
+        self.waiting_prefill_tokens = int(round(math.expm1(o[1] / _INV_LOG_128K)))
+        self.num_decodes = int(round(o[2] * max_num_seqs))
+        self.kv_usage = o[3]
+        self.free_ride_tokens = int(math.expm1(o[6] / _INV_LOG_16K))
+        remaining = math.expm1(o[8] / _INV_LOG_128K)
+        share = o[7]
+        total = remaining / (1 - share) if share < 1 else remaining
+        self.head_prompt_tokens = int(round(total))
+        self.head_prefilled_tokens = int(round(total - remaining))

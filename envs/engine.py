@@ -150,7 +150,8 @@ class SchedulerState:
     __slots__ = ("_sim",)
     FIELDS = ("now_s", "pass_index", "num_waiting", "num_running", "num_decodes",
               "num_prefilling", "waiting_prefill_tokens", "decode_context_tokens",
-              "kv_used_blocks", "kv_total_blocks", "kv_usage", "head_prefilled_tokens",
+              "kv_used_blocks", "kv_total_blocks", "kv_usage", "free_ride_tokens",
+              "head_prefilled_tokens",
               "head_prompt_tokens", "oldest_wait_s", "last_pass_s", "max_num_seqs")
 
     def __init__(self, sim: "Simulator"):
@@ -174,6 +175,16 @@ class SchedulerState:
     kv_usage = property(lambda self: self._sim._used / self._sim.total_blocks)
     last_pass_s = property(lambda self: self._sim.last_pass_s)
     max_num_seqs = property(lambda self: self._sim.config.max_num_seqs)
+
+    @property
+    def free_ride_tokens(self) -> int:
+        """Prompt tokens this pass can carry while staying memory-bound (closed form)."""
+        from envs.cost import free_ride_root
+
+        sim = self._sim
+        head = sim._head()
+        return int(free_ride_root(sim.roofline, sim._n, sim.decode_context_tokens,
+                                  head.computed if head else 0))
 
     @property
     def head_prefilled_tokens(self) -> int:
@@ -725,6 +736,22 @@ class Simulator:
         n = np.repeat(arr[:, 4].astype(np.int64), counts)
         skip = start - int(arr[0, 0])
         return d[skip:], n[skip:]
+
+    def request_gaps(self, index: int) -> np.ndarray:
+        """Every inter-token gap of ``self.requests[index]`` in order of its tokens: the passes
+        it decoded in, and for each preemption the whole wait before it resumed. With its
+        first-token time these give all of its token times."""
+        r = self.requests[index]
+        durations = self.pass_durations()
+        parts, resumes = [], iter(r.resume_gaps)
+        for k, (lo, hi) in enumerate(r.segments):
+            if k:  # a segment after the first follows a preemption and its resumption
+                parts.append(np.array([next(resumes)]))
+            parts.append(durations[lo:hi])
+        rest = list(resumes)  # a resumption that finished the request, or one not yet followed
+        if rest:
+            parts.append(np.array(rest))
+        return np.concatenate(parts) if parts else np.zeros(0)
 
     def pass_durations(self, start: int = 0) -> np.ndarray:
         """Every pass's duration from pass ``start`` on, in seconds."""

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from envs.chunk_budget_env import DEFAULT_LADDER
+from envs.chunk_budget_env import DEFAULT_LADDER, ObservedState
 
 
 class BudgetPolicy:
@@ -23,6 +23,7 @@ class BudgetPolicy:
 
     name = "policy"
     ladder: Sequence[int] = DEFAULT_LADDER
+    max_num_seqs = 256
 
     def budget(self, state) -> int:
         """Tokens for the next pass, given the scheduler's state."""
@@ -44,8 +45,14 @@ class BudgetPolicy:
         return int(np.argmin(np.abs(logs - math.log2(max(budget, 1)))))
 
     def predict(self, observation, state=None, episode_start=None, deterministic: bool = True):
-        raise NotImplementedError(f"{self.name} decides from the simulator's state; run it with "
-                                  "Simulator.run or eval's harness")
+        """SB3's protocol over the environment's observations: the scheduler counts are
+        recovered from the observation and the rule maps them to the nearest ladder rung.
+        ``max_num_seqs`` must match the environment's (it scales running decodes)."""
+        obs = np.asarray(observation, dtype=np.float64)
+        rows = obs.reshape(-1, obs.shape[-1])
+        actions = np.array([self.action_for_budget(self(ObservedState(row, self.max_num_seqs)))
+                            for row in rows], dtype=np.int64)
+        return (actions if obs.ndim > 1 else actions[0]), state
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

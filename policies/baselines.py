@@ -17,12 +17,6 @@ class StaticPolicy(BudgetPolicy):
     def budget(self, state) -> int:
         return self.tokens
 
-    def predict(self, observation, state=None, episode_start=None, deterministic: bool = True):
-        obs = np.asarray(observation)
-        action = self.action_for_budget(self.tokens)
-        if obs.ndim > 1:  # a batch of observations (vectorised envs)
-            return np.full(obs.shape[0], action), state
-        return np.int64(action), state
 
 
 def vllm_default_budget(hardware, entry_point: str = "server") -> int:
@@ -94,12 +88,7 @@ class FreeRidePolicy(BudgetPolicy):
         n = state.num_decodes
         if n == 0:
             return self.cap
-        sim = state.simulator
-        from envs.cost import free_ride_root
-
-        free = int(free_ride_root(sim.roofline, n, state.decode_context_tokens,
-                                  state.head_prefilled_tokens))
-        return min(max(n + free, self.floor), self.cap)
+        return min(max(n + state.free_ride_tokens, self.floor), self.cap)
 
 
 class SarathiSLOPolicy(StaticPolicy):

@@ -236,3 +236,13 @@ def test_simulator_modules_import_only_stdlib_and_numpy():
             for root in roots:
                 assert root in allowed_third_party or root == "envs" or root in sys.stdlib_module_names, (
                     f"envs/{name}.py imports {root}")
+
+
+def test_request_gaps_give_every_token_time():
+    sim = make_sim([(0.0, 30, 40), (0.0, 30, 40)], budget_blocks=5)
+    res = run_static(sim, 256)
+    for i, r in enumerate(sim.requests):
+        gaps = sim.request_gaps(i)
+        assert len(gaps) == r.output - 1  # one gap between each pair of tokens
+        assert res.first_token_s[i] + gaps.sum() == pytest.approx(res.finish_s[i])
+        assert gaps.max() == pytest.approx(res.max_gap_s[i])

@@ -181,3 +181,31 @@ def test_build_table_from_states_fills_unvisited_cells_from_neighbours():
     assert agree > 0.9
     assert not all(t.visited) or t.cells == sum(t.visited)
     assert set(t.budgets) <= {1024, 4096}
+
+
+def test_every_rule_answers_sb3_predict_on_env_observations():
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    from envs.chunk_budget_env import ChunkBudgetEnv, EpisodeSampler, ObservedState, observe
+    from policies.table_policy import TablePolicy
+
+    env = ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=30))
+    obs, _ = env.reset(seed=0)
+    for _ in range(15):
+        obs, *_ = env.step(5)
+    state = env.sim.state()
+    seen = ObservedState(observe(env.sim, env._slo), 256)
+    assert seen.num_decodes == state.num_decodes
+    assert seen.num_waiting == state.num_waiting
+    assert abs(seen.waiting_prefill_tokens - state.waiting_prefill_tokens) <= 1 + 1e-5 * state.waiting_prefill_tokens
+    assert abs(seen.free_ride_tokens - state.free_ride_tokens) <= 1
+    policies = [StaticPolicy(2048), QueueDepthPolicy(), NoDecodeBoostPolicy(), FreeRidePolicy(),
+                TablePolicy(BudgetTable(table_dict()))]
+    for p in policies:
+        action, _ = p.predict(obs)
+        assert env.budgets[int(action)] == env.budgets[p.action_for_budget(p(state))]
+        batch, _ = p.predict(np.stack([obs, obs]))
+        assert batch.shape == (2,)
+    mean, _ = evaluate_policy(QueueDepthPolicy(), ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=20)),
+                              n_eval_episodes=1)
+    assert np.isfinite(mean)
