@@ -336,17 +336,24 @@ def observe(sim: Simulator, slo: SLO, slo_obs: tuple[float, float] | None = None
     heads = [q[0].arrival for q in (sim.prefilling, sim.waiting) if q]
     oldest = sim.now - min(heads) if heads else 0.0
     log1p = math.log1p
+    a = log1p(len(sim.waiting)) * _INV_LOG_512
+    b = log1p(sim.waiting_prefill_tokens) * _INV_LOG_128K
+    c = oldest / slo.ttft_s * 0.25
+    d = sim.last_pass_s / slo.itl_s * 0.25
+    e = log1p(free) * _INV_LOG_16K
+    f = log1p(total_tokens - done_tokens) * _INV_LOG_128K
+    g = log1p(ctx / n) * _INV_LOG_128K if n else 0.0
     obs = (
-        min(log1p(len(sim.waiting)) * _INV_LOG_512, 1.0),
-        min(log1p(sim.waiting_prefill_tokens) * _INV_LOG_128K, 1.0),
+        a if a < 1.0 else 1.0,
+        b if b < 1.0 else 1.0,
         n / sim.config.max_num_seqs,
         sim.kv_used_blocks / sim.total_blocks,
-        min(oldest / slo.ttft_s / 4.0, 1.0),
-        min(sim.last_pass_s / slo.itl_s / 4.0, 1.0),
-        min(log1p(free) * _INV_LOG_16K, 1.0),
+        c if c < 1.0 else 1.0,
+        d if d < 1.0 else 1.0,
+        e if e < 1.0 else 1.0,
         done_tokens / total_tokens if total_tokens else 0.0,
-        min(log1p(total_tokens - done_tokens) * _INV_LOG_128K, 1.0),
-        min(log1p(ctx / n) * _INV_LOG_128K, 1.0) if n else 0.0,
+        f if f < 1.0 else 1.0,
+        g if g < 1.0 else 1.0,
         *slo_obs,
     )
     return np.array(obs, dtype=np.float32)
