@@ -163,7 +163,7 @@ class ChunkBudgetEnv(gym.Env):
     - Truncation: ``max_episode_steps`` decisions (``register``; default 4096).
 
     When an episode terminates, ``info["episode_metrics"]`` holds its TTFT p50/p99, ITL
-    p99/max, goodput and the mean applied budget.
+    p99/max, goodput, and the budgets applied (each decision's, and their mean).
 
     ## Arguments
 
@@ -272,6 +272,7 @@ class ChunkBudgetEnv(gym.Env):
         self._mean_output = float(workload.output_tokens.mean())
         self.meter = RewardMeter(self.sim, self._slo, self._mean_output, self.weights)
         self._budget_sum = 0
+        self._budgets: list[int] = []
         self._steps = 0
         self._slo_obs = slo_features(self._slo)
         self._done = not self.sim.advance()
@@ -290,6 +291,7 @@ class ChunkBudgetEnv(gym.Env):
         applied = max(budget, sim.num_decodes, 1)
         sim.step(applied)
         self._budget_sum += applied
+        self._budgets.append(applied)
         self._steps += 1
         self._done = not sim.advance()
         miss, wait, itl = self.meter.charges(final=self._done)
@@ -306,6 +308,7 @@ class ChunkBudgetEnv(gym.Env):
         return {"ttft_p50_s": s["ttft_p50_s"], "ttft_p99_s": s["ttft_p99_s"],
                 "itl_p99_s": s["itl_p99_s"], "itl_max_s": s["itl_max_s"],
                 "goodput": s["goodput"], "budget_mean": self._budget_sum / max(self._steps, 1),
+                "budgets": np.asarray(self._budgets, dtype=np.int64),
                 "requests": s["requests_finished"], "preemptions": s["preemptions"]}
 
     # --- observation -------------------------------------------------------------------------

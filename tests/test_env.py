@@ -91,6 +91,7 @@ def test_reward_charges_by_hand():
     assert r == pytest.approx(-(0.05 * d1 / 0.01 + excess))
     assert info["episode_metrics"]["goodput"] == 0.0
     assert info["episode_metrics"]["budget_mean"] == 512
+    assert info["episode_metrics"]["budgets"].tolist() == [512, 512]
 
 
 def test_no_charge_when_the_slo_is_met():
