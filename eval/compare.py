@@ -15,7 +15,7 @@ from envs.chunk_budget_env import EVAL_SEED_BASE
 from envs.scenario import Scenario
 from eval import plots
 from eval.capacity import capacity
-from eval.harness import KEY_METRICS, PolicyResult
+from eval.harness import PolicyResult, evaluation_workloads
 from policies.baselines import StaticPolicy
 
 LADDER = (256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -30,13 +30,9 @@ def git_commit() -> str:
 
 
 def workloads_for(scenario: Scenario, seeds: int, num_requests: int | None):
-    """The same arrivals for every policy: the trace (window) as given, or synthetic streams
+    """The same arrivals for every policy: the trace window as given, or synthetic streams
     seeded from EVAL_SEED_BASE (no training episode ever draws those seeds)."""
-    if scenario.trace:
-        w = scenario.workload()
-        return [w.head(num_requests) if num_requests else w]
-    sc = scenario if not num_requests else scenario.with_fields(num_requests=num_requests)
-    return [sc.workload(EVAL_SEED_BASE + i) for i in range(seeds)]
+    return evaluation_workloads(scenario, seeds, num_requests, eval_span=None)
 
 
 def training_overlap(policy, scenario: Scenario) -> str | None:

@@ -18,17 +18,19 @@ KEY_METRICS = ("goodput", "goodput_rps", "ttft_p50_s", "ttft_p99_s", "itl_p50_s"
 
 
 def evaluation_workloads(scenario: Scenario, seeds: int, num_requests: int | None = None,
-                         eval_span: tuple[float, float] = (0.8, 1.0)) -> list[Workload]:
-    """Arrivals no training episode saw: synthetic seeds from EVAL_SEED_BASE up, or the
-    part of a trace after the training span (the last 20% by default)."""
+                         eval_span: tuple[float, float] | None = (0.8, 1.0)) -> list[Workload]:
+    """Arrivals no training episode saw: synthetic streams seeded from EVAL_SEED_BASE up
+    (training draws seeds below it), or for a trace the part after the training span (the
+    last 20% by default; ``eval_span=None`` replays the scenario's own window as given)."""
     if scenario.trace:
-        full = load_trace(scenario.trace, scenario.rate_scale, scenario.window_start_s,
-                          scenario.window_end_s)
-        lo, hi = (f * full.duration_s for f in eval_span)
-        w = full.window(lo, hi if eval_span[1] < 1.0 else None)
-        if num_requests:
-            w = w.head(num_requests)
-        return [w]
+        if eval_span is None:
+            w = scenario.workload()
+        else:
+            full = load_trace(scenario.trace, scenario.rate_scale, scenario.window_start_s,
+                              scenario.window_end_s)
+            lo, hi = (f * full.duration_s for f in eval_span)
+            w = full.window(lo, hi if eval_span[1] < 1.0 else None)
+        return [w.head(num_requests) if num_requests else w]
     base = scenario if num_requests is None else scenario.with_fields(num_requests=num_requests)
     return [base.workload(EVAL_SEED_BASE + i) for i in range(seeds)]
 
