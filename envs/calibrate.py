@@ -65,6 +65,10 @@ class CalibrateArgs:
     """Also write every measurement (shape, measured and predicted seconds) as CSV."""
     plot: str | None = None
     """Also draw predicted against measured pass time (PNG; needs matplotlib)."""
+    steps: str | None = None
+    """Fit to an engine's measured steps instead of timing torch passes: a CSV with columns
+    decode_contexts (each decode's context, ';'-separated), chunks ('size@prefix;...') and
+    seconds. benchmarks/sim_vs_vllm.py records vLLM's steps in this form."""
 
 
 # (decode contexts, prefill chunks as (size, prefix)) before --scale.
@@ -174,8 +178,68 @@ def total_memory_bytes(torch, device: str) -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
+def read_steps(path: str) -> list[tuple[list[int], list[tuple[int, int]], float]]:
+    import csv
+
+    rows = []
+    try:
+        fh = open(path, newline="")
+    except OSError as err:
+        raise ConfigError(f"steps: cannot read {path!r} ({err.strerror})") from None
+    with fh:
+        reader = csv.DictReader(fh)
+        need = {"decode_contexts", "chunks", "seconds"}
+        if not need <= set(reader.fieldnames or ()):
+            raise ConfigError(f"steps: {path!r} needs columns {', '.join(sorted(need))}")
+        for row in reader:
+            try:
+                contexts = [int(c) for c in row["decode_contexts"].split(";") if c]
+                chunks = [(int(a), int(b)) for a, b in (c.split("@") for c in row["chunks"].split(";") if c)]
+                seconds = float(row["seconds"])
+            except ValueError:
+                raise ConfigError(f"steps: {path!r} line {reader.line_num}: bad numbers") from None
+            if seconds > 0 and (contexts or chunks):
+                rows.append((contexts, chunks, seconds))
+    if len(rows) < 6:
+        raise ConfigError(f"steps: {path!r} holds {len(rows)} usable steps, need at least 6")
+    return rows
+
+
+def fit_steps(steps, model, name: str, memory_bytes: float):
+    """Fit on two thirds of measured steps; (profile, held-out APE array, all APE)."""
+    unit = HardwareProfile("unit", hbm_bytes_per_s=1.0, peak_flops_per_s=1.0, memory_bytes=1.0,
+                           bandwidth_fraction=1.0, flops_fraction=1.0)
+    rf = Roofline.of(unit, model)
+    shapes = [PassShape.of(c, k) for c, k, _ in steps]
+    nbytes = np.array([pass_bytes(rf, sh) for sh in shapes])
+    flops = np.array([pass_flops(rf, sh) for sh in shapes])
+    secs = np.array([t for _, _, t in steps])
+    held = np.arange(len(steps)) % 3 == 2
+    B, F, o = fit_roofline(nbytes[~held], flops[~held], secs[~held])
+    ape = np.abs(np.maximum(nbytes / B, flops / F) + o - secs) / secs
+    profile = HardwareProfile(name, float(B), float(F), memory_bytes, bandwidth_fraction=1.0,
+                              flops_fraction=1.0, per_pass_overhead_s=float(o))
+    return profile, ape[held], ape
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(CalibrateArgs, argv, prog="python -m envs.calibrate")
+    if args.steps:
+        model = get_model(args.model)
+        steps = read_steps(args.steps)
+        profile, held, ape = fit_steps(steps, model, args.name or "calibrated-steps",
+                                       float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")))
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(f"# Fitted to {len(steps)} measured engine steps ({args.steps}) with model "
+                       f"{model.name}; held-out median error {np.median(held):.1%}.\n"
+                       + profile_to_toml(profile))
+        print(f"fit to {len(steps)} steps: {profile.hbm_bytes_per_s / 1e9:.1f} GB/s, "
+              f"{profile.peak_flops_per_s / 1e9:.1f} GFLOP/s, {profile.per_pass_overhead_s * 1e3:.1f} ms "
+              f"per step; held-out steps ({len(held)}): median APE {np.median(held):.1%}, p90 "
+              f"{np.percentile(held, 90):.1%}")
+        print(f"profile written to {out}; use it with --hardware {out}")
+        return 0
     require(args.device in ("cpu", "cuda"), "device", args.device, "must be cpu or cuda")
     positive_int("layers", args.layers)
     positive_int("repeats", args.repeats)

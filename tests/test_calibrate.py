@@ -44,3 +44,38 @@ def test_bad_device_is_one_line():
     res = subprocess.run([sys.executable, "-m", "envs.calibrate", "--device", "tpu"],
                          capture_output=True, text=True)
     assert res.returncode == 2 and "device: got 'tpu'" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_fit_from_measured_engine_steps(tmp_path):
+    from envs.cost import PassShape, Roofline, pass_bytes, pass_flops
+    from envs.profiles import HardwareProfile, get_model
+
+    # Steps priced by a known roofline; the fit must recover it.
+    truth = HardwareProfile("t", 40e9, 300e9, 1e9, bandwidth_fraction=1.0, flops_fraction=1.0,
+                            per_pass_overhead_s=0.01)
+    model = get_model("mistral-7b")
+    rf = Roofline.of(truth, model)
+    rng = np.random.default_rng(1)
+    lines = ["decode_contexts,chunks,seconds"]
+    for i in range(60):
+        dec = [int(c) for c in rng.integers(10, 2000, rng.integers(0, 16))]
+        chunks = [(int(rng.integers(16, 2048)), int(rng.integers(0, 4000)))] if i % 2 else []
+        if not dec and not chunks:
+            dec = [100]
+        shape = PassShape.of(dec, chunks)
+        t = max(pass_bytes(rf, shape) * rf.seconds_per_byte, pass_flops(rf, shape) * rf.seconds_per_flop) + 0.01
+        lines.append(f"{';'.join(map(str, dec))},{';'.join(f'{x}@{q}' for x, q in chunks)},{t}")
+    steps = tmp_path / "steps.csv"
+    steps.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "fit.toml"
+    res = subprocess.run([sys.executable, "-m", "envs.calibrate", "--steps", str(steps), "--model",
+                          "mistral-7b", "--out", str(out)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    hw = get_hardware(str(out))
+    assert hw.hbm_bytes_per_s == pytest.approx(40e9, rel=0.1)
+    assert hw.peak_flops_per_s == pytest.approx(300e9, rel=0.1)
+    assert hw.per_pass_overhead_s == pytest.approx(0.01, abs=0.003)
+    steps.write_text("decode_contexts,chunks,seconds\n1,,0.1\n")
+    bad = subprocess.run([sys.executable, "-m", "envs.calibrate", "--steps", str(steps), "--out",
+                          str(out)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "need at least 6" in bad.stderr
