@@ -97,3 +97,12 @@ def test_bad_trace_row_names_the_line(tmp_path):
     out = cli("envs.simulate", "--trace", str(p))
     assert out.returncode == 2
     assert "line 4: arrival_s" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("cmd", [["-m", "envs.probe"], ["-m", "envs.simulate"], ["-m", "envs.calibrate"],
+                                 ["train.py"], ["-m", "eval", "compare"], ["-m", "eval", "capacity"],
+                                 ["-m", "eval", "suite"], ["-m", "policies.export"]])
+def test_every_command_line_has_help(cmd):
+    out = subprocess.run([sys.executable, *cmd, "--help"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert "usage:" in out.stdout and "--" in out.stdout
