@@ -106,3 +106,12 @@ def test_every_command_line_has_help(cmd):
     out = subprocess.run([sys.executable, *cmd, "--help"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-1500:]
     assert "usage:" in out.stdout and "--" in out.stdout
+
+
+@pytest.mark.parametrize("budget, ttft_s, worst_s", [(16384, 3.1, 3.1), (1024, 3.5, 0.5), (256, 4.6, 0.2)])
+def test_probe_reproduces_the_measured_laptop_trade_table(budget, ttft_s, worst_s):
+    # DESIGN.md: M5 Max, 8B Q4, an 8,000-token prompt among three streaming users.
+    r = probe_json("--hardware", "m5-max", "--model", "llama-3-8b-q4", "--running", "3",
+                   "--context-tokens", "1000", "--prompt-tokens", "8000", "--budget", str(budget))
+    assert r["ttft_ms"] / 1e3 == pytest.approx(ttft_s, rel=0.05)
+    assert r["worst_gap_ms"] / 1e3 == pytest.approx(worst_s, abs=0.05)
