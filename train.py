@@ -69,6 +69,11 @@ class Args:
     """Lowest load factor drawn per training episode."""
     rate_high: float = 1.2
     """Highest load factor drawn per training episode."""
+    overhead_high_s: float = 0.0
+    """Randomise each training episode's per-pass overhead in [0, this] seconds (0: off)."""
+    kv_blocks_low: int | None = None
+    """Randomise each training episode's KV capacity between this many 16-token blocks and
+    the device's (log-uniform; unset: off)."""
     learning_rate: float | None = None
     """Learning rate (default: the algorithm's setup in agents/setup.py)."""
     n_steps: int | None = None
@@ -113,6 +118,9 @@ class Args:
         positive_int("torch_threads", self.torch_threads)
         if self.n_steps is not None:
             positive_int("n_steps", self.n_steps)
+        require(self.overhead_high_s >= 0, "overhead_high_s", self.overhead_high_s, "must be >= 0")
+        if self.kv_blocks_low is not None:
+            positive_int("kv_blocks_low", self.kv_blocks_low)
         positive("rate_low", self.rate_low)
         require(self.rate_high >= self.rate_low, "rate_high", self.rate_high,
                 f"must be >= rate_low ({self.rate_low})")
@@ -176,8 +184,14 @@ def make_vec_env(args: Args, scenario: Scenario, action_type: str):
     import envs
     from envs.chunk_budget_env import EpisodeSampler
 
+    kv_range = None
+    if args.kv_blocks_low:
+        kv_range = (args.kv_blocks_low, scenario.engine_config().kv_blocks(
+            scenario.hardware_profile(), scenario.model_profile()))
     sampler = EpisodeSampler(rate_range=(args.rate_low, args.rate_high),
-                             episode_requests=args.episode_requests)
+                             episode_requests=args.episode_requests,
+                             overhead_range_s=(0.0, args.overhead_high_s) if args.overhead_high_s else None,
+                             kv_blocks_range=kv_range)
 
     def factory(rank: int):
         def make():

@@ -85,6 +85,10 @@ class EpisodeSampler:
     """When set, each episode draws its ITL target log-uniformly from this range."""
     hardware_choices: tuple[str, ...] = ()
     """When set, each episode runs on one of these hardware presets."""
+    overhead_range_s: tuple[float, float] | None = None
+    """When set, each episode's per-pass overhead is drawn uniformly from this range."""
+    kv_blocks_range: tuple[int, int] | None = None
+    """When set, each episode's KV capacity (16-token blocks) is drawn log-uniformly from it."""
 
 
 class ChunkBudgetEnv(gym.Env):
@@ -245,6 +249,11 @@ class ChunkBudgetEnv(gym.Env):
             sc = replace(sc, slo_itl_s=float(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
         if s.hardware_choices:
             sc = replace(sc, hardware=str(rng.choice(list(s.hardware_choices))))
+        if s.overhead_range_s:
+            sc = replace(sc, per_pass_overhead_s=float(rng.uniform(*s.overhead_range_s)))
+        if s.kv_blocks_range:
+            lo, hi = s.kv_blocks_range
+            sc = replace(sc, num_kv_blocks=int(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
         if self.fixed_workload is not None:
             return sc, self.fixed_workload
         factor = float(rng.uniform(*s.rate_range))

@@ -146,3 +146,16 @@ def test_bad_arguments():
         ChunkBudgetEnv(action_type="beta")
     with pytest.raises(ConfigError, match="trace"):
         ChunkBudgetEnv(workload="no-such-workload")
+
+
+def test_sampler_randomises_overhead_and_kv_capacity():
+    env = ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=20, overhead_range_s=(0.001, 0.004),
+                                                kv_blocks_range=(2000, 8000)))
+    seen = set()
+    for seed in range(6):
+        env.reset(seed=seed)
+        oh = env.sim.hardware.per_pass_overhead_s
+        assert 0.001 <= oh <= 0.004
+        assert 2000 <= env.sim.total_blocks <= 8000
+        seen.add((round(oh, 6), env.sim.total_blocks))
+    assert len(seen) == 6
