@@ -39,6 +39,8 @@ def budget_from_action(action, ladder: Sequence[int], action_type: str = "discre
     """Tokens for an action: a ladder index, or a value in [-1, 1] mapped linearly to
     log2 of the budget between the ladder's ends."""
     if action_type == "discrete":
+        if isinstance(action, (int, np.integer)):  # the common case, without numpy overhead
+            return ladder[int(action)]
         return ladder[int(np.asarray(action).reshape(-1)[0])]
     a = float(np.clip(np.asarray(action, dtype=np.float64).reshape(-1)[0], -1.0, 1.0))
     lo, hi = math.log2(ladder[0]), math.log2(ladder[-1])
@@ -339,16 +341,24 @@ def observe(sim: Simulator, slo: SLO, slo_obs: tuple[float, float] | None = None
     """
     if slo_obs is None:
         slo_obs = slo_features(slo)
-    n = sim.num_decodes
-    ctx = sim.decode_context_tokens
-    head = sim._head()
-    done_tokens = head.computed if head else 0
-    total_tokens = head.target if head else 0
+    # Read the simulator's counters directly: this runs once per environment step.
+    n = sim._n
+    ctx = sim._so + n * sim.pass_index
+    prefilling, waiting = sim.prefilling, sim.waiting
+    head = prefilling[0] if prefilling else (waiting[0] if waiting else None)
+    if head is not None:
+        done_tokens = head.computed
+        total_tokens = head.prompt + head.generated
+        first = head.arrival
+        if prefilling and waiting and waiting[0].arrival < first:
+            first = waiting[0].arrival
+        oldest = sim.now - first
+    else:
+        done_tokens = total_tokens = 0
+        oldest = 0.0
     free = free_ride_root(sim.roofline, n, ctx, done_tokens)
-    heads = [q[0].arrival for q in (sim.prefilling, sim.waiting) if q]
-    oldest = sim.now - min(heads) if heads else 0.0
     log1p = math.log1p
-    a = log1p(len(sim.waiting)) * _INV_LOG_512
+    a = log1p(len(waiting)) * _INV_LOG_512
     b = log1p(sim.waiting_prefill_tokens) * _INV_LOG_128K
     c = oldest / slo.ttft_s * 0.25
     d = sim.last_pass_s / slo.itl_s * 0.25
@@ -359,7 +369,7 @@ def observe(sim: Simulator, slo: SLO, slo_obs: tuple[float, float] | None = None
         a if a < 1.0 else 1.0,
         b if b < 1.0 else 1.0,
         n / sim.config.max_num_seqs,
-        sim.kv_used_blocks / sim.total_blocks,
+        sim._used / sim.total_blocks,
         c if c < 1.0 else 1.0,
         d if d < 1.0 else 1.0,
         e if e < 1.0 else 1.0,

@@ -535,7 +535,7 @@ class Simulator:
             if left <= 0 or r.admit_seq < 0:
                 break
             q = r.computed
-            x = min(r.target - q, thresh, left)
+            x = min(r.prompt + r.generated - q, thresh, left)
             new_blocks = -(-(q + x) // bs) - r.blocks
             if self._used + new_blocks > total:
                 while self._used + new_blocks > total:
@@ -559,7 +559,7 @@ class Simulator:
             used = self._used
             while waiting and left > 0 and self._n + len(prefilling) < max_seqs:
                 r = waiting[0]
-                x = min(r.target, thresh, left)
+                x = min(r.prompt + r.generated, thresh, left)
                 nb = -(-x // bs)
                 if used + nb > total:
                     break
@@ -592,7 +592,7 @@ class Simulator:
         self.waiting_prefill_tokens -= pre_tokens
         for r, x in chunks:
             r.computed += x
-            if r.computed == r.target:
+            if r.computed == r.prompt + r.generated:
                 prefilling.remove(r)
                 r.generated += 1
                 if r.generated == 1:
