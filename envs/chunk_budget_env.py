@@ -423,12 +423,14 @@ class RewardMeter:
         # passes is an arithmetic sequence of durations a + b*i, summed in closed form.
         segs, i, itl = sim._segs, self.seg_pos, slo.itl_s
         excess = 0.0
-        while i < len(segs):
-            _, k, a, b, n = segs[i:i + 5]
-            i += 5
+        end = len(segs)
+        while i < end:
+            n = segs[i + 4]
             if not n:
+                i += 5
                 continue
-            k = int(k)
+            k, a, b = int(segs[i + 1]), segs[i + 2], segs[i + 3]
+            i += 5
             if b <= 0:
                 if a > itl:
                     excess += n * k * (a - itl)

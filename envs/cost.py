@@ -186,16 +186,32 @@ def free_ride_root(r: Roofline, num_decodes: int, decode_context_tokens: int,
                    prefix_tokens: int = 0) -> float:
     """The real root of compute time = memory time in the chunk size (>= 0), in closed
     form: cheap enough to compute every pass (the Gymnasium observation uses it)."""
-    spf, spb = r.seconds_per_flop, r.seconds_per_byte
-    kv = r.kv_bytes_per_token * spb
-    att = r.attention_flops_per_pair * spf
-    # excess(x) = a x^2 + b x + c for a chunk of x >= 1 tokens after a q-token prefix
-    a = att / 2
-    b = (r.flops_per_token * spf + att * (prefix_tokens + 0.5)) - kv
-    c = ((r.flops_per_token * num_decodes + r.attention_flops_per_pair
-          * (decode_context_tokens + num_decodes)) * spf
-         - (r.weight_bytes + r.kv_bytes_per_token
-            * (decode_context_tokens + num_decodes + prefix_tokens)) * spb)
+    # compute - memory = a x^2 + b x + c for a chunk of x >= 1 tokens after a q-token prefix
+    a, b0, b_q, c_dec, c_pair, c_weights, c_q = _root_coefficients(r)
+    b = b0 + b_q * prefix_tokens
+    c = (c_dec * num_decodes + c_pair * (decode_context_tokens + num_decodes) - c_weights
+         - c_q * prefix_tokens)
     if c >= 0:
         return 0.0
     return (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)
+
+
+_ROOT_CACHE: dict[Roofline, tuple[float, ...]] = {}
+
+
+def _root_coefficients(r: Roofline) -> tuple[float, ...]:
+    """Per-roofline constants of free_ride_root's quadratic, computed once."""
+    coef = _ROOT_CACHE.get(r)
+    if coef is None:
+        token = r.flops_per_token * r.seconds_per_flop  # arithmetic of one token's weights
+        pair = r.attention_flops_per_pair * r.seconds_per_flop  # one (query, key) pair
+        kv = r.kv_bytes_per_token * r.seconds_per_byte  # moving one token's KV
+        coef = (pair / 2,                     # a: causal pairs inside the chunk
+                token + pair / 2 - kv,        # b: per chunk token, without the prefix
+                pair,                         # b: per chunk token per prefix token
+                token,                        # c: per decode
+                pair - kv,                    # c: per decode (query, key) pair, its KV read
+                r.weight_bytes * r.seconds_per_byte,  # c: the weights read once
+                kv)                           # c: the prefix's KV read
+        _ROOT_CACHE[r] = coef
+    return coef
