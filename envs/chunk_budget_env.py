@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
 from typing import Any, Sequence
 
 import gymnasium as gym
@@ -282,7 +283,6 @@ class ChunkBudgetEnv(gym.Env):
         self._slo = sc.slo()
         self._mean_output = float(workload.output_tokens.mean())
         self.meter = RewardMeter(self.sim, self._slo, self._mean_output, self.weights)
-        self._budget_sum = 0
         self._budgets: list[int] = []
         self._steps = 0
         self._slo_obs = slo_features(self._slo)
@@ -301,7 +301,6 @@ class ChunkBudgetEnv(gym.Env):
         budget = self.budget_for(action)
         applied = max(budget, sim.num_decodes, 1)
         sim.step(applied)
-        self._budget_sum += applied
         self._budgets.append(applied)
         self._steps += 1
         self._done = not sim.advance()
@@ -314,13 +313,8 @@ class ChunkBudgetEnv(gym.Env):
             info["episode_metrics"] = self.episode_metrics()
         return self._observe(), float(reward), self._done, False, info
 
-    def episode_metrics(self) -> dict:
-        s = self.sim.result().summary(self._slo)
-        return {"ttft_p50_s": s["ttft_p50_s"], "ttft_p99_s": s["ttft_p99_s"],
-                "itl_p99_s": s["itl_p99_s"], "itl_max_s": s["itl_max_s"],
-                "goodput": s["goodput"], "budget_mean": self._budget_sum / max(self._steps, 1),
-                "budgets": np.asarray(self._budgets, dtype=np.int64),
-                "requests": s["requests_finished"], "preemptions": s["preemptions"]}
+    def episode_metrics(self) -> "EpisodeMetrics":
+        return EpisodeMetrics(self.sim, self._slo, list(self._budgets))
 
     # --- observation -------------------------------------------------------------------------
 
@@ -379,6 +373,37 @@ def observe(sim: Simulator, slo: SLO, slo_obs: tuple[float, float] | None = None
         *slo_obs,
     )
     return np.array(obs, dtype=np.float32)
+
+
+class EpisodeMetrics(Mapping):
+    """An episode's TTFT p50/p99, ITL p99/max, goodput, requests, preemptions and applied
+    budgets, computed from the finished simulator the first time anyone reads them (most
+    training loops never do, and the summary costs milliseconds)."""
+
+    def __init__(self, sim: Simulator, slo: SLO, budgets: list[int]):
+        self._sim, self._slo, self._budgets = sim, slo, budgets
+        self._data: dict | None = None
+
+    def _load(self) -> dict:
+        if self._data is None:
+            s = self._sim.result().summary(self._slo)
+            b = np.asarray(self._budgets, dtype=np.int64)
+            self._data = {"ttft_p50_s": s["ttft_p50_s"], "ttft_p99_s": s["ttft_p99_s"],
+                          "itl_p99_s": s["itl_p99_s"], "itl_max_s": s["itl_max_s"],
+                          "goodput": s["goodput"], "requests": s["requests_finished"],
+                          "preemptions": s["preemptions"], "budgets": b,
+                          "budget_mean": float(b.mean()) if len(b) else math.nan}
+            self._sim = None
+        return self._data
+
+    def __getitem__(self, key):
+        return self._load()[key]
+
+    def __iter__(self):
+        return iter(self._load())
+
+    def __len__(self) -> int:
+        return len(self._load())
 
 
 class RewardMeter:
