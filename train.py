@@ -21,7 +21,7 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from envs.cli import parse
@@ -247,7 +247,6 @@ def main(argv: list[str] | None = None) -> int:
     scenario.engine_config()
     scenario.slo()
 
-    import numpy as np
     import torch
     from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
     from stable_baselines3.common.vec_env import VecNormalize

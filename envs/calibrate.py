@@ -26,7 +26,6 @@ pair the profile with a model profile of that dtype.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -36,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from envs.cli import parse
-from envs.cost import PassShape, Roofline, chunk_attention_pairs, pass_bytes, pass_flops
+from envs.cost import PassShape, Roofline, pass_bytes, pass_flops
 from envs.errors import ConfigError, positive_int, require, run_cli
 from envs.profiles import HardwareProfile, get_model, profile_to_toml
 

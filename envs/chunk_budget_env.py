@@ -6,7 +6,7 @@ A thin adapter over :class:`envs.engine.Simulator`; it owns no physics.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from collections.abc import Mapping
 from typing import Any, Sequence
 

@@ -40,14 +40,17 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from envs.cost import PassShape, Roofline, chunk_attention_pairs, free_ride_tokens
+from envs.cost import PassShape, Roofline, free_ride_tokens
 from envs.errors import ConfigError, fraction, positive_int, require
 from envs.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
 from envs.workload import Workload
+
+if TYPE_CHECKING:  # imported lazily at run time: metrics imports nothing from here
+    from envs.metrics import SimResult
 
 INF = math.inf
 

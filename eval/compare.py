@@ -211,7 +211,7 @@ def capacity_report(scenario: Scenario, policies, out: Path, seeds: int, num_req
     statics = {n: v for n, v in values.items() if n.startswith("static:") or n.startswith("vllm-default")}
     best_static = max((n for n in values if n.startswith("static:")), key=values.get, default=None)
     # (the best static among those measured: include the ladder for a hindsight-best figure)
-    lines = [f"# Capacity under the SLO", "", f"- scenario: {scenario_line(scenario)}",
+    lines = ["# Capacity under the SLO", "", f"- scenario: {scenario_line(scenario)}",
              f"- capacity: the highest rate at which mean p99 TTFT and p99 ITL over {seeds} streams of "
              f"{num_requests} requests meet the SLO (bisection to 2%)",
              f"- commit {git_commit()}", "", "| policy | capacity (req/s) |", "|---|---:|"]

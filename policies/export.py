@@ -19,12 +19,10 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from envs.cost import PassShape, chunk_attention_pairs, price, price_pass
+from envs.cost import PassShape, price, price_pass
 from envs.engine import EngineConfig, Simulator, check_static_budget
 from envs.errors import ConfigError
-from envs.workload import SyntheticSpec, Workload
+from envs.workload import SyntheticSpec
 from tests.conftest import TOY_HW, TOY_MODEL, make_sim
 
 
