@@ -205,6 +205,8 @@ def test_every_rule_answers_sb3_predict_on_env_observations():
         assert env.budgets[int(action)] == env.budgets[p.action_for_budget(p(state))]
         batch, _ = p.predict(np.stack([obs, obs]))
         assert batch.shape == (2,)
-    mean, _ = evaluate_policy(QueueDepthPolicy(), ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=20)),
+    from stable_baselines3.common.monitor import Monitor
+    mean, _ = evaluate_policy(QueueDepthPolicy(),
+                              Monitor(ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=20))),
                               n_eval_episodes=1)
     assert np.isfinite(mean)
