@@ -31,6 +31,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--table")
+    ap.add_argument("--async-scheduling", action="store_true")
     args = ap.parse_args()
     if not os.path.exists(os.path.join(args.model, "config.json")):
         write_model(args.model)
@@ -40,10 +41,12 @@ def main() -> None:
     kwargs = {}
     if args.table:
         os.environ["CHUNKPILOT_TABLE"] = args.table
-        kwargs["scheduler_cls"] = "policies.vllm_scheduler.TableScheduler"
+        kwargs["scheduler_cls"] = ("policies.vllm_scheduler.AsyncTableScheduler"
+                                   if args.async_scheduling else
+                                   "policies.vllm_scheduler.TableScheduler")
     llm = LLM(model=args.model, skip_tokenizer_init=True, dtype="float32", max_model_len=2048,
               max_num_batched_tokens=512, max_num_seqs=16, enforce_eager=True,
-              async_scheduling=False, seed=0, **kwargs)
+              async_scheduling=args.async_scheduling, seed=0, **kwargs)
     # Short prompts and one long prompt (900 tokens) among them.
     lengths = [20, 30, 900, 25, 40]
     prompts = [TokensPrompt(prompt_token_ids=[(7 * i + j) % 900 + 3 for j in range(n)])

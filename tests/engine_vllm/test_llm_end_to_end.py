@@ -23,24 +23,27 @@ TABLE = {"schema_version": 1, "kind": "chunkpilot-budget-table",
          "budgets": [64, 512, 64, 128, 64, 96], "default_budget": 128}
 
 
-def generate(model: Path, table: Path | None = None) -> dict:
+def generate(model: Path, table: Path | None = None, async_scheduling: bool = False) -> dict:
     cmd = [sys.executable, str(ROOT / "tests/engine_vllm/run_llm.py"), str(model)]
     if table:
         cmd += ["--table", str(table)]
+    if async_scheduling:
+        cmd += ["--async-scheduling"]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600,
                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_same_greedy_output_and_budgets_follow_the_table(tmp_path):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_same_greedy_output_and_budgets_follow_the_table(tmp_path, async_scheduling):
     model = tmp_path / "tiny-llama"
     table_path = tmp_path / "table.json"
     table_path.write_text(json.dumps(TABLE))
     default = generate(model)
-    chunked = generate(model, table_path)
+    chunked = generate(model, table_path, async_scheduling)
     assert default["scheduler"] == "Scheduler"
-    assert chunked["scheduler"] == "TableScheduler"
+    assert chunked["scheduler"] == ("AsyncTableScheduler" if async_scheduling else "TableScheduler")
     assert chunked["tokens"] == default["tokens"]
     assert all(len(t) == 16 for t in chunked["tokens"])
     table = BudgetTable(TABLE)
