@@ -222,17 +222,19 @@ def comparison_table(rows: list[tuple[str, dict]]) -> str:
 
 def verdict(learned: dict, best_name: str, best: dict, default_name: str, default: dict) -> str:
     """Say which of DESIGN.md's two jobs the result shows, plainly."""
-    g, b, d = learned["goodput"], best["goodput"], default["goodput"]
-    rel = (g - b) / b if b > 0 else 0.0
-    if rel >= 0.01:
-        first = (f"It beats the best static budget ({best_name}) by {rel:+.1%} goodput (job 2: "
-                 "beating the best static where the dynamics give room).")
-    elif rel >= -0.01:
-        first = (f"It matches the best static budget ({best_name}) within 1% ({rel:+.1%} goodput) "
-                 "with one policy and no tuning (job 1); it does not beat it by more than 1%.")
-    else:
-        first = (f"It falls short of the best static budget ({best_name}) by {-rel:.1%} goodput: "
-                 "train longer or check the reward weights.")
+    from eval.harness import against_best
+
+    g, d = learned["goodput"], default["goodput"]
+    kind, rel = against_best(g, best["goodput"])
+    first = {
+        "beats": (f"It beats the best static budget ({best_name}) by {rel:+.1%} goodput (job 2: "
+                  "beating the best static where the dynamics give room)."),
+        "matches": (f"It matches the best static budget ({best_name}) within 1% ({rel:+.1%} "
+                    "goodput) with one policy and no tuning (job 1); it does not beat it by more "
+                    "than 1%."),
+        "short": (f"It falls short of the best static budget ({best_name}) by {-rel:.1%} goodput: "
+                  "train longer or check the reward weights."),
+    }[kind]
     second = (f"Against vLLM's default ({default_name}): {g - d:+.3f} goodput "
               f"({g:.3f} vs {d:.3f}).")
     return first + " " + second

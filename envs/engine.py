@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from envs.cost import PassShape, Roofline, free_ride_tokens
+from envs.cost import PassShape, Roofline
 from envs.errors import ConfigError, fraction, positive_int, require
 from envs.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
 from envs.workload import Workload
@@ -336,12 +336,6 @@ class Simulator:
 
     def state(self) -> SchedulerState:
         return self._view
-
-    def free_ride(self) -> int:
-        """Exact free-ride capacity of the next pass, given the head request's progress."""
-        head = self._head()
-        return free_ride_tokens(self.roofline, self._n, self.decode_context_tokens,
-                                head.computed if head else 0)
 
     def ttft_accrued(self) -> float:
         """Sum over arrived requests of the time each has waited for its first token so far

@@ -123,6 +123,7 @@ def cmd_capacity(argv) -> int:
 
 
 def cmd_suite(argv) -> int:
+    from eval.harness import against_best
     from eval.compare import (LADDER, capacity_report, compare, comparison_report, git_commit,
                               save_json, scenario_line)
     from eval.scenarios import SUITE
@@ -177,7 +178,7 @@ def cmd_suite(argv) -> int:
         cells = []
         for p in policy_names:
             v = row[p]
-            mark = "" if v >= g - 0.01 * g else " (below best static)"
+            mark = "" if against_best(v, g)[0] != "short" else " (below best static)"
             cap = f", {caps[p]['capacity_rps']:.2f} req/s" if caps and p in caps else ""
             cells.append(f"{v:.3f}{mark}{cap}")
         best_cap = (f"; capacity: {caps['_best_static'][0]} at {caps['_best_static'][1]:.2f} req/s"

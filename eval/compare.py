@@ -15,7 +15,7 @@ from envs.chunk_budget_env import EVAL_SEED_BASE
 from envs.scenario import Scenario
 from eval import plots
 from eval.capacity import capacity
-from eval.harness import PolicyResult, evaluation_workloads
+from eval.harness import PolicyResult, against_best, evaluation_workloads
 from policies.baselines import StaticPolicy
 
 LADDER = (256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -123,14 +123,10 @@ def two_questions(cmp: Comparison) -> list[str]:
     for name, r in cmp.results.items():
         if name.startswith("static:"):
             continue
-        g = r.mean("goodput")
-        rel = (g - g_best) / g_best if g_best > 0 else 0.0
-        if rel >= 0.01:
-            verdict = f"beats it by {rel:+.1%} goodput (job 2)"
-        elif rel >= -0.01:
-            verdict = f"matches it within 1% ({rel:+.1%}; job 1), without beating it"
-        else:
-            verdict = f"does NOT match it: {rel:+.1%} goodput"
+        kind, rel = against_best(r.mean("goodput"), g_best)
+        verdict = {"beats": f"beats it by {rel:+.1%} goodput (job 2)",
+                   "matches": f"matches it within 1% ({rel:+.1%}; job 1), without beating it",
+                   "short": f"does NOT match it: {rel:+.1%} goodput"}[kind]
         lines.append(f"- {name}: {verdict}; worst gap {r.mean('itl_max_s') * 1e3:.0f} ms vs "
                      f"{best.mean('itl_max_s') * 1e3:.0f} ms, smooth share {r.mean('smooth_share'):.3f} "
                      f"vs {best.mean('smooth_share'):.3f}.")

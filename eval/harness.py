@@ -35,6 +35,20 @@ def evaluation_workloads(scenario: Scenario, seeds: int, num_requests: int | Non
     return [base.workload(EVAL_SEED_BASE + i) for i in range(seeds)]
 
 
+MATCH_TOLERANCE = 0.01  # "matches the best static budget": within 1% of its goodput
+
+
+def against_best(goodput: float, best_goodput: float) -> tuple[str, float]:
+    """DESIGN.md section 5's two jobs: ("beats" | "matches" | "short", relative difference)
+    of a policy's goodput against the best static budget's."""
+    rel = (goodput - best_goodput) / best_goodput if best_goodput > 0 else 0.0
+    if rel >= MATCH_TOLERANCE:
+        return "beats", rel
+    if rel >= -MATCH_TOLERANCE:
+        return "matches", rel
+    return "short", rel
+
+
 @dataclass
 class PolicyResult:
     name: str

@@ -102,3 +102,11 @@ def test_lookahead_forks_without_disturbing_the_run():
     w = sc.workload(3)
     res = sc.simulator(w).run(LookaheadPolicy(sc.slo(), horizon_s=0.3))
     assert res.finished.all() and len(res.arrival_s) == 40
+
+
+def test_against_best_by_hand():
+    from eval.harness import against_best
+    assert against_best(0.95, 0.90)[0] == "beats"
+    assert against_best(0.895, 0.90)[0] == "matches"  # -0.56%
+    kind, rel = against_best(0.80, 0.90)
+    assert kind == "short" and rel == pytest.approx(-1 / 9)
