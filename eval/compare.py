@@ -13,6 +13,7 @@ import numpy as np
 
 from envs.chunk_budget_env import EVAL_SEED_BASE
 from envs.scenario import Scenario
+from envs.workload import load_trace
 from eval import plots
 from eval.capacity import capacity
 from eval.harness import PolicyResult, against_best, evaluation_workloads
@@ -43,10 +44,13 @@ def training_overlap(policy, scenario: Scenario) -> str | None:
     args = config.get("args", config)
     trained_on = args.get("trace") or args.get("workload")
     if scenario.trace and trained_on and Path(str(trained_on)).stem == Path(scenario.trace).stem:
-        return (f"{policy.name} was trained on the first 80% of {trained_on}; this evaluation "
-                f"replays {scenario.trace} from {scenario.window_start_s:g} s"
-                + (" and overlaps its training arrivals" if scenario.window_start_s < 0.8 * float(
-                    scenario.workload().duration_s) * scenario.rate_scale else
+        # Training used the first 80% of the trace, in the trace's own seconds.
+        train_end = 0.8 * load_trace(scenario.trace).duration_s
+        overlaps = scenario.window_start_s < train_end
+        return (f"{policy.name} was trained on the first 80% of {trained_on} (to "
+                f"{train_end:.0f} s); this evaluation replays {scenario.trace} from "
+                f"{scenario.window_start_s:g} s"
+                + (" and overlaps its training arrivals" if overlaps else
                    ", after its training window"))
     return None
 

@@ -110,3 +110,17 @@ def test_against_best_by_hand():
     assert against_best(0.895, 0.90)[0] == "matches"  # -0.56%
     kind, rel = against_best(0.80, 0.90)
     assert kind == "short" and rel == pytest.approx(-1 / 9)
+
+
+def test_trained_trace_overlap_is_said():
+    from eval.compare import training_overlap
+
+    class Learned(StaticPolicy):
+        config = {"args": {"trace": "azure_conv_2023"}}
+
+    p = Learned(2048, "model:x")
+    early = Scenario(trace="azure_conv_2023", window_start_s=100.0)
+    late = Scenario(trace="azure_conv_2023", window_start_s=3000.0)
+    assert "overlaps its training arrivals" in training_overlap(p, early)
+    assert "after its training window" in training_overlap(p, late)
+    assert training_overlap(StaticPolicy(2048), early) is None
