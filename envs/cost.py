@@ -4,6 +4,12 @@
     flops = 2 * params * tokens + attention_flops_per_pair * (query, key) pairs
     time  = max(bytes / bandwidth, flops / peak) + per-pass overhead
 
+Two refinements, both off (1.0) on the datacenter presets and fitted by
+``envs.calibrate`` on real devices: attention's KV traffic and (query, key)
+arithmetic may run at their own rates (``attention_*_ratio``: attention kernels
+rarely stream like a weight product does), and memory and compute may overlap
+only in part, ``max(m, c) + (1 - overlap) * min(m, c)``.
+
 A decode with context c (tokens already in its KV cache) reads c tokens of KV,
 writes one, and its query attends to c + 1 keys. A prefill chunk of x tokens
 whose prompt already has q tokens prefilled reads the q-token prefix once,
@@ -39,20 +45,31 @@ class Roofline:
     """2 x params: one multiply-add per weight per token."""
     attention_flops_per_pair: float
     seconds_per_byte: float
+    """Per weight byte."""
     seconds_per_flop: float
+    """Per FLOP of the weight products."""
     overhead_s: float
+    seconds_per_kv_byte: float
+    seconds_per_attention_flop: float
+    exposed: float = 0.0
+    """1 - overlap: the share of the shorter of memory and compute time that adds."""
 
     @classmethod
     def of(cls, hardware: HardwareProfile, model: ModelProfile) -> "Roofline":
         tp = model.tensor_parallel
+        spb = 1.0 / (hardware.effective_bytes_per_s * tp)
+        spf = 1.0 / (hardware.effective_flops_per_s * tp)
         return cls(
             weight_bytes=model.weight_bytes,
             kv_bytes_per_token=model.kv_bytes_per_token,
             flops_per_token=2.0 * model.params,
             attention_flops_per_pair=model.attention_flops_per_pair,
-            seconds_per_byte=1.0 / (hardware.effective_bytes_per_s * tp),
-            seconds_per_flop=1.0 / (hardware.effective_flops_per_s * tp),
+            seconds_per_byte=spb,
+            seconds_per_flop=spf,
             overhead_s=hardware.per_pass_overhead_s,
+            seconds_per_kv_byte=spb / hardware.attention_bandwidth_ratio,
+            seconds_per_attention_flop=spf / hardware.attention_flops_ratio,
+            exposed=1.0 - hardware.overlap,
         )
 
 
@@ -105,10 +122,13 @@ class PassCost:
     overhead_s: float
     bytes_moved: float
     flops: float
+    exposed: float = 0.0
+    """1 - overlap (see the module docstring)."""
 
     @property
     def total_s(self) -> float:
-        return max(self.memory_s, self.compute_s) + self.overhead_s
+        return (max(self.memory_s, self.compute_s) + self.exposed * min(self.memory_s, self.compute_s)
+                + self.overhead_s)
 
     @property
     def bound(self) -> str:
@@ -127,12 +147,21 @@ def pass_flops(r: Roofline, shape: PassShape) -> float:
     return r.flops_per_token * shape.tokens + r.attention_flops_per_pair * pairs
 
 
+def pass_parts(r: Roofline, shape: PassShape) -> tuple[float, float, float, float]:
+    """(weight bytes, KV bytes, weight-product FLOPs, attention FLOPs) of a pass."""
+    kv_tokens = (shape.decode_context_tokens + shape.prefill_prefix_tokens  # read
+                 + shape.num_decodes + shape.prefill_tokens)  # written
+    pairs = shape.decode_context_tokens + shape.num_decodes + shape.prefill_attention_pairs
+    return (r.weight_bytes, r.kv_bytes_per_token * kv_tokens, r.flops_per_token * shape.tokens,
+            r.attention_flops_per_pair * pairs)
+
+
 def price(r: Roofline, shape: PassShape) -> PassCost:
     """Price a pass from precomputed coefficients."""
-    nbytes = pass_bytes(r, shape)
-    flops = pass_flops(r, shape)
-    return PassCost(memory_s=nbytes * r.seconds_per_byte, compute_s=flops * r.seconds_per_flop,
-                    overhead_s=r.overhead_s, bytes_moved=nbytes, flops=flops)
+    wb, kvb, lf, af = pass_parts(r, shape)
+    return PassCost(memory_s=wb * r.seconds_per_byte + kvb * r.seconds_per_kv_byte,
+                    compute_s=lf * r.seconds_per_flop + af * r.seconds_per_attention_flop,
+                    overhead_s=r.overhead_s, bytes_moved=wb + kvb, flops=lf + af, exposed=r.exposed)
 
 
 def price_pass(hardware: HardwareProfile, model: ModelProfile,
@@ -154,7 +183,7 @@ def free_ride_formula_tokens(r: Roofline, num_decodes: int, decode_context_token
     It ignores the decodes' own arithmetic, the chunk's attention and its KV traffic.
     """
     shape = PassShape(num_decodes=num_decodes, decode_context_tokens=decode_context_tokens)
-    return pass_bytes(r, shape) * r.seconds_per_byte / (r.flops_per_token * r.seconds_per_flop)
+    return price(r, shape).memory_s / (r.flops_per_token * r.seconds_per_flop)
 
 
 def free_ride_tokens(r: Roofline, num_decodes: int, decode_context_tokens: int,
@@ -163,13 +192,15 @@ def free_ride_tokens(r: Roofline, num_decodes: int, decode_context_tokens: int,
 
     Exact on this roofline: the decodes' own arithmetic, the chunk's attention over
     its ``prefix_tokens`` and itself, and the prefix's KV reads are all charged.
-    0 when the decode batch alone is already compute-bound.
+    0 when the decode batch alone is already compute-bound. With ``overlap`` < 1 the
+    ride is cheap rather than free: the chunk's arithmetic still adds ``1 - overlap``
+    of its time.
     """
 
     def excess(x: int) -> float:  # compute time minus memory time with a chunk of x
-        shape = PassShape(num_decodes, decode_context_tokens, x, prefix_tokens if x else 0,
-                          chunk_attention_pairs(x, prefix_tokens))
-        return pass_flops(r, shape) * r.seconds_per_flop - pass_bytes(r, shape) * r.seconds_per_byte
+        cost = price(r, PassShape(num_decodes, decode_context_tokens, x, prefix_tokens if x else 0,
+                                  chunk_attention_pairs(x, prefix_tokens)))
+        return cost.compute_s - cost.memory_s
 
     if excess(0) > 0:
         return 0
@@ -204,8 +235,8 @@ def _root_coefficients(r: Roofline) -> tuple[float, ...]:
     coef = _ROOT_CACHE.get(r)
     if coef is None:
         token = r.flops_per_token * r.seconds_per_flop  # arithmetic of one token's weights
-        pair = r.attention_flops_per_pair * r.seconds_per_flop  # one (query, key) pair
-        kv = r.kv_bytes_per_token * r.seconds_per_byte  # moving one token's KV
+        pair = r.attention_flops_per_pair * r.seconds_per_attention_flop  # one (query, key) pair
+        kv = r.kv_bytes_per_token * r.seconds_per_kv_byte  # moving one token's KV
         coef = (pair / 2,                     # a: causal pairs inside the chunk
                 token + pair / 2 - kv,        # b: per chunk token, without the prefix
                 pair,                         # b: per chunk token per prefix token

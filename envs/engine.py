@@ -228,9 +228,10 @@ class Simulator:
         self.roofline = Roofline.of(self.hardware, self.model)
         rf = self.roofline
         self._coef = (rf.weight_bytes * rf.seconds_per_byte,
-                      rf.kv_bytes_per_token * rf.seconds_per_byte,
+                      rf.kv_bytes_per_token * rf.seconds_per_kv_byte,
                       rf.flops_per_token * rf.seconds_per_flop,
-                      rf.attention_flops_per_pair * rf.seconds_per_flop, rf.overhead_s)
+                      rf.attention_flops_per_pair * rf.seconds_per_attention_flop, rf.overhead_s)
+        self._exposed = rf.exposed
         self.total_blocks = self.config.kv_blocks(self.hardware, self.model)
         bs = self.config.block_size
         self._bs = bs
@@ -440,6 +441,7 @@ class Simulator:
             limit = nf + 1  # stop after the pass in which decodes finish
         stop = min(self._arr[self._next] if self._next < len(self._arr) else INF, until_s)
         mem0, kv_s, cmp_tok, att_s, ovh = self._coef
+        e = self._exposed
         # Pass q's price is linear in q on each side of the roofline's max; when both
         # ends of the stretch lie on the same side, the whole stretch is one arithmetic
         # sequence A + B*i and its length follows from a quadratic.
@@ -449,7 +451,10 @@ class Simulator:
         m1, c1 = mem0 + kv_s * x1, cmp_tok * n + att_s * x1
         p0 = p
         if (m0 >= c0) == (m1 >= c1):
-            A, B = (m0 + ovh, kv_s * n) if m0 >= c0 else (c0 + ovh, att_s * n)
+            if m0 >= c0:
+                A, B = m0 + e * c0 + ovh, (kv_s + e * att_s) * n
+            else:
+                A, B = c0 + e * m0 + ovh, (att_s + e * kv_s) * n
             K = limit - p
             k = K
             if stop < INF:
@@ -471,7 +476,7 @@ class Simulator:
                 x = so + n * (p + 1)  # context read + tokens written == (query, key) pairs
                 m = mem0 + kv_s * x
                 c = cmp_tok * n + att_s * x
-                dt = (m if m > c else c) + ovh
+                dt = (m + e * c if m > c else c + e * m) + ovh
                 segs += (p, 1, dt, 0.0, n)
                 now += dt
                 p += 1
@@ -577,7 +582,8 @@ class Simulator:
         mem0, kv_s, cmp_tok, att_s, ovh = self._coef
         m = mem0 + kv_s * (ctx + pre_prefix + n + pre_tokens)
         c = cmp_tok * (n + pre_tokens) + att_s * (ctx + n + pairs)
-        dt = (m if m > c else c) + ovh
+        e = self._exposed
+        dt = (m + e * c if m > c else c + e * m) + ovh
         now = self.now + dt
         self.now = now
         self.last_pass_s = dt

@@ -50,6 +50,17 @@ class HardwareProfile:
     """Share of peak FLOP/s a pass achieves, in (0, 1]."""
     per_pass_overhead_s: float = 0.0
     """Fixed cost of one forward pass (launches, scheduling, sampling), seconds."""
+    attention_bandwidth_ratio: float = 1.0
+    """Bandwidth at which attention reads and writes the KV cache, as a multiple of the
+    effective (weight-streaming) bandwidth. 1 on the datacenter presets; CPU attention
+    kernels measure far below 1 (``envs.calibrate`` fits it)."""
+    attention_flops_ratio: float = 1.0
+    """Attention's (query, key) arithmetic rate as a multiple of the effective FLOP/s
+    of the weight products."""
+    overlap: float = 1.0
+    """Share of the shorter of a pass's memory time and compute time hidden under the
+    longer, in [0, 1]: 1 is the pure roofline, max(memory, compute); 0 adds them, as
+    kernels do that stream weights and then compute (measured on CPUs)."""
 
     def __post_init__(self) -> None:
         require(isinstance(self.name, str) and bool(self.name), "hardware.name", self.name,
@@ -60,6 +71,10 @@ class HardwareProfile:
         fraction("hardware.bandwidth_fraction", self.bandwidth_fraction)
         fraction("hardware.flops_fraction", self.flops_fraction)
         non_negative("hardware.per_pass_overhead_s", self.per_pass_overhead_s)
+        positive("hardware.attention_bandwidth_ratio", self.attention_bandwidth_ratio)
+        positive("hardware.attention_flops_ratio", self.attention_flops_ratio)
+        require(isinstance(self.overlap, (int, float)) and 0 <= self.overlap <= 1,
+                "hardware.overlap", self.overlap, "must lie in [0, 1]")
 
     @property
     def effective_bytes_per_s(self) -> float:

@@ -2,27 +2,61 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from envs.calibrate import fit_roofline
+from envs.calibrate import GRID, Fit, fit_passes
+from envs.errors import ConfigError
 from envs.profiles import get_hardware
+
+
+def synthetic_parts(rng, n=40):
+    """Pass parts (weight bytes, KV bytes, product FLOPs, attention FLOPs) from
+    decode-like passes (few FLOPs per byte) and prefill-like ones (many)."""
+    wb = rng.uniform(1e8, 5e9, n)
+    kvb = wb * rng.uniform(0.01, 2.0, n)
+    lf = np.concatenate([wb[: n // 2] * rng.uniform(1, 20, n // 2), wb[n // 2:] * rng.uniform(100, 2000, n - n // 2)])
+    af = lf * rng.uniform(0.01, 1.0, n)
+    return np.column_stack([wb, kvb, lf, af])
 
 
 def test_fit_recovers_a_known_roofline():
     rng = np.random.default_rng(0)
-    # Decode-like shapes (few FLOPs per byte) and prefill-like ones (many), as the grid has.
-    nbytes = rng.uniform(1e8, 5e9, 30)
-    flops = np.concatenate([nbytes[:15] * rng.uniform(1, 20, 15), nbytes[15:] * rng.uniform(100, 2000, 15)])
-    B, F, o = 50e9, 2e12, 0.004
-    t = np.maximum(nbytes / B, flops / F) + o
-    fb, ff, fo = fit_roofline(nbytes, flops, t * (1 + rng.normal(0, 0.01, 30)))
-    assert fb == pytest.approx(B, rel=0.1)
-    assert ff == pytest.approx(F, rel=0.1)
-    assert fo == pytest.approx(o, abs=0.002)
+    parts = synthetic_parts(rng)
+    truth = Fit(50e9, 2e12, overhead_s=0.004)
+    t = truth.predict(parts) * (1 + rng.normal(0, 0.01, len(parts)))
+    fit = fit_passes(parts, t, refined=False)
+    assert fit.bytes_per_s == pytest.approx(50e9, rel=0.1)
+    assert fit.flops_per_s == pytest.approx(2e12, rel=0.1)
+    assert fit.overhead_s == pytest.approx(0.004, abs=0.002)
+    assert (fit.attention_bandwidth_ratio, fit.attention_flops_ratio, fit.overlap) == (1, 1, 1)
+
+
+def test_refined_fit_recovers_attention_rates_and_overlap():
+    rng = np.random.default_rng(3)
+    parts = synthetic_parts(rng, 60)
+    truth = Fit(20e9, 5e11, attention_bandwidth_ratio=0.3, attention_flops_ratio=0.6, overlap=0.2,
+                overhead_s=0.002)
+    t = truth.predict(parts) * (1 + rng.normal(0, 0.01, len(parts)))
+    fit = fit_passes(parts, t, overhead_s=0.002)
+    assert fit.bytes_per_s == pytest.approx(20e9, rel=0.1)
+    assert fit.flops_per_s == pytest.approx(5e11, rel=0.1)
+    assert fit.attention_bandwidth_ratio == pytest.approx(0.3, rel=0.15)
+    assert fit.attention_flops_ratio == pytest.approx(0.6, rel=0.15)
+    assert fit.overlap == pytest.approx(0.2, abs=0.1)
+    # The plain roofline cannot express this device: its fit is clearly worse.
+    plain = fit_passes(parts, t, refined=False)
+    err = lambda f: np.median(np.abs(f.predict(parts) - t) / t)  # noqa: E731
+    assert err(fit) < 0.02 < err(plain)
+
+
+def test_fit_refuses_too_few_passes():
+    with pytest.raises(ConfigError, match="too few"):
+        fit_passes(np.ones((4, 4)), np.ones(4))
 
 
 def test_cli_writes_a_profile_the_simulator_accepts(tmp_path):
@@ -36,8 +70,9 @@ def test_cli_writes_a_profile_the_simulator_accepts(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     hw = get_hardware(str(out))
     assert hw.hbm_bytes_per_s > 0 and hw.peak_flops_per_s > 0 and hw.per_pass_overhead_s >= 0
-    assert "held-out shapes" in res.stdout
-    assert len((tmp_path / "m.csv").read_text().splitlines()) == 16
+    assert "held-out shapes" in res.stdout and "plain roofline" in res.stdout
+    assert 0 <= hw.overlap <= 1 and hw.attention_bandwidth_ratio > 0
+    assert len((tmp_path / "m.csv").read_text().splitlines()) == len(GRID) + 1
 
 
 def test_bad_device_is_one_line():
@@ -47,10 +82,11 @@ def test_bad_device_is_one_line():
 
 
 def test_fit_from_measured_engine_steps(tmp_path):
-    from envs.cost import PassShape, Roofline, pass_bytes, pass_flops
+    from envs.cost import PassShape, Roofline, price
     from envs.profiles import HardwareProfile, get_model
 
-    # Steps priced by a known roofline; the fit must recover it.
+    # Steps priced by a known roofline; the plain fit must recover it, and the refined
+    # fit must predict held-out steps as well.
     truth = HardwareProfile("t", 40e9, 300e9, 1e9, bandwidth_fraction=1.0, flops_fraction=1.0,
                             per_pass_overhead_s=0.01)
     model = get_model("mistral-7b")
@@ -63,13 +99,19 @@ def test_fit_from_measured_engine_steps(tmp_path):
         if not dec and not chunks:
             dec = [100]
         shape = PassShape.of(dec, chunks)
-        t = max(pass_bytes(rf, shape) * rf.seconds_per_byte, pass_flops(rf, shape) * rf.seconds_per_flop) + 0.01
+        t = price(rf, shape).total_s
         lines.append(f"{';'.join(map(str, dec))},{';'.join(f'{x}@{q}' for x, q in chunks)},{t}")
     steps = tmp_path / "steps.csv"
     steps.write_text("\n".join(lines) + "\n")
     out = tmp_path / "fit.toml"
     res = subprocess.run([sys.executable, "-m", "envs.calibrate", "--steps", str(steps), "--model",
                           "mistral-7b", "--out", str(out)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    held = re.search(r"held-out steps \(20\): median APE ([0-9.]+)%", res.stdout)
+    assert held and float(held.group(1)) < 1.0, res.stdout
+    res = subprocess.run([sys.executable, "-m", "envs.calibrate", "--steps", str(steps), "--model",
+                          "mistral-7b", "--form", "roofline", "--out", str(out)],
+                         capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     hw = get_hardware(str(out))
     assert hw.hbm_bytes_per_s == pytest.approx(40e9, rel=0.1)

@@ -37,6 +37,42 @@ def test_compute_bound_chunk_with_prefix_by_hand():
     assert cost.bound == "compute"
 
 
+def test_attention_rates_and_partial_overlap_by_hand():
+    # The mixed pass above with attention at a quarter of the bandwidth and half the
+    # FLOP/s, and 40% overlap:
+    #   memory  = 2e9 / 1e12 + 256 * 452 / 0.25e12 = 2e-3 + 462,848e-12
+    #   compute = 104e9 / 1e14 + 512 * 1677 / 0.5e14 = 1.04e-3 + 17,172.48e-12
+    #   total   = memory + (1 - 0.4) * compute + 1 ms
+    from dataclasses import replace
+    hw = replace(TOY_HW, attention_bandwidth_ratio=0.25, attention_flops_ratio=0.5, overlap=0.4)
+    cost = price_pass(hw, TOY_MODEL, [100, 300], [(50, 0)])
+    memory, compute = 2e-3 + 462_848e-12, 1.04e-3 + 17_172.48e-12
+    assert cost.memory_s == pytest.approx(memory, rel=1e-12)
+    assert cost.compute_s == pytest.approx(compute, rel=1e-12)
+    assert cost.total_s == pytest.approx(memory + 0.6 * compute + 1e-3, rel=1e-12)
+    # Bytes and FLOPs are the pass's, whatever the rates.
+    assert cost.bytes_moved == 2_000_115_712 and cost.flops == 104_000_858_624
+    # No overlap adds the two; full overlap is the plain roofline.
+    assert price_pass(replace(hw, overlap=0.0), TOY_MODEL, [100, 300], [(50, 0)]).total_s == \
+        pytest.approx(memory + compute + 1e-3, rel=1e-12)
+    assert price_pass(replace(hw, overlap=1.0), TOY_MODEL, [100, 300], [(50, 0)]).total_s == \
+        pytest.approx(memory + 1e-3, rel=1e-12)
+
+
+def test_free_ride_uses_the_attention_rates():
+    # Slower KV traffic lengthens the memory side, so more prompt fits under it; the
+    # root stays the exact crossing of compute and memory time.
+    from dataclasses import replace
+    slow_kv = replace(H100_SXM, attention_bandwidth_ratio=0.5)
+    base = free_ride_tokens(Roofline.of(H100_SXM, LLAMA_3_8B), 32, 32 * 2304)
+    slow = free_ride_tokens(Roofline.of(slow_kv, LLAMA_3_8B), 32, 32 * 2304)
+    assert slow > base
+    r = Roofline.of(slow_kv, LLAMA_3_8B)
+    at = price(r, PassShape(32, 32 * 2304, slow, 0, chunk_attention_pairs(slow, 0)))
+    over = price(r, PassShape(32, 32 * 2304, slow + 1, 0, chunk_attention_pairs(slow + 1, 0)))
+    assert at.compute_s <= at.memory_s and over.compute_s > over.memory_s
+
+
 def test_chunk_attention_pairs():
     assert chunk_attention_pairs(1, 0) == 1
     assert chunk_attention_pairs(4, 0) == 10  # 1 + 2 + 3 + 4

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from envs.cost import PassShape, price, price_pass
 from envs.engine import EngineConfig, Simulator, check_static_budget
 from envs.errors import ConfigError
+from envs.profiles import get_hardware
 from envs.workload import SyntheticSpec
 from tests.conftest import TOY_HW, TOY_MODEL, make_sim
 
@@ -156,9 +158,16 @@ def test_idle_server_jumps_to_the_next_arrival():
     assert res.pass_end_s[-1] == pytest.approx(sim.now)
 
 
-def test_every_simulated_pass_is_priced_by_the_pure_function():
+CPU_LIKE = replace(get_hardware("h100-sxm"), name="cpu-like", attention_bandwidth_ratio=0.2,
+                   attention_flops_ratio=0.4, overlap=0.25)
+
+
+@pytest.mark.parametrize("hardware", ["h100-sxm", CPU_LIKE], ids=["roofline", "partial-overlap"])
+def test_every_simulated_pass_is_priced_by_the_pure_function(hardware):
+    # Decode stretches are priced in closed form; with partial overlap and slow attention
+    # they must still equal the per-pass price.
     w = SyntheticSpec(rate=30, num_requests=150).build(7)
-    sim = Simulator("h100-sxm", "llama-3-8b", w, EngineConfig(num_kv_blocks=3000, max_num_seqs=64),
+    sim = Simulator(hardware, "llama-3-8b", w, EngineConfig(num_kv_blocks=3000, max_num_seqs=64),
                     record_shapes=True)
     rng = np.random.default_rng(0)
     while sim.advance():

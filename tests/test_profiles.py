@@ -67,3 +67,15 @@ def test_bad_profile_files(tmp_path):
 def test_negative_overhead_is_refused():
     with pytest.raises(ConfigError, match="per_pass_overhead_s"):
         get_hardware("h100-sxm", per_pass_overhead_s=-1)
+
+
+@pytest.mark.parametrize("field, value, allowed", [
+    ("overlap", 1.5, r"must lie in \[0, 1\]"), ("overlap", -0.1, r"must lie in \[0, 1\]"),
+    ("attention_bandwidth_ratio", 0.0, "must be a finite number > 0"),
+    ("attention_flops_ratio", float("inf"), "must be a finite number > 0")])
+def test_attention_and_overlap_fields_are_checked(tmp_path, field, value, allowed):
+    p = tmp_path / "cpu.toml"
+    p.write_text("[hardware]\nname = \"cpu\"\nhbm_bytes_per_s = 1e10\npeak_flops_per_s = 1e11\n"
+                 f"memory_bytes = 1e9\n{field} = {value!r}\n")
+    with pytest.raises(ConfigError, match=rf"hardware.{field}: got {value!r}, {allowed}"):
+        get_hardware(str(p))
