@@ -3,6 +3,7 @@ profile before they simulate).
 
     python -m envs.calibrate --device cpu --model llama-3-8b --layers 1 --out profiles/cpu.toml
     python -m envs.calibrate --device cuda --model llama-3-8b --layers 4 --out profiles/h100.toml
+    python -m envs.calibrate --steps steps.csv --model MODEL.toml [--hardware DEVICE.toml] --out P.toml
 
 1. Builds a randomly initialised decoder of the model preset's shape with torch
    (RMSNorm, grouped-query attention over a KV cache, SwiGLU MLP; no downloads),
@@ -21,6 +22,10 @@ profile before they simulate).
    assumed to grow with depth (kernel launches per layer) and is scaled to the full
    model's layer count.
 
+5. ``--steps`` fits the same cost model to an engine's own measured steps instead;
+   with ``--hardware`` it keeps that profile's device figures and fits only the
+   per-step overhead, i.e. what the engine adds to the forward pass.
+
 The fit is for the dtype measured (float32 on CPU, bfloat16 on CUDA by default);
 pair the profile with a model profile of that dtype.
 """
@@ -38,7 +43,7 @@ import numpy as np
 from envs.cli import parse
 from envs.cost import PassShape, Roofline, pass_parts
 from envs.errors import ConfigError, positive_int, require, run_cli
-from envs.profiles import HardwareProfile, get_model, profile_to_toml
+from envs.profiles import HardwareProfile, get_hardware, get_model, profile_to_toml
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,9 @@ class CalibrateArgs:
     """Also write every measurement (shape, measured and predicted seconds) as CSV."""
     plot: str | None = None
     """Also draw predicted against measured pass time (PNG; needs matplotlib)."""
+    hardware: str | None = None
+    """With --steps: keep this profile's device figures (say, one fitted to torch passes)
+    and fit only the per-pass overhead, which is then the engine's own cost per step."""
     form: str = "refined"
     """Cost model to fit: refined (attention rates and overlap too, see envs.cost) or
     roofline (bandwidth, FLOP/s and overhead only)."""
@@ -358,13 +366,34 @@ def error_line(label: str, err: np.ndarray) -> str:
     return f"{label}: median APE {np.median(err):.1%}, p90 {np.percentile(err, 90):.1%}"
 
 
-def fit_steps(steps, model, refined: bool = True) -> tuple[Fit, Fit, np.ndarray, np.ndarray]:
-    """Fit on two thirds of measured engine steps: (fit, plain-roofline fit, parts, seconds)."""
-    parts = shape_parts(unit_roofline(model), [PassShape.of(c, k) for c, k, _ in steps])
+def fit_overhead(base: Fit, parts: np.ndarray, seconds: np.ndarray) -> Fit:
+    """``base`` with only its per-pass overhead refitted (least squares on the relative
+    error, in closed form; never below 0)."""
+    rest = replace(base, overhead_s=0.0).predict(parts)
+    w = 1 / seconds**2
+    return replace(base, overhead_s=max(float(np.sum(w * (seconds - rest)) / np.sum(w)), 0.0))
+
+
+def fit_of(profile: HardwareProfile) -> Fit:
+    return Fit(profile.effective_bytes_per_s, profile.effective_flops_per_s,
+               profile.attention_bandwidth_ratio, profile.attention_flops_ratio, profile.overlap,
+               profile.per_pass_overhead_s)
+
+
+def fit_steps(steps, model, refined: bool = True,
+              base: HardwareProfile | None = None) -> tuple[Fit, Fit, np.ndarray, np.ndarray]:
+    """Fit on two thirds of measured engine steps: (fit, plain-roofline fit, parts, seconds).
+    With ``base``, its device figures are kept and only the per-step overhead is fitted."""
+    # A tensor-parallel group runs at tp times one device's rates (envs.cost), so each
+    # device carries 1/tp of the work and the fitted rates are one device's.
+    parts = shape_parts(unit_roofline(model), [PassShape.of(c, k) for c, k, _ in steps]) / model.tensor_parallel
     secs = np.array([t for _, _, t in steps])
     held = held_out(len(steps))
     plain = fit_passes(parts[~held], secs[~held], refined=False)
-    fit = fit_passes(parts[~held], secs[~held]) if refined else plain
+    if base is not None:
+        fit = fit_overhead(fit_of(base), parts[~held], secs[~held])
+    else:
+        fit = fit_passes(parts[~held], secs[~held]) if refined else plain
     return fit, plain, parts, secs
 
 
@@ -374,19 +403,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps:
         model = get_model(args.model)
         steps = read_steps(args.steps)
-        fit, plain, parts, secs = fit_steps(steps, model, args.form == "refined")
+        base = get_hardware(args.hardware) if args.hardware else None
+        fit, plain, parts, secs = fit_steps(steps, model, args.form == "refined", base)
         held = held_out(len(steps))
         err = ape(fit, parts, secs)[held]
-        profile = fit.profile(args.name or "calibrated-steps",
-                              float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")))
+        memory = base.memory_bytes if base else float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        profile = fit.profile(args.name or "calibrated-steps", memory)
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
+        what = (f"the per-step overhead on top of {args.hardware}" if base else "")
         out.write_text(f"# Fitted to {len(steps)} measured engine steps ({args.steps}) with model "
-                       f"{model.name}; held-out median error {np.median(err):.1%}.\n"
-                       + profile_to_toml(profile))
-        print(f"fit to {len(steps)} steps: {fit.describe()}; "
+                       f"{model.name}{'; ' + what if what else ''}; held-out median error "
+                       f"{np.median(err):.1%}.\n" + profile_to_toml(profile))
+        print(f"fit to {len(steps)} steps{' (' + what + ')' if what else ''}: {fit.describe()}; "
               + error_line(f"held-out steps ({int(held.sum())})", err))
-        if args.form == "refined":
+        if args.form == "refined" and not base:
             print(f"plain roofline ({plain.describe()}): "
                   + error_line("held-out steps", ape(plain, parts, secs)[held]))
         print(f"profile written to {out}; use it with --hardware {out}")

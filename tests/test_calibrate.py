@@ -11,7 +11,7 @@ import pytest
 
 from envs.calibrate import GRID, Fit, fit_passes
 from envs.errors import ConfigError
-from envs.profiles import get_hardware
+from envs.profiles import get_hardware, profile_to_toml
 
 
 def synthetic_parts(rng, n=40):
@@ -82,27 +82,14 @@ def test_bad_device_is_one_line():
 
 
 def test_fit_from_measured_engine_steps(tmp_path):
-    from envs.cost import PassShape, Roofline, price
     from envs.profiles import HardwareProfile, get_model
 
     # Steps priced by a known roofline; the plain fit must recover it, and the refined
     # fit must predict held-out steps as well.
     truth = HardwareProfile("t", 40e9, 300e9, 1e9, bandwidth_fraction=1.0, flops_fraction=1.0,
                             per_pass_overhead_s=0.01)
-    model = get_model("mistral-7b")
-    rf = Roofline.of(truth, model)
-    rng = np.random.default_rng(1)
-    lines = ["decode_contexts,chunks,seconds"]
-    for i in range(60):
-        dec = [int(c) for c in rng.integers(10, 2000, rng.integers(0, 16))]
-        chunks = [(int(rng.integers(16, 2048)), int(rng.integers(0, 4000)))] if i % 2 else []
-        if not dec and not chunks:
-            dec = [100]
-        shape = PassShape.of(dec, chunks)
-        t = price(rf, shape).total_s
-        lines.append(f"{';'.join(map(str, dec))},{';'.join(f'{x}@{q}' for x, q in chunks)},{t}")
     steps = tmp_path / "steps.csv"
-    steps.write_text("\n".join(lines) + "\n")
+    write_steps(steps, truth, get_model("mistral-7b"))
     out = tmp_path / "fit.toml"
     res = subprocess.run([sys.executable, "-m", "envs.calibrate", "--steps", str(steps), "--model",
                           "mistral-7b", "--out", str(out)], capture_output=True, text=True)
@@ -121,3 +108,48 @@ def test_fit_from_measured_engine_steps(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "envs.calibrate", "--steps", str(steps), "--out",
                           str(out)], capture_output=True, text=True)
     assert bad.returncode == 2 and "need at least 6" in bad.stderr
+
+
+def write_steps(path, hardware, model, n=60, seed=1):
+    """Steps of random shapes priced by ``hardware`` on ``model`` (the simulator's price)."""
+    from envs.cost import PassShape, Roofline, price
+
+    rf = Roofline.of(hardware, model)
+    rng = np.random.default_rng(seed)
+    lines = ["decode_contexts,chunks,seconds"]
+    for i in range(n):
+        dec = [int(c) for c in rng.integers(10, 2000, rng.integers(1, 16))]
+        chunks = [(int(rng.integers(16, 2048)), int(rng.integers(0, 4000)))] if i % 2 else []
+        t = price(rf, PassShape.of(dec, chunks)).total_s
+        lines.append(f"{';'.join(map(str, dec))},{';'.join(f'{x}@{q}' for x, q in chunks)},{t}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_engine_overhead_on_top_of_a_device_profile(tmp_path):
+    # Device figures from elsewhere (say torch passes), the engine's own cost per step
+    # from its steps; a tensor-parallel model's steps give one device's figures back.
+    from dataclasses import replace as dc_replace
+
+    from envs.profiles import HardwareProfile, get_model
+
+    device = HardwareProfile("dev", 40e9, 300e9, 1e9, bandwidth_fraction=1.0, flops_fraction=1.0,
+                             attention_bandwidth_ratio=0.5, overlap=0.3)
+    model = dc_replace(get_model("mistral-7b"), tensor_parallel=2)
+    steps = tmp_path / "steps.csv"
+    write_steps(steps, dc_replace(device, per_pass_overhead_s=0.012), model)
+    (tmp_path / "dev.toml").write_text(profile_to_toml(device))
+    (tmp_path / "m.toml").write_text(profile_to_toml(model))
+    out = tmp_path / "fit.toml"
+    res = subprocess.run([sys.executable, "-m", "envs.calibrate", "--steps", str(steps), "--model",
+                          str(tmp_path / "m.toml"), "--hardware", str(tmp_path / "dev.toml"),
+                          "--out", str(out)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    hw = get_hardware(str(out))
+    assert hw.per_pass_overhead_s == pytest.approx(0.012, rel=1e-6)
+    assert (hw.hbm_bytes_per_s, hw.overlap, hw.attention_bandwidth_ratio) == (40e9, 0.3, 0.5)
+    res = subprocess.run([sys.executable, "-m", "envs.calibrate", "--steps", str(steps), "--model",
+                          str(tmp_path / "m.toml"), "--out", str(out)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    hw = get_hardware(str(out))
+    assert hw.hbm_bytes_per_s == pytest.approx(40e9, rel=0.1)
+    assert hw.peak_flops_per_s == pytest.approx(300e9, rel=0.1)
