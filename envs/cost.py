@@ -135,22 +135,11 @@ class PassCost:
         return "compute" if self.compute_s > self.memory_s else "memory"
 
 
-def pass_bytes(r: Roofline, shape: PassShape) -> float:
-    kv_read = shape.decode_context_tokens + shape.prefill_prefix_tokens
-    kv_written = shape.num_decodes + shape.prefill_tokens
-    return r.weight_bytes + r.kv_bytes_per_token * (kv_read + kv_written)
-
-
-def pass_flops(r: Roofline, shape: PassShape) -> float:
-    # A decode's query attends to its context plus itself.
-    pairs = shape.decode_context_tokens + shape.num_decodes + shape.prefill_attention_pairs
-    return r.flops_per_token * shape.tokens + r.attention_flops_per_pair * pairs
-
-
 def pass_parts(r: Roofline, shape: PassShape) -> tuple[float, float, float, float]:
     """(weight bytes, KV bytes, weight-product FLOPs, attention FLOPs) of a pass."""
     kv_tokens = (shape.decode_context_tokens + shape.prefill_prefix_tokens  # read
                  + shape.num_decodes + shape.prefill_tokens)  # written
+    # A decode's query attends to its context plus itself.
     pairs = shape.decode_context_tokens + shape.num_decodes + shape.prefill_attention_pairs
     return (r.weight_bytes, r.kv_bytes_per_token * kv_tokens, r.flops_per_token * shape.tokens,
             r.attention_flops_per_pair * pairs)
