@@ -153,3 +153,23 @@ def test_engine_overhead_on_top_of_a_device_profile(tmp_path):
     hw = get_hardware(str(out))
     assert hw.hbm_bytes_per_s == pytest.approx(40e9, rel=0.1)
     assert hw.peak_flops_per_s == pytest.approx(300e9, rel=0.1)
+
+
+def test_fit_prices_passes_as_the_simulator_does():
+    # The fit's vectorised formula and envs.cost's price must be one cost model.
+    from dataclasses import replace as dc_replace
+
+    from envs.calibrate import fit_of, shape_parts, unit_roofline
+    from envs.cost import PassShape, Roofline, price
+    from envs.profiles import get_model
+
+    hw = dc_replace(get_hardware("a100-80g"), attention_bandwidth_ratio=0.3, attention_flops_ratio=0.7,
+                    overlap=0.4, per_pass_overhead_s=0.002)
+    model = get_model("mistral-7b")
+    rng = np.random.default_rng(5)
+    shapes = [PassShape.of([int(c) for c in rng.integers(1, 3000, rng.integers(0, 40))],
+                           [(int(rng.integers(1, 4096)), int(rng.integers(0, 8000)))] if i % 2 else [])
+              for i in range(1, 50)]
+    expected = [price(Roofline.of(hw, model), s).total_s for s in shapes]
+    np.testing.assert_allclose(fit_of(hw).predict(shape_parts(unit_roofline(model), shapes)), expected,
+                               rtol=1e-12)
