@@ -381,19 +381,19 @@ def fit_of(profile: HardwareProfile) -> Fit:
 
 
 def fit_steps(steps, model, refined: bool = True,
-              base: HardwareProfile | None = None) -> tuple[Fit, Fit, np.ndarray, np.ndarray]:
+              base: HardwareProfile | None = None) -> tuple[Fit, Fit | None, np.ndarray, np.ndarray]:
     """Fit on two thirds of measured engine steps: (fit, plain-roofline fit, parts, seconds).
-    With ``base``, its device figures are kept and only the per-step overhead is fitted."""
+    With ``base``, its device figures are kept and only the per-step overhead is fitted
+    (no plain fit then: None)."""
     # A tensor-parallel group runs at tp times one device's rates (envs.cost), so each
     # device carries 1/tp of the work and the fitted rates are one device's.
     parts = shape_parts(unit_roofline(model), [PassShape.of(c, k) for c, k, _ in steps]) / model.tensor_parallel
     secs = np.array([t for _, _, t in steps])
     held = held_out(len(steps))
-    plain = fit_passes(parts[~held], secs[~held], refined=False)
     if base is not None:
-        fit = fit_overhead(fit_of(base), parts[~held], secs[~held])
-    else:
-        fit = fit_passes(parts[~held], secs[~held]) if refined else plain
+        return fit_overhead(fit_of(base), parts[~held], secs[~held]), None, parts, secs
+    plain = fit_passes(parts[~held], secs[~held], refined=False)
+    fit = fit_passes(parts[~held], secs[~held]) if refined else plain
     return fit, plain, parts, secs
 
 
@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
                        f"{np.median(err):.1%}.\n" + profile_to_toml(profile))
         print(f"fit to {len(steps)} steps{' (' + what + ')' if what else ''}: {fit.describe()}; "
               + error_line(f"held-out steps ({int(held.sum())})", err))
-        if args.form == "refined" and not base:
+        if args.form == "refined" and plain is not None:
             print(f"plain roofline ({plain.describe()}): "
                   + error_line("held-out steps", ape(plain, parts, secs)[held]))
         print(f"profile written to {out}; use it with --hardware {out}")
@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     fit = plain if args.form == "roofline" else fit_passes(parts[~held], seconds[~held],
                                                            overhead_s=overhead)
     pred = fit.predict(parts)
-    err = np.abs(pred - seconds) / seconds
+    err = ape(fit, parts, seconds)
     # The overhead is per layer (launches, dispatch); the rates are the device's own.
     overhead_full = fit.overhead_s * full.layers / args.layers
     name = args.name or f"calibrated-{args.device}"
