@@ -164,7 +164,8 @@ def plot_steps(steps_csv: Path, model_toml: Path, hw_toml: Path, png: Path) -> N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from envs.calibrate import held_out, read_steps, shape_parts, unit_roofline
+    from envs.calibrate.fit import held_out, shape_parts, unit_roofline
+    from envs.calibrate.steps import read_steps
     from envs.cost import PassShape, Roofline, price
     from envs.profiles import get_hardware, get_model
 
@@ -223,7 +224,7 @@ def main() -> None:
     model_toml = out / "tiny-llama.toml"
     model_profile_toml(model_toml)
     hw_toml = out / "cpu-tiny-llama.toml"
-    from envs import calibrate
+    from envs.calibrate import __main__ as calibrate
 
     print("calibrating ...", flush=True)
     buf = io.StringIO()
@@ -307,7 +308,7 @@ def ranking(rows: dict, budgets: list[int], key: str, metric: str) -> str:
 
 def step_excess(out: Path, model_toml: Path) -> str:
     """How much longer vLLM's steps take than the torch-calibrated price of their shapes."""
-    from envs.calibrate import read_steps
+    from envs.calibrate.steps import read_steps
     from envs.cost import PassShape, Roofline, price
     from envs.profiles import get_hardware, get_model
 

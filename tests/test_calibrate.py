@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from envs.calibrate import GRID, Fit, fit_passes
+from envs.calibrate.fit import Fit, fit_passes
+from envs.calibrate.torch_passes import GRID
 from envs.errors import ConfigError
 from envs.profiles import get_hardware, profile_to_toml
 
@@ -159,7 +160,7 @@ def test_fit_prices_passes_as_the_simulator_does():
     # The fit's vectorised formula and envs.cost's price must be one cost model.
     from dataclasses import replace as dc_replace
 
-    from envs.calibrate import fit_of, shape_parts, unit_roofline
+    from envs.calibrate.fit import fit_of, shape_parts, unit_roofline
     from envs.cost import PassShape, Roofline, price
     from envs.profiles import get_model
 

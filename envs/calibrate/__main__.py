@@ -1,0 +1,243 @@
+"""Fit a hardware profile to measured passes (the way Vidur and Sarathi-Serve profile
+before they simulate).
+
+    python -m envs.calibrate --device cpu --model llama-3-8b --layers 1 --out profiles/cpu.toml
+    python -m envs.calibrate --device cuda --model llama-3-8b --layers 4 --out profiles/h100.toml
+    python -m envs.calibrate --steps steps.csv --model MODEL.toml [--hardware DEVICE.toml] --out P.toml
+
+1. Builds a randomly initialised decoder of the model preset's shape with torch
+   (RMSNorm, grouped-query attention over a KV cache, SwiGLU MLP; no downloads),
+   ``--layers`` of them to fit small machines.
+2. Times real passes over a grid of shapes: decode batches of several sizes and
+   contexts, prefill chunks of several sizes after several prefixes (attending to a
+   KV cache, as an engine does), and mixes of both.
+3. Measures the per-pass overhead apart (the same operations on a 64-wide model), then
+   fits effective bandwidth and FLOP/s, the attention kernels' rates and the overlap of
+   memory with compute (envs.cost) to those timings: least squares on the relative
+   error, with the bytes and FLOPs of exactly the layers built, on two thirds of the
+   shapes. Reports the error on the third held out (median and p90 absolute percentage
+   error, the worst shapes) next to the plain roofline's fitted the same way.
+4. Writes the hardware profile (TOML) that ``--hardware PATH`` accepts. The fitted
+   rates are the device's own and do not depend on depth; the per-pass overhead is
+   assumed to grow with depth (kernel launches per layer) and is scaled to the full
+   model's layer count.
+
+5. ``--steps`` fits the same cost model to an engine's own measured steps instead;
+   with ``--hardware`` it keeps that profile's device figures and fits only the
+   per-step overhead, i.e. what the engine adds to the forward pass.
+
+The fit is for the dtype measured (float32 on CPU, bfloat16 on CUDA by default);
+pair the profile with a model profile of that dtype.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from envs.calibrate.fit import Fit, ape, error_line, fit_passes, held_out, shape_parts, unit_roofline
+from envs.cli import parse
+from envs.cost import PassShape
+from envs.errors import ConfigError, positive_int, require, run_cli
+from envs.profiles import get_hardware, get_model, profile_to_toml
+
+
+@dataclass(frozen=True)
+class CalibrateArgs:
+    """Time real forward passes and fit a hardware profile to them."""
+
+    device: str = "cpu"
+    """cpu or cuda."""
+    model: str = "llama-3-8b"
+    """Model preset whose layer shape is built."""
+    layers: int = 1
+    """Layers to build (fewer than the model's on small machines; rates do not depend on it)."""
+    dtype: str | None = None
+    """float32, bfloat16 or float16 (default: float32 on cpu, bfloat16 on cuda)."""
+    repeats: int = 3
+    """Timed rounds over the grid (each shape keeps its fastest), after one warm-up round."""
+    scale: float = 1.0
+    """Multiply the grid's token counts (lower it on slow machines)."""
+    name: str | None = None
+    """Profile name (default: calibrated-DEVICE)."""
+    out: str = "profiles/calibrated.toml"
+    """Where to write the hardware profile."""
+    csv: str | None = None
+    """Also write every measurement (shape, measured and predicted seconds) as CSV."""
+    plot: str | None = None
+    """Also draw predicted against measured pass time (PNG; needs matplotlib)."""
+    hardware: str | None = None
+    """With --steps: keep this profile's device figures (say, one fitted to torch passes)
+    and fit only the per-pass overhead, which is then the engine's own cost per step."""
+    form: str = "refined"
+    """Cost model to fit: refined (attention rates and overlap too, see envs.cost) or
+    roofline (bandwidth, FLOP/s and overhead only)."""
+    steps: str | None = None
+    """Fit to an engine's measured steps instead of timing torch passes: a CSV with columns
+    decode_contexts (each decode's context, ';'-separated), chunks ('size@prefix;...') and
+    seconds. benchmarks/sim_vs_vllm.py records vLLM's steps in this form."""
+
+
+def machine_memory_bytes() -> float:
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def write_profile(out: Path, header: str, profile) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(header + profile_to_toml(profile))
+
+
+# --- fitting an engine's measured steps ---------------------------------------------------
+
+
+def calibrate_steps(args: CalibrateArgs) -> int:
+    from envs.calibrate.steps import fit_steps, read_steps
+
+    model = get_model(args.model)
+    steps = read_steps(args.steps)
+    base = get_hardware(args.hardware) if args.hardware else None
+    fit, plain, parts, secs = fit_steps(steps, model, args.form == "refined", base)
+    held = held_out(len(steps))
+    err = ape(fit, parts, secs)[held]
+    profile = fit.profile(args.name or "calibrated-steps",
+                          base.memory_bytes if base else machine_memory_bytes())
+    what = f"the per-step overhead on top of {args.hardware}" if base else ""
+    write_profile(Path(args.out),
+                  f"# Fitted to {len(steps)} measured engine steps ({args.steps}) with model "
+                  f"{model.name}{'; ' + what if what else ''}; held-out median error "
+                  f"{np.median(err):.1%}.\n", profile)
+    print(f"fit to {len(steps)} steps{' (' + what + ')' if what else ''}: {fit.describe()}; "
+          + error_line(f"held-out steps ({int(held.sum())})", err))
+    if args.form == "refined" and plain is not None:
+        print(f"plain roofline ({plain.describe()}): "
+              + error_line("held-out steps", ape(plain, parts, secs)[held]))
+    print(f"profile written to {args.out}; use it with --hardware {args.out}")
+    return 0
+
+
+# --- timing torch passes ----------------------------------------------------------------
+
+
+def check_torch_args(args: CalibrateArgs):
+    """Validate the torch options before anything is built; (torch, dtype, dtype name)."""
+    require(args.device in ("cpu", "cuda"), "device", args.device, "must be cpu or cuda")
+    positive_int("layers", args.layers)
+    positive_int("repeats", args.repeats)
+    require(args.scale > 0, "scale", args.scale, "must be > 0")
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: got 'cuda', but torch sees no CUDA device here")
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    dname = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
+    require(dname in dtypes, "dtype", dname, f"must be one of {', '.join(dtypes)}")
+    return torch, dtypes[dname], dname
+
+
+def report_torch_fit(args, rows, fit: Fit, plain: Fit, parts, seconds, held, overhead, built) -> None:
+    pred = fit.predict(parts)
+    err = ape(fit, parts, seconds)
+    full = get_model(args.model)
+    print(f"\nmeasured {len(rows)} shapes in {built['measure_s']:.0f} s on {args.device} "
+          f"({built['dtype']}, {args.layers} of {full.layers} layers of {full.name}, MLP width "
+          f"{built['inter']}); an empty pass costs {overhead * 1e3:.2f} ms")
+    print(f"fit ({args.form}): {fit.describe()} ({built['overhead_full'] * 1e3:.2f} ms scaled to "
+          f"{full.layers} layers)")
+    print(error_line(f"held-out shapes ({int(held.sum())})", err[held])
+          + f"; all shapes: median {np.median(err):.1%}")
+    if args.form == "refined":
+        print(f"plain roofline ({plain.describe()}): "
+              + error_line("held-out shapes", ape(plain, parts, seconds)[held]))
+    for (c, k, sec), p in zip(rows, pred):
+        print(f"  {len(c):3d} decodes @ {max(c) if c else 0:5d} ctx, chunks {k or '-'}: measured "
+              f"{sec * 1e3:8.2f} ms, model {p * 1e3:8.2f} ms")
+    for i in np.argsort(-err)[:3]:
+        c, k = rows[i][0], rows[i][1]
+        print(f"  worst: {len(c)} decodes, chunks {k or '-'}: measured {seconds[i] * 1e3:.2f} ms, "
+              f"model {pred[i] * 1e3:.2f} ms ({(pred[i] - seconds[i]) / seconds[i]:+.0%})")
+
+
+def write_measurements_csv(path: str, rows, fit: Fit, plain: Fit, parts, held) -> None:
+    lines = ["decodes,decode_context,chunks,measured_s,predicted_s,plain_roofline_s,weight_bytes,"
+             "kv_bytes,product_flops,attention_flops,held_out"]
+    for (c, k, sec), p, pp, row, h in zip(rows, fit.predict(parts), plain.predict(parts), parts, held):
+        chunk_text = ";".join(f"{x}@{q}" for x, q in k)
+        lines.append(f"{len(c)},{max(c) if c else 0},{chunk_text},{sec:.6g},{p:.6g},{pp:.6g},"
+                     + ",".join(f"{v:.6g}" for v in row) + f",{int(h)}")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def plot_fit(path: str, args, name: str, fit: Fit, plain: Fit, parts, seconds, held) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pred = fit.predict(parts)
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.scatter(seconds[~held] * 1e3, pred[~held] * 1e3, label=f"{args.form}, fitted shapes")
+    ax.scatter(seconds[held] * 1e3, pred[held] * 1e3, marker="s", label=f"{args.form}, held-out shapes")
+    if args.form == "refined":
+        ax.scatter(seconds * 1e3, plain.predict(parts) * 1e3, marker="x", color="0.55",
+                   label="plain roofline, all shapes")
+    lim = [min(seconds.min(), pred.min()) * 1e3 * 0.8, max(seconds.max(), pred.max()) * 1e3 * 1.2]
+    ax.plot(lim, lim, color="0.5", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured pass (ms)")
+    ax.set_ylabel("predicted pass (ms)")
+    ax.set_title(f"{name}: {args.layers} layer(s) of {args.model}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def calibrate_torch(args: CalibrateArgs) -> int:
+    from envs.calibrate.torch_passes import measure_grid, total_memory_bytes
+
+    torch, dtype, dname = check_torch_args(args)
+    full = get_model(args.model)
+    rows, overhead, built = measure_grid(torch, full, args.layers, dtype, args.device, args.repeats,
+                                         args.scale)
+    built["dtype"] = dname
+    seconds = np.array([r[2] for r in rows])
+    parts = shape_parts(unit_roofline(built["model"]), [PassShape.of(c, k) for c, k, _ in rows])
+    held = held_out(len(rows))
+    plain = fit_passes(parts[~held], seconds[~held], refined=False)
+    fit = plain if args.form == "roofline" else fit_passes(parts[~held], seconds[~held],
+                                                           overhead_s=overhead)
+    err = ape(fit, parts, seconds)
+    # The overhead is per layer (launches, dispatch); the rates are the device's own.
+    built["overhead_full"] = fit.overhead_s * full.layers / args.layers
+    name = args.name or f"calibrated-{args.device}"
+    profile = fit.profile(name, total_memory_bytes(torch, args.device), built["overhead_full"])
+    write_profile(Path(args.out),
+                  f"# Fitted by python -m envs.calibrate --device {args.device} --model {args.model} "
+                  f"--layers {args.layers} ({dname}, {args.form}), {time.strftime('%Y-%m-%d')}.\n"
+                  f"# Rates are effective (fractions 1.0); held-out error: median "
+                  f"{np.median(err[held]):.1%}, p90 {np.percentile(err[held], 90):.1%}.\n", profile)
+    report_torch_fit(args, rows, fit, plain, parts, seconds, held, overhead, built)
+    print(f"profile written to {args.out}; use it with --hardware {args.out}")
+    if args.csv:
+        write_measurements_csv(args.csv, rows, fit, plain, parts, held)
+    if args.plot:
+        plot_fit(args.plot, args, name, fit, plain, parts, seconds, held)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(CalibrateArgs, argv, prog="python -m envs.calibrate")
+    require(args.form in ("refined", "roofline"), "form", args.form, "must be refined or roofline")
+    if args.steps:
+        return calibrate_steps(args)
+    return calibrate_torch(args)
+
+
+if __name__ == "__main__":
+    run_cli(main)
