@@ -1,8 +1,11 @@
 """chunkpilot's simulator (standard library + numpy only) and its Gymnasium adapter.
 
 The simulator modules (``profiles``, ``cost``, ``workload``, ``engine``, ``metrics``,
-``scenario``, ``probe``, ``simulate``) never import gymnasium, torch or
-stable-baselines3.
+``scenario``, ``probe``, ``simulate``) and the pure pieces of the learning problem
+(``actions``, ``observation``, ``reward``, ``episodes``, ``seeds``) never import
+gymnasium, torch or stable-baselines3 (``tests/test_architecture.py`` checks it);
+only ``chunk_budget_env`` (the Gymnasium adapter) does. Calibration
+(``envs.calibrate``) imports torch lazily, in its timing module alone.
 """
 
 ENV_ID = "chunkpilot/ChunkBudget-v0"

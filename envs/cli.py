@@ -82,10 +82,20 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         parser.add_argument(flag, **kwargs)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's errors in the project's one-line form (``error: ...``, exit 2) instead
+    of a usage block."""
+
+    def error(self, message: str):
+        from envs.errors import ConfigError
+
+        raise ConfigError(f"{message} (see {self.prog} --help)")
+
+
 def parse(cls: type[T], argv: list[str] | None = None, description: str | None = None,
           prog: str | None = None) -> T:
     """Parse ``argv`` into an instance of the dataclass ``cls``."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=prog, description=description or (inspect.getdoc(cls) or "").split("\n\n")[0])
     add_arguments(parser, cls)
     ns = parser.parse_args(argv)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 from envs.profiles import HardwareProfile, ModelProfile
 
@@ -73,12 +73,12 @@ class Roofline:
         )
 
 
-@dataclass(frozen=True)
-class PassShape:
+class PassShape(NamedTuple):
     """What one pass carries, summed over its requests (all counts in tokens).
 
     Invariants: every field >= 0; ``prefill_attention_pairs`` >= ``prefill_tokens``
-    when there is prefill (each query sees at least itself).
+    when there is prefill (each query sees at least itself). A named tuple rather than
+    a dataclass: the simulator builds one for every pass that carries prefill.
     """
 
     num_decodes: int = 0
@@ -127,12 +127,19 @@ class PassCost:
 
     @property
     def total_s(self) -> float:
-        return (max(self.memory_s, self.compute_s) + self.exposed * min(self.memory_s, self.compute_s)
-                + self.overhead_s)
+        return pass_seconds(self.memory_s, self.compute_s, self.exposed, self.overhead_s)
 
     @property
     def bound(self) -> str:
         return "compute" if self.compute_s > self.memory_s else "memory"
+
+
+def pass_seconds(memory_s: float, compute_s: float, exposed: float, overhead_s: float) -> float:
+    """A pass's total: ``max(m, c) + exposed * min(m, c) + overhead``, the one formula that
+    :class:`PassCost`, the simulator and the calibration fit all use."""
+    if memory_s > compute_s:
+        return memory_s + exposed * compute_s + overhead_s
+    return compute_s + exposed * memory_s + overhead_s
 
 
 def pass_parts(r: Roofline, shape: PassShape) -> tuple[float, float, float, float]:

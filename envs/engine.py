@@ -10,6 +10,11 @@ running request is preempted and later recomputed from scratch, as vLLM V1 does
 (``Scheduler.schedule``: ``self.running.pop()``). Waiting requests are not
 admitted in a pass that preempted. Every pass is priced by :mod:`envs.cost`.
 
+As in vLLM, a pass is scheduled first and executed second: :meth:`Simulator._schedule`
+decides preemptions, admissions and chunks (allocating KV blocks, as vLLM's
+``schedule()`` does) and returns a frozen :class:`PassPlan`; :meth:`Simulator._execute`
+prices the plan and applies its tokens (vLLM's ``update_from_output``).
+
 Requests carry counters, never a phase flag: ``computed`` tokens in the KV cache
 and ``generated`` output tokens; a request is prefilling while
 ``computed < prompt + generated`` and decoding once only its last sampled token
@@ -30,7 +35,8 @@ The budget of a pass with prefill work is asked of a caller-supplied policy,
 ``policy(state: SchedulerState) -> int``; passes without prefill work need no
 budget. :meth:`Simulator.advance` runs to the next pass that needs a decision and
 :meth:`Simulator.step` runs that pass, which is what the Gymnasium environment
-drives; :meth:`Simulator.run` does both in a loop.
+drives; :meth:`Simulator.run` does both in a loop. What every pass did is kept in
+:attr:`Simulator.log` (a :class:`PassLog`), read through its methods.
 """
 
 from __future__ import annotations
@@ -40,11 +46,11 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
 
-from envs.cost import PassShape, Roofline
+from envs.cost import PassShape, Roofline, free_ride_root, pass_seconds
 from envs.errors import ConfigError, fraction, positive_int, require
 from envs.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
 from envs.workload import Workload
@@ -105,8 +111,15 @@ def check_static_budget(budget: int, config: EngineConfig) -> None:
             "budget, or lower max_num_seqs")
 
 
-class _Req:
-    """One request's counters. ``offset`` is only meaningful while decoding."""
+class Request:
+    """One request's counters (vLLM's ``Request``: counters, no phase flag).
+
+    ``computed`` tokens are in the KV cache and ``generated`` output tokens have been
+    sampled; ``offset`` is only meaningful while decoding (its context at pass ``q`` is
+    ``offset + q``), and the simulator brings ``computed``/``generated`` up to date
+    when the request stops decoding. ``segments`` are the [start, end) pass ranges it
+    decoded in; ``resume_gaps`` the whole waits after each preemption.
+    """
 
     __slots__ = ("rid", "arrival", "prompt", "output", "warm", "computed", "generated",
                  "blocks", "admit_seq", "offset", "dec_start", "dec_g0", "finish_pass",
@@ -140,6 +153,109 @@ class _Req:
         """Tokens that must be in the KV cache before the next token can be sampled."""
         return self.prompt + self.generated
 
+    def clone(self) -> "Request":
+        """A copy with its own lists; past decode segments are left behind."""
+        c = Request.__new__(Request)
+        for slot in Request.__slots__:
+            setattr(c, slot, getattr(self, slot))
+        c.segments = []
+        c.resume_gaps = list(self.resume_gaps)
+        return c
+
+
+class PassLog:
+    """What every pass of a simulator did, in append-only flat lists of fixed-width
+    records (cheap to append on the hot path; numpy reads them back in one go).
+
+    - runs of passes, ``(first pass, count, A, B, decodes)``: pass ``first + i`` took
+      ``A + B * i`` seconds and carried ``decodes`` decode tokens (decode-only stretches
+      are arithmetic sequences; a pass with prefill is a run of one);
+    - prefill passes, ``(pass, prefill tokens, budget, chunks)``;
+    - idle gaps, ``(pass, idle seconds before it)``;
+    - KV usage, ``(pass, blocks in use after it)``, at every pass with prefill.
+
+    Only the simulator writes; everyone else reads through the methods below.
+    """
+
+    __slots__ = ("runs", "prefill", "idle", "kv")
+    RUN = 5
+
+    def __init__(self) -> None:
+        self.runs: list[float] = []
+        self.prefill: list[int] = []
+        self.idle: list[float] = []
+        self.kv: list[int] = []
+
+    def position(self) -> int:
+        """A mark: the runs recorded so far (see :meth:`itl_excess_since`)."""
+        return len(self.runs)
+
+    def itl_excess_since(self, mark: int, itl_s: float) -> tuple[float, int]:
+        """(sum over decode tokens of the passes since ``mark`` of max(0, gap - itl_s),
+        in token-seconds; the new mark). Each run is an arithmetic sequence of
+        durations, summed in closed form."""
+        runs, i, end = self.runs, mark, len(self.runs)
+        excess = 0.0
+        while i < end:
+            n = runs[i + 4]
+            if not n:
+                i += 5
+                continue
+            k, a, b = int(runs[i + 1]), runs[i + 2], runs[i + 3]
+            i += 5
+            if b <= 0:
+                if a > itl_s:
+                    excess += n * k * (a - itl_s)
+                continue
+            i0 = 0 if a > itl_s else int((itl_s - a) / b) + 1
+            if i0 < k:
+                m = k - i0
+                excess += n * (m * (a - itl_s) + b * (i0 + k - 1) * m / 2)
+        return excess, i
+
+    def pass_records(self, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(duration in seconds, decodes carried) of every pass from pass ``start`` on."""
+        arr = np.asarray(self.runs, dtype=np.float64).reshape(-1, 5)
+        if start:
+            lo = max(0, int(np.searchsorted(arr[:, 0], start, side="right")) - 1)
+            arr = arr[lo:]
+        if not len(arr):
+            return np.zeros(0), np.zeros(0, dtype=np.int64)
+        counts = arr[:, 1].astype(np.int64)
+        i = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        d = np.repeat(arr[:, 2], counts) + np.repeat(arr[:, 3], counts) * i
+        n = np.repeat(arr[:, 4].astype(np.int64), counts)
+        skip = start - int(arr[0, 0])
+        return d[skip:], n[skip:]
+
+    def prefill_records(self) -> np.ndarray:
+        """Rows of (pass, prefill tokens, budget, chunks), int64."""
+        return np.asarray(self.prefill, dtype=np.int64).reshape(-1, 4)
+
+    def idle_records(self) -> np.ndarray:
+        """Rows of (pass, idle seconds before it)."""
+        return np.asarray(self.idle, dtype=np.float64).reshape(-1, 2)
+
+    def kv_records(self) -> np.ndarray:
+        """Rows of (pass, KV blocks in use after it), int64."""
+        return np.asarray(self.kv, dtype=np.int64).reshape(-1, 2)
+
+
+class PassPlan(NamedTuple):
+    """One scheduled pass, as plain data (vLLM's ``SchedulerOutput``).
+
+    Invariants: ``shape.num_decodes`` decodes each take one token; ``chunks`` are
+    (request, tokens, prefix) with ``tokens >= 1`` and sum ``shape.prefill_tokens``
+    <= ``budget - shape.num_decodes``; KV blocks for all of it are already allocated;
+    ``preempted`` requests were sent back to the waiting queue while scheduling.
+    """
+
+    index: int
+    budget: int
+    shape: PassShape
+    chunks: tuple[tuple[Request, int, int], ...]
+    preempted: tuple[Request, ...]
+
 
 class SchedulerState:
     """What a budget policy sees before a pass: what a real engine can read cheaply.
@@ -154,8 +270,8 @@ class SchedulerState:
     FIELDS = ("now_s", "pass_index", "num_waiting", "num_running", "num_decodes",
               "num_prefilling", "waiting_prefill_tokens", "decode_context_tokens",
               "kv_used_blocks", "kv_total_blocks", "kv_usage", "free_ride_tokens",
-              "head_prefilled_tokens",
-              "head_prompt_tokens", "oldest_wait_s", "last_pass_s", "max_num_seqs")
+              "head_prefilled_tokens", "head_prompt_tokens", "oldest_wait_s", "last_pass_s",
+              "max_num_seqs")
 
     def __init__(self, sim: "Simulator"):
         self._sim = sim
@@ -168,46 +284,42 @@ class SchedulerState:
     now_s = property(lambda self: self._sim.now)
     pass_index = property(lambda self: self._sim.pass_index)
     num_waiting = property(lambda self: len(self._sim.waiting))
-    num_running = property(lambda self: self._sim._n + len(self._sim.prefilling))
-    num_decodes = property(lambda self: self._sim._n)
+    num_running = property(lambda self: self._sim.num_decodes + len(self._sim.prefilling))
+    num_decodes = property(lambda self: self._sim.num_decodes)
     num_prefilling = property(lambda self: len(self._sim.prefilling))
     waiting_prefill_tokens = property(lambda self: self._sim.waiting_prefill_tokens)
     decode_context_tokens = property(lambda self: self._sim.decode_context_tokens)
-    kv_used_blocks = property(lambda self: self._sim._used)
+    kv_used_blocks = property(lambda self: self._sim.kv_used_blocks)
     kv_total_blocks = property(lambda self: self._sim.total_blocks)
-    kv_usage = property(lambda self: self._sim._used / self._sim.total_blocks)
+    kv_usage = property(lambda self: self._sim.kv_used_blocks / self._sim.total_blocks)
     last_pass_s = property(lambda self: self._sim.last_pass_s)
     max_num_seqs = property(lambda self: self._sim.config.max_num_seqs)
 
     @property
     def free_ride_tokens(self) -> int:
         """Prompt tokens this pass can carry while staying memory-bound (closed form)."""
-        from envs.cost import free_ride_root
-
         sim = self._sim
-        head = sim._head()
-        return int(free_ride_root(sim.roofline, sim._n, sim.decode_context_tokens,
+        head = sim.head()
+        return int(free_ride_root(sim.roofline, sim.num_decodes, sim.decode_context_tokens,
                                   head.computed if head else 0))
 
     @property
     def head_prefilled_tokens(self) -> int:
         """Tokens already prefilled of the request next in line for prefill."""
-        head = self._sim._head()
+        head = self._sim.head()
         return head.computed if head else 0
 
     @property
     def head_prompt_tokens(self) -> int:
         """Tokens the next-in-line request must prefill in all (prompt, plus output
         tokens to recompute after a preemption)."""
-        head = self._sim._head()
+        head = self._sim.head()
         return head.target if head else 0
 
     @property
     def oldest_wait_s(self) -> float:
         """How long the oldest request still waiting for prefill has waited."""
-        sim = self._sim
-        heads = [q[0].arrival for q in (sim.prefilling, sim.waiting) if q]
-        return sim.now - min(heads) if heads else 0.0
+        return self._sim.oldest_wait_s()
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.FIELDS}
@@ -225,43 +337,33 @@ class Simulator:
         self.hardware = get_hardware(hardware)
         self.model = get_model(model)
         self.config = config or EngineConfig()
-        self.roofline = Roofline.of(self.hardware, self.model)
-        rf = self.roofline
+        self.roofline = rf = Roofline.of(self.hardware, self.model)
+        # Per-pass price coefficients of the hot loops (envs.cost.price, unrolled).
         self._coef = (rf.weight_bytes * rf.seconds_per_byte,
                       rf.kv_bytes_per_token * rf.seconds_per_kv_byte,
                       rf.flops_per_token * rf.seconds_per_flop,
                       rf.attention_flops_per_pair * rf.seconds_per_attention_flop, rf.overhead_s)
         self._exposed = rf.exposed
         self.total_blocks = self.config.kv_blocks(self.hardware, self.model)
-        bs = self.config.block_size
-        self._bs = bs
+        self._bs = self.config.block_size
         self._thresh = self.config.long_prefill_token_threshold or (1 << 62)
         self.workload = workload if workload is not None else Workload.from_arrays([], [], [])
-        w = self.workload
-        if len(w):
-            need = int(((w.prompt_tokens + w.output_tokens + bs - 1) // bs).max())
-            if need > self.total_blocks:
-                i = int(((w.prompt_tokens + w.output_tokens + bs - 1) // bs).argmax())
-                raise ConfigError(
-                    f"prompt_tokens+output_tokens: request {i} needs "
-                    f"{int(w.prompt_tokens[i] + w.output_tokens[i])} tokens of KV cache, must be <= "
-                    f"{self.total_blocks * bs} (the whole cache of {self.model.name} on "
-                    f"{self.hardware.name})")
-        self._arr = w.arrival_s.tolist()
-        self._prm = w.prompt_tokens.tolist()
-        self._out = w.output_tokens.tolist()
+        self._check_every_request_fits()
+        self._arr = self.workload.arrival_s.tolist()
+        self._prm = self.workload.prompt_tokens.tolist()
+        self._out = self.workload.output_tokens.tolist()
         self._next = 0  # index of the next arrival
-        self.requests: list[_Req] = []
+        self.requests: list[Request] = []
         self._next_rid = 0  # ids restart with each simulator (and continue in its forks)
-        self.waiting: deque[_Req] = deque()
-        self.prefilling: list[_Req] = []
-        self._decodes: dict[int, _Req] = {}
+        self.waiting: deque[Request] = deque()
+        self.prefilling: list[Request] = []
+        self._decodes: dict[int, Request] = {}
         self._n = 0  # running decodes
         self._so = 0  # sum of decode offsets: total decode context = _so + _n * pass
-        self._cnt = [0] * bs  # decodes by offset residue modulo block size
+        self._cnt = [0] * self._bs  # decodes by offset residue modulo block size
         self._ksum = 0  # sum of offset // block size over decodes
         self._used = 0  # KV blocks in use
-        self._finish_at: dict[int, list[_Req]] = {}
+        self._finish_at: dict[int, list[Request]] = {}
         self._finish_heap: list[int] = []  # finish passes; stale entries dropped lazily
         self._admit_seq = 0
         self.pass_index = 0
@@ -270,14 +372,7 @@ class Simulator:
         self.preemptions = 0
         self.finished = 0
         self.last_pass_s = 0.0
-        # Records: dense per pass, sparse per event.
-        # Logs are flat lists of fixed-width records (numpy reads them back in one go).
-        # Runs of passes (first pass, count, A, B, decodes): pass first+i took A + B*i
-        # seconds and carried that many decodes.
-        self._segs: list[float] = []
-        self._idle_log: list[float] = []  # (pass, idle seconds before it)
-        self._prefill_log: list[int] = []  # (pass, prefill tokens, budget, chunks)
-        self._kv_log: list[int] = []  # (pass, blocks used after it)
+        self.log = PassLog()
         self._shapes: list[PassShape] | None = [] if record_shapes else None
         self._pending_decision = False
         self._decode_alloc_pass = -1
@@ -287,6 +382,63 @@ class Simulator:
         self._first_wait_n = 0
         self._first_wait_arrivals = 0.0
         self._ttft_sum = 0.0
+
+    def _check_every_request_fits(self) -> None:
+        """A request whose prompt and output exceed the whole KV cache could never run."""
+        w, bs = self.workload, self._bs
+        if not len(w):
+            return
+        blocks = (w.prompt_tokens + w.output_tokens + bs - 1) // bs
+        if int(blocks.max()) > self.total_blocks:
+            i = int(blocks.argmax())
+            raise ConfigError(
+                f"prompt_tokens+output_tokens: request {i} needs "
+                f"{int(w.prompt_tokens[i] + w.output_tokens[i])} tokens of KV cache, must be <= "
+                f"{self.total_blocks * bs} (the whole cache of {self.model.name} on "
+                f"{self.hardware.name})")
+
+    # Fields a fork shares (never mutated after construction), copies (live state;
+    # requests are cloned) and starts afresh (records). A test checks that every field
+    # is in exactly one of them, so a new field cannot be forgotten here.
+    _FORK_SHARED = ("hardware", "model", "config", "roofline", "_coef", "_exposed", "total_blocks",
+                    "_bs", "_thresh", "workload", "_arr", "_prm", "_out")
+    _FORK_COPIED = ("_next", "_next_rid", "_n", "_so", "_ksum", "_used", "_admit_seq",
+                    "pass_index", "now", "waiting_prefill_tokens", "preemptions", "finished",
+                    "last_pass_s", "_pending_decision", "_decode_alloc_pass", "_first_wait_n",
+                    "_first_wait_arrivals", "_ttft_sum")
+    _FORK_CLONED = ("requests", "waiting", "prefilling", "_decodes", "_finish_at", "_finish_heap",
+                    "_cnt")
+    _FORK_FRESH = ("log", "_shapes", "_view")
+
+    def fork(self) -> "Simulator":
+        """A copy of the live state that can run ahead without touching this simulator.
+
+        Finished requests and the records of past passes are left behind (the fork starts
+        with an empty log and only the live requests, cloned), so a fork costs about the
+        number of requests in flight. Used by look-ahead controllers.
+        """
+        new = Simulator.__new__(Simulator)
+        for name in self._FORK_SHARED + self._FORK_COPIED:
+            setattr(new, name, getattr(self, name))
+        clones: dict[int, Request] = {}
+
+        def clone(r: Request) -> Request:
+            c = clones.get(r.rid)
+            if c is None:
+                c = clones[r.rid] = r.clone()
+            return c
+
+        new.waiting = deque(clone(r) for r in self.waiting)
+        new.prefilling = [clone(r) for r in self.prefilling]
+        new._decodes = {rid: clone(r) for rid, r in self._decodes.items()}
+        new._finish_at = {p: [clone(r) for r in rs] for p, rs in self._finish_at.items()}
+        new._finish_heap = list(self._finish_heap)
+        new._cnt = list(self._cnt)
+        new.requests = sorted(clones.values(), key=lambda r: (r.arrival, r.rid))
+        new.log = PassLog()
+        new._shapes = None
+        new._view = SchedulerState(new)
+        return new
 
     # --- setting up --------------------------------------------------------------------
 
@@ -300,7 +452,7 @@ class Simulator:
         blocks = -(-context_tokens // self._bs)
         require(self._used + blocks <= self.total_blocks, "running x context_tokens",
                 context_tokens, f"the running users' KV must fit in {self.total_blocks} blocks")
-        r = _Req(self._next_rid, self.now, context_tokens, output_tokens + 1, warm=True)
+        r = Request(self._next_rid, self.now, context_tokens, output_tokens + 1, warm=True)
         self._next_rid += 1
         self.requests.append(r)
         r.generated = 1
@@ -330,10 +482,17 @@ class Simulator:
         return (self._next >= len(self._arr) and not self.waiting and not self.prefilling
                 and self._n == 0)
 
-    def _head(self) -> _Req | None:
+    def head(self) -> Request | None:
+        """The request next in line for prefill: the first partially prefilled one, else
+        the first waiting one."""
         if self.prefilling:
             return self.prefilling[0]
         return self.waiting[0] if self.waiting else None
+
+    def oldest_wait_s(self) -> float:
+        """How long the oldest request still waiting for prefill has waited."""
+        heads = [q[0].arrival for q in (self.prefilling, self.waiting) if q]
+        return self.now - min(heads) if heads else 0.0
 
     def state(self) -> SchedulerState:
         return self._view
@@ -356,8 +515,6 @@ class Simulator:
 
     def run(self, policy: Policy) -> "SimResult":
         """Serve the whole workload, asking ``policy`` for each budget that matters."""
-        from envs.metrics import SimResult
-
         # A run allocates many small acyclic objects; the cyclic collector's passes over
         # them cost about a third of the run and free nothing.
         collecting = gc.isenabled()
@@ -366,7 +523,7 @@ class Simulator:
             state = self._view
             while self.advance():
                 self.step(policy(state))
-            return SimResult.of(self)
+            return self.result()
         finally:
             if collecting:
                 gc.enable()
@@ -392,11 +549,11 @@ class Simulator:
                     return False  # nothing running, waiting or still to arrive
                 gap = self._arr[self._next] - self.now
                 if gap > 0:
-                    self._idle_log += (self.pass_index, gap)
+                    self.log.idle += (self.pass_index, gap)
                     self.now = self._arr[self._next]
                 continue
             if not self._decode_stretch(until_s):
-                self._pass(self._n)  # the next decode pass needs blocks: preempt
+                self._execute(self._schedule(self._n))  # the next decode pass must preempt
 
     def step(self, budget: int) -> None:
         """Run the pass that :meth:`advance` stopped at, with ``budget`` tokens."""
@@ -406,14 +563,14 @@ class Simulator:
             raise ConfigError(f"budget: got {budget!r}, must be an integer >= {max(self._n, 1)} "
                               "(the running decodes each take one token)")
         self._pending_decision = False
-        self._pass(int(budget))
+        self._execute(self._schedule(int(budget)))
 
     def _admit_arrivals(self) -> None:
         arr = self._arr
         now = self.now
         i = self._next
         while i < len(arr) and arr[i] <= now:
-            r = _Req(self._next_rid, arr[i], self._prm[i], self._out[i])
+            r = Request(self._next_rid, arr[i], self._prm[i], self._out[i])
             self._next_rid += 1
             self.requests.append(r)
             self.waiting.append(r)
@@ -422,6 +579,136 @@ class Simulator:
             self._first_wait_arrivals += r.arrival
             i += 1
         self._next = i
+
+    # --- one pass with prefill work: schedule, then execute --------------------------------
+
+    def _schedule(self, budget: int) -> PassPlan:
+        """Decide this pass (vLLM's ``schedule()``): allocate the decodes' KV slots,
+        preempting if blocks run out; continue partial prefills in admission order; then,
+        unless something was preempted, admit waiting requests in arrival order."""
+        p = self.pass_index
+        victims: list[Request] = []
+        self._allocate_decode_slots(p, victims)
+        chunks: list[tuple[Request, int, int]] = []
+        left = self._schedule_partials(budget - self._n, chunks, victims)
+        if not victims:
+            self._admit_waiting(left, chunks)
+        n = self._n
+        pre_tokens = pre_prefix = pairs = 0
+        for _, x, q in chunks:
+            pre_tokens += x
+            pre_prefix += q
+            pairs += x * q + x * (x + 1) // 2  # == chunk_attention_pairs(x, q)
+        shape = PassShape(n, self._so + n * p, pre_tokens, pre_prefix, pairs)
+        return PassPlan(p, budget, shape, tuple(chunks), tuple(victims))
+
+    def _allocate_decode_slots(self, p: int, victims: list[Request]) -> None:
+        """Every decode's token of pass ``p`` needs a KV slot; those at a block boundary
+        need a new block. Preempt the latest admitted until they fit."""
+        bs, total = self._bs, self.total_blocks
+        need = self._cnt[-p % bs]
+        while self._used + need > total:
+            victim = self._latest_running()
+            if victim.rid in self._decodes and (victim.offset + p) % bs == 0:
+                need -= 1
+            self._preempt(victim)
+            victims.append(victim)
+        self._used += need
+        self._decode_alloc_pass = p  # decodes hold this pass's slot from here on
+
+    def _schedule_partials(self, left: int, chunks: list, victims: list[Request]) -> int:
+        """Chunks for partially prefilled requests, in admission order; the budget left."""
+        bs, total, thresh = self._bs, self.total_blocks, self._thresh
+        for r in list(self.prefilling) if self.prefilling else ():
+            # A request preempted earlier in this pass is not scheduled, and neither is
+            # anything admitted after it (victims go latest-first).
+            if left <= 0 or r.admit_seq < 0:
+                break
+            q = r.computed
+            x = min(r.prompt + r.generated - q, thresh, left)
+            new_blocks = -(-(q + x) // bs) - r.blocks
+            while self._used + new_blocks > total:
+                victim = self._latest_running()
+                self._preempt(victim)
+                victims.append(victim)
+                if victim is r:
+                    break
+            if r.admit_seq < 0:  # r itself was preempted: vLLM stops scheduling here
+                break
+            r.blocks += new_blocks
+            self._used += new_blocks
+            chunks.append((r, x, q))
+            left -= x
+        return left
+
+    def _admit_waiting(self, left: int, chunks: list) -> None:
+        """Admit waiting requests in arrival order while budget, sequences and KV blocks last."""
+        waiting, prefilling = self.waiting, self.prefilling
+        bs, total, thresh = self._bs, self.total_blocks, self._thresh
+        max_seqs = self.config.max_num_seqs
+        used = self._used
+        while waiting and left > 0 and self._n + len(prefilling) < max_seqs:
+            r = waiting[0]
+            x = min(r.prompt + r.generated, thresh, left)
+            nb = -(-x // bs)
+            if used + nb > total:
+                break
+            waiting.popleft()
+            r.admit_seq = self._admit_seq
+            self._admit_seq += 1
+            prefilling.append(r)
+            r.blocks = nb
+            used += nb
+            chunks.append((r, x, 0))
+            left -= x
+        self._used = used
+
+    def _execute(self, plan: PassPlan) -> None:
+        """Run a scheduled pass: price it, advance the clock, apply its tokens (vLLM's
+        ``update_from_output``), and record it."""
+        p, shape = plan.index, plan.shape
+        n, ctx = shape.num_decodes, shape.decode_context_tokens
+        mem0, kv_s, cmp_tok, att_s, ovh = self._coef
+        m = mem0 + kv_s * (ctx + shape.prefill_prefix_tokens + n + shape.prefill_tokens)
+        c = cmp_tok * (n + shape.prefill_tokens) + att_s * (ctx + n + shape.prefill_attention_pairs)
+        dt = pass_seconds(m, c, self._exposed, ovh)
+        now = self.now + dt
+        self.now = now
+        self.last_pass_s = dt
+        self.log.runs += (p, 1, dt, 0.0, n)
+        if self._shapes is not None:
+            self._shapes.append(shape)
+        self.log.prefill += (p, shape.prefill_tokens, plan.budget, len(plan.chunks))
+        self.pass_index = p + 1
+        self.waiting_prefill_tokens -= shape.prefill_tokens
+        for r, x, _ in plan.chunks:
+            r.computed += x
+            if r.computed == r.prompt + r.generated:
+                self._complete_prefill(r, p, now)
+        if p in self._finish_at:
+            self._finish_decodes(p)
+        self.log.kv += (p, self._used)
+
+    def _complete_prefill(self, r: Request, p: int, now: float) -> None:
+        """r's whole prompt (or recomputation) is in the cache: it samples a token."""
+        self.prefilling.remove(r)
+        r.generated += 1
+        if r.generated == 1:
+            r.first_token_s = now
+            self._first_wait_n -= 1
+            self._first_wait_arrivals -= r.arrival
+            self._ttft_sum += now - r.arrival
+        else:  # resumed after a preemption: the whole wait is one gap
+            r.resume_gaps.append(now - r.last_token_s)
+        r.last_token_s = now
+        if r.generated >= r.output:
+            self._release(r, r.blocks)
+            r.finish_s = now
+            self.finished += 1
+        else:
+            self._start_decode(r, p)
+
+    # --- decode-only stretches ------------------------------------------------------------
 
     def _decode_stretch(self, until_s: float) -> bool:
         """Decode-only passes until an arrival, a completion or ``until_s``. False when the
@@ -468,16 +755,16 @@ class Simulator:
             now += k * (A + B * (k - 1) / 2)
             dt = A + B * (k - 1)
             p += k
-            self._segs += (p0, k, A, B, n)
+            self.log.runs += (p0, k, A, B, n)
         else:
             dt = self.last_pass_s
-            segs = self._segs
+            runs = self.log.runs
             while p < limit:
                 x = so + n * (p + 1)  # context read + tokens written == (query, key) pairs
                 m = mem0 + kv_s * x
                 c = cmp_tok * n + att_s * x
-                dt = (m + e * c if m > c else c + e * m) + ovh
-                segs += (p, 1, dt, 0.0, n)
+                dt = pass_seconds(m, c, e, ovh)
+                runs += (p, 1, dt, 0.0, n)
                 now += dt
                 p += 1
                 if now >= stop:
@@ -511,118 +798,13 @@ class Simulator:
             heapq.heappop(heap)
         return heap[0] if heap else INF
 
-    def _pass(self, budget: int) -> None:
-        """One pass with prefill work (or a decode pass that must preempt)."""
-        p = self.pass_index
-        bs, total = self._bs, self.total_blocks
-        left = budget - self._n
-        preempted = False
-        need = self._cnt[-p % bs]
-        while self._used + need > total:
-            victim = self._latest_running()
-            if victim.rid in self._decodes and (victim.offset + p) % bs == 0:
-                need -= 1
-            self._preempt(victim)
-            preempted = True
-        used = self._used + need
-        self._used = used
-        self._decode_alloc_pass = p  # decodes hold this pass's slot from here on
-        chunks: list[tuple[_Req, int]] = []
-        thresh = self._thresh
-        pre_tokens = pre_prefix = pairs = 0
-        prefilling = self.prefilling
-        for r in list(prefilling) if prefilling else ():
-            # A request preempted earlier in this pass is not scheduled, and neither is
-            # anything admitted after it (victims go latest-first).
-            if left <= 0 or r.admit_seq < 0:
-                break
-            q = r.computed
-            x = min(r.prompt + r.generated - q, thresh, left)
-            new_blocks = -(-(q + x) // bs) - r.blocks
-            if self._used + new_blocks > total:
-                while self._used + new_blocks > total:
-                    victim = self._latest_running()
-                    self._preempt(victim)
-                    preempted = True
-                    if victim is r:
-                        break
-                if r.admit_seq < 0:  # r itself was preempted: vLLM stops scheduling here
-                    break
-            r.blocks += new_blocks
-            self._used += new_blocks
-            chunks.append((r, x))
-            left -= x
-            pre_tokens += x
-            pre_prefix += q
-            pairs += x * q + x * (x + 1) // 2  # == chunk_attention_pairs(x, q)
-        if not preempted:
-            waiting = self.waiting
-            max_seqs = self.config.max_num_seqs
-            used = self._used
-            while waiting and left > 0 and self._n + len(prefilling) < max_seqs:
-                r = waiting[0]
-                x = min(r.prompt + r.generated, thresh, left)
-                nb = -(-x // bs)
-                if used + nb > total:
-                    break
-                waiting.popleft()
-                r.admit_seq = self._admit_seq
-                self._admit_seq += 1
-                prefilling.append(r)
-                r.blocks = nb
-                used += nb
-                chunks.append((r, x))
-                left -= x
-                pre_tokens += x
-                pairs += x * (x + 1) // 2
-            self._used = used
-
-        n = self._n
-        ctx = self._so + n * p
-        mem0, kv_s, cmp_tok, att_s, ovh = self._coef
-        m = mem0 + kv_s * (ctx + pre_prefix + n + pre_tokens)
-        c = cmp_tok * (n + pre_tokens) + att_s * (ctx + n + pairs)
-        e = self._exposed
-        dt = (m + e * c if m > c else c + e * m) + ovh
-        now = self.now + dt
-        self.now = now
-        self.last_pass_s = dt
-        self._segs += (p, 1, dt, 0.0, n)
-        if self._shapes is not None:
-            self._shapes.append(PassShape(n, ctx, pre_tokens, pre_prefix, pairs))
-        self._prefill_log += (p, pre_tokens, budget, len(chunks))
-        self.pass_index = p + 1
-        self.waiting_prefill_tokens -= pre_tokens
-        for r, x in chunks:
-            r.computed += x
-            if r.computed == r.prompt + r.generated:
-                prefilling.remove(r)
-                r.generated += 1
-                if r.generated == 1:
-                    r.first_token_s = now
-                    self._first_wait_n -= 1
-                    self._first_wait_arrivals -= r.arrival
-                    self._ttft_sum += now - r.arrival
-                else:  # resumed after a preemption: the whole wait is one gap
-                    r.resume_gaps.append(now - r.last_token_s)
-                r.last_token_s = now
-                if r.generated >= r.output:
-                    self._release(r, r.blocks)
-                    r.finish_s = now
-                    self.finished += 1
-                else:
-                    self._start_decode(r, p)
-        if p in self._finish_at:
-            self._finish_decodes(p)
-        self._kv_log += (p, self._used)
-
     # --- bookkeeping ------------------------------------------------------------------------
 
-    def _admit(self, r: _Req) -> None:
+    def _admit(self, r: Request) -> None:
         r.admit_seq = self._admit_seq
         self._admit_seq += 1
 
-    def _start_decode(self, r: _Req, last_pass: int) -> None:
+    def _start_decode(self, r: Request, last_pass: int) -> None:
         """r sampled a token at the end of ``last_pass``; it decodes from the next pass."""
         start = last_pass + 1
         r.offset = r.computed - start  # context at pass q is offset + q
@@ -641,7 +823,7 @@ class Simulator:
         else:
             waiting_list.append(r)
 
-    def _stop_decode(self, r: _Req, end_pass: int) -> None:
+    def _stop_decode(self, r: Request, end_pass: int) -> None:
         """r decoded in passes [dec_start, end_pass); bring its counters up to date."""
         del self._decodes[r.rid]
         self._n -= 1
@@ -661,12 +843,12 @@ class Simulator:
             self._release(r, r.blocks)
             self.finished += 1
 
-    def _release(self, r: _Req, blocks: int) -> None:
+    def _release(self, r: Request, blocks: int) -> None:
         self._used -= blocks
         r.blocks = 0
         r.admit_seq = -1
 
-    def _latest_running(self) -> _Req:
+    def _latest_running(self) -> Request:
         best = None
         for r in self._decodes.values():
             if best is None or r.admit_seq > best.admit_seq:
@@ -678,7 +860,7 @@ class Simulator:
             raise RuntimeError("KV cache exhausted with nothing to preempt")
         return best
 
-    def _preempt(self, r: _Req) -> None:
+    def _preempt(self, r: Request) -> None:
         """Free r's blocks and send it to the front of the queue, to be recomputed."""
         p = self.pass_index
         if r.rid in self._decodes:
@@ -727,18 +909,11 @@ class Simulator:
 
     def pass_records(self, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """(duration in seconds, decodes carried) of every pass from pass ``start`` on."""
-        arr = np.asarray(self._segs, dtype=np.float64).reshape(-1, 5)
-        if start:
-            lo = max(0, int(np.searchsorted(arr[:, 0], start, side="right")) - 1)
-            arr = arr[lo:]
-        if not len(arr):
-            return np.zeros(0), np.zeros(0, dtype=np.int64)
-        counts = arr[:, 1].astype(np.int64)
-        i = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        d = np.repeat(arr[:, 2], counts) + np.repeat(arr[:, 3], counts) * i
-        n = np.repeat(arr[:, 4].astype(np.int64), counts)
-        skip = start - int(arr[0, 0])
-        return d[skip:], n[skip:]
+        return self.log.pass_records(start)
+
+    def pass_durations(self, start: int = 0) -> np.ndarray:
+        """Every pass's duration from pass ``start`` on, in seconds."""
+        return self.log.pass_records(start)[0]
 
     def request_gaps(self, index: int) -> np.ndarray:
         """Every inter-token gap of ``self.requests[index]`` in order of its tokens: the passes
@@ -756,10 +931,6 @@ class Simulator:
             parts.append(np.array(rest))
         return np.concatenate(parts) if parts else np.zeros(0)
 
-    def pass_durations(self, start: int = 0) -> np.ndarray:
-        """Every pass's duration from pass ``start`` on, in seconds."""
-        return self.pass_records(start)[0]
-
     @property
     def shapes(self) -> list[PassShape]:
         if self._shapes is None:
@@ -768,35 +939,5 @@ class Simulator:
 
 
 def fork(sim: Simulator) -> Simulator:
-    """A copy of ``sim``'s live state that can run ahead without touching ``sim``.
-
-    Finished requests and the records of past passes are left behind (the fork starts
-    with empty logs and only the live requests, cloned), so a fork costs about the
-    number of requests in flight. Used by look-ahead controllers.
-    """
-    new = Simulator.__new__(Simulator)
-    new.__dict__.update(sim.__dict__)
-    clones: dict[int, _Req] = {}
-
-    def clone(r: _Req) -> _Req:
-        c = clones.get(r.rid)
-        if c is None:
-            c = _Req.__new__(_Req)
-            for slot in _Req.__slots__:
-                setattr(c, slot, getattr(r, slot))
-            c.segments = []
-            c.resume_gaps = list(r.resume_gaps)
-            clones[r.rid] = c
-        return c
-
-    new.waiting = deque(clone(r) for r in sim.waiting)
-    new.prefilling = [clone(r) for r in sim.prefilling]
-    new._decodes = {rid: clone(r) for rid, r in sim._decodes.items()}
-    new._finish_at = {p: [clone(r) for r in rs] for p, rs in sim._finish_at.items()}
-    new._finish_heap = list(sim._finish_heap)
-    new._cnt = list(sim._cnt)
-    new.requests = sorted(clones.values(), key=lambda r: (r.arrival, r.rid))
-    new._segs, new._idle_log, new._prefill_log, new._kv_log = [], [], [], []
-    new._shapes = None
-    new._view = SchedulerState(new)
-    return new
+    """``sim.fork()``: a copy of its live state that can run ahead without touching it."""
+    return sim.fork()

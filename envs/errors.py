@@ -43,14 +43,21 @@ def positive_int(field: str, value: int) -> None:
             field, value, "must be an integer > 0")
 
 
-def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> None:
-    """Run a CLI ``main`` and exit with its code; bad input exits 2 with one line."""
+def cli_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
+    """Run a CLI ``main`` in this process and return its exit code: bad input prints one
+    line (``error: field: got ..., allowed ...``) and returns 2; ``--help`` returns 0."""
     try:
-        code = main(argv)
+        return main(argv)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
-        code = 2
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        code = 130
-    sys.exit(code)
+        return 130
+    except SystemExit as exit_:  # argparse's --help
+        return exit_.code if isinstance(exit_.code, int) else 0
+
+
+def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> None:
+    """Run a CLI ``main`` and exit with its code (see :func:`cli_main`)."""
+    sys.exit(cli_main(main, argv))

@@ -104,45 +104,25 @@ class SimResult:
 
     @classmethod
     def of(cls, sim) -> "SimResult":
+        """Read a finished (or paused) simulator's requests and pass log."""
         reqs = [r for r in sim.requests if not r.warm]
-        dur, decodes = sim.pass_records()
+        dur, decodes = sim.log.pass_records()
         P = len(dur)
         idle = np.zeros(P + 1)
-        il = np.asarray(sim._idle_log, dtype=np.float64).reshape(-1, 2)
+        il = sim.log.idle_records()
         np.add.at(idle, il[:, 0].astype(np.int64), il[:, 1])
         end = np.cumsum(dur + idle[:P]) if P else np.zeros(0)
         prefill = np.zeros(P, dtype=np.int64)
         budget = np.full(P, -1, dtype=np.int64)
-        if sim._prefill_log:
-            pl = np.asarray(sim._prefill_log, dtype=np.int64).reshape(-1, 4)
-            prefill[pl[:, 0]] = pl[:, 1]
-            budget[pl[:, 0]] = pl[:, 2]
+        pl = sim.log.prefill_records()
+        prefill[pl[:, 0]] = pl[:, 1]
+        budget[pl[:, 0]] = pl[:, 2]
         kv = np.zeros(P, dtype=np.int64)
-        if sim._kv_log and P:
-            kl = np.asarray(sim._kv_log, dtype=np.int64).reshape(-1, 2)
+        kl = sim.log.kv_records()
+        if len(kl) and P:
             kv_idx = np.searchsorted(kl[:, 0], np.arange(P), side="right") - 1
             kv = np.where(kv_idx >= 0, kl[np.maximum(kv_idx, 0), 1], 0)
-
-        # Worst gap per request: the longest pass among those it decoded in, or a resume gap.
-        seg_req, seg_lo, seg_hi, gaps = [], [], [], []
-        for i, r in enumerate(reqs):
-            for lo, hi in r.segments:
-                seg_req.append(i)
-                seg_lo.append(lo)
-                seg_hi.append(hi)
-            gaps.extend(r.resume_gaps)
-        max_gap = np.full(len(reqs), -np.inf)
-        if seg_req:
-            padded = np.append(dur, 0.0)
-            bounds = np.empty(2 * len(seg_lo), dtype=np.int64)
-            bounds[0::2] = seg_lo
-            bounds[1::2] = seg_hi
-            seg_max = np.maximum.reduceat(padded, bounds)[0::2]
-            np.maximum.at(max_gap, np.asarray(seg_req), seg_max)
-        for i, r in enumerate(reqs):
-            if r.resume_gaps:
-                max_gap[i] = max(max_gap[i], max(r.resume_gaps))
-        max_gap[np.isneginf(max_gap)] = np.nan
+        max_gap, gaps = _worst_gaps(reqs, dur)
 
         def col(name, dtype=np.float64):
             return np.fromiter(map(attrgetter(name), reqs), dtype=dtype, count=len(reqs))
@@ -245,6 +225,31 @@ class SimResult:
             "prefill_passes_per_prompt_p95": _passes_per_prompt(self.prompt_tokens, decided),
             "kv_usage_mean": _mean(kv), "kv_usage_max": float(kv.max()) if len(kv) else math.nan,
         }
+
+
+def _worst_gaps(reqs, dur: np.ndarray) -> tuple[np.ndarray, list[float]]:
+    """Each request's worst gap (the longest pass among those it decoded in, or a resume
+    gap; NaN with one token), and every resume gap."""
+    seg_req, seg_lo, seg_hi, gaps = [], [], [], []
+    for i, r in enumerate(reqs):
+        for lo, hi in r.segments:
+            seg_req.append(i)
+            seg_lo.append(lo)
+            seg_hi.append(hi)
+        gaps.extend(r.resume_gaps)
+    max_gap = np.full(len(reqs), -np.inf)
+    if seg_req:
+        padded = np.append(dur, 0.0)
+        bounds = np.empty(2 * len(seg_lo), dtype=np.int64)
+        bounds[0::2] = seg_lo
+        bounds[1::2] = seg_hi
+        seg_max = np.maximum.reduceat(padded, bounds)[0::2]
+        np.maximum.at(max_gap, np.asarray(seg_req), seg_max)
+    for i, r in enumerate(reqs):
+        if r.resume_gaps:
+            max_gap[i] = max(max_gap[i], max(r.resume_gaps))
+    max_gap[np.isneginf(max_gap)] = np.nan
+    return max_gap, gaps
 
 
 def _passes_per_prompt(prompts: np.ndarray, budgets: np.ndarray) -> float:

@@ -1,0 +1,98 @@
+"""What a learned policy observes before a pass, and its inverse (pure: no gymnasium).
+
+:func:`observe` is a function of the simulator's public state alone, so a trained
+model can drive a simulator outside the environment (or a real engine's equivalent
+counters); the table in :class:`envs.chunk_budget_env.ChunkBudgetEnv`'s docstring
+gives every entry and its scaling.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from envs.cost import free_ride_root
+from envs.metrics import SLO
+
+OBSERVATION_FIELDS = (
+    "waiting_requests", "waiting_prefill_tokens", "running_decodes", "kv_usage",
+    "oldest_wait_vs_ttft", "last_pass_vs_itl", "free_ride_tokens", "head_prefilled_share",
+    "head_remaining_tokens", "decode_context_mean", "slo_ttft", "slo_itl",
+)
+
+_INV_LOG_512 = 1 / math.log1p(512)
+_INV_LOG_16K = 1 / math.log1p(16384)
+_INV_LOG_128K = 1 / math.log1p(131072)
+
+
+def _log_scale(x: float, top: float) -> float:
+    """log1p(x) / log1p(top), clipped to [0, 1]."""
+    v = math.log1p(x) / math.log1p(top) if x > 0 else 0.0
+    return v if v < 1.0 else 1.0
+
+
+def slo_features(slo: SLO) -> tuple[float, float]:
+    """The SLO pair as the last two observation entries."""
+    return _log_scale(slo.ttft_s, 30.0), _log_scale(1000 * slo.itl_s, 1000.0)
+
+
+def observe(sim, slo: SLO, slo_obs: tuple[float, float] | None = None) -> np.ndarray:
+    """The observation of ``sim``'s state before its next pass (runs once per step)."""
+    if slo_obs is None:
+        slo_obs = slo_features(slo)
+    n = sim.num_decodes
+    ctx = sim.decode_context_tokens
+    head = sim.head()
+    if head is not None:
+        done_tokens = head.computed
+        total_tokens = head.prompt + head.generated
+        oldest = sim.oldest_wait_s()
+    else:
+        done_tokens = total_tokens = 0
+        oldest = 0.0
+    free = free_ride_root(sim.roofline, n, ctx, done_tokens)
+    log1p = math.log1p
+    a = log1p(len(sim.waiting)) * _INV_LOG_512
+    b = log1p(sim.waiting_prefill_tokens) * _INV_LOG_128K
+    c = oldest / slo.ttft_s * 0.25
+    d = sim.last_pass_s / slo.itl_s * 0.25
+    e = log1p(free) * _INV_LOG_16K
+    f = log1p(total_tokens - done_tokens) * _INV_LOG_128K
+    g = log1p(ctx / n) * _INV_LOG_128K if n else 0.0
+    obs = (
+        a if a < 1.0 else 1.0,
+        b if b < 1.0 else 1.0,
+        n / sim.config.max_num_seqs,
+        sim.kv_used_blocks / sim.total_blocks,
+        c if c < 1.0 else 1.0,
+        d if d < 1.0 else 1.0,
+        e if e < 1.0 else 1.0,
+        done_tokens / total_tokens if total_tokens else 0.0,
+        f if f < 1.0 else 1.0,
+        g if g < 1.0 else 1.0,
+        *slo_obs,
+    )
+    return np.array(obs, dtype=np.float32)
+
+
+class ObservedState:
+    """Scheduler counts recovered from an observation vector (the inverse of
+    :func:`observe` up to rounding and clipping), so that rules written against the
+    scheduler's state also answer SB3's ``predict(observation)``."""
+
+    __slots__ = ("num_waiting", "waiting_prefill_tokens", "num_decodes", "kv_usage",
+                 "free_ride_tokens", "head_prefilled_tokens", "head_prompt_tokens")
+
+    def __init__(self, obs, max_num_seqs: int = 256):
+        o = [float(x) for x in obs]
+        self.num_waiting = int(round(math.expm1(o[0] / _INV_LOG_512)))
+        self.waiting_prefill_tokens = int(round(math.expm1(o[1] / _INV_LOG_128K)))
+        self.num_decodes = int(round(o[2] * max_num_seqs))
+        self.kv_usage = o[3]
+        self.free_ride_tokens = int(math.expm1(o[6] / _INV_LOG_16K))
+        remaining = math.expm1(o[8] / _INV_LOG_128K)
+        share = o[7]
+        total = remaining / (1 - share) if share < 1 else remaining
+        self.head_prompt_tokens = int(round(total))
+        self.head_prefilled_tokens = int(round(total - remaining))
