@@ -16,14 +16,13 @@ them) on the same held-out arrivals.
 from __future__ import annotations
 
 import json
-import math
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from envs.actions import STATIC_LADDER
 from envs.cli import parse
 from envs.errors import ConfigError, positive, positive_int, require, run_cli
 from envs.scenario import Scenario, named_workload
@@ -92,7 +91,7 @@ class Args:
     """Requests per stream of the final comparison."""
     final_eval_seeds: int = 3
     """Streams of the final comparison (disjoint from training and periodic evaluation)."""
-    static_budgets: str = "256,512,1024,2048,4096,8192,16384"
+    static_budgets: str = ",".join(map(str, STATIC_LADDER))
     """Static budgets to compare against."""
     checkpoint_every: int = 25_000
     """Save a checkpoint every this many steps."""
@@ -159,21 +158,59 @@ class Args:
                         slo_itl_s=self.slo_itl_s, **fields)
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+def prepare_run_dir(args: Args) -> tuple[Path, Path | None]:
+    """(the run directory, the checkpoint to resume from or None)."""
+    from agents.runs import latest_checkpoint
+
+    if not args.resume:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        return Path(args.run_dir or f"runs/{args.exp_name}__{args.algo}__{args.workload}__"
+                                    f"{args.seed}__{stamp}"), None
+    resume_from = latest_checkpoint(Path(args.resume))
+    if resume_from is None:
+        raise ConfigError(f"resume: no checkpoint (ckpt_*_steps.zip) found in {args.resume!r}")
+    run_dir = Path(args.run_dir) if args.run_dir else (
+        resume_from.parent.parent if resume_from.parent.name == "checkpoints" else resume_from.parent)
+    return run_dir, resume_from
 
 
-def latest_checkpoint(path: Path) -> Path | None:
-    """The checkpoint with the most timesteps in ``path``/checkpoints (or ``path`` itself)."""
-    if path.suffix == ".zip":
-        return path if path.exists() else None
-    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    found = sorted(folder.glob("ckpt_*_steps.zip"), key=lambda p: int(p.stem.split("_")[-2]))
-    return found[-1] if found else None
+def write_config(run_dir: Path, args: Args, scenario: Scenario, action_type: str) -> dict:
+    from envs.actions import DEFAULT_LADDER
+    from envs.seeds import EVAL_SEED_BASE
+    from eval.report import git_commit
+
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    config = {"args": asdict(args), "scenario": scenario.fields_dict(), "commit": git_commit(),
+              "python": platform.python_version(), "action_type": action_type,
+              "ladder": list(DEFAULT_LADDER), "eval_seed_base": EVAL_SEED_BASE}
+    (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    return config
+
+
+def held_out_workloads(args: Args, scenario: Scenario):
+    """(periodic evaluation streams, final comparison streams): different seeds, both
+    disjoint from every training episode's."""
+    from envs.seeds import FINAL_EVAL_SEEDS
+    from eval.harness import evaluation_workloads
+
+    periodic = evaluation_workloads(scenario, args.eval_seeds, args.eval_requests)
+    if scenario.trace:
+        return periodic, evaluation_workloads(scenario, 1)
+    return periodic, evaluation_workloads(scenario, args.final_eval_seeds, args.final_eval_requests,
+                                          seed_base=FINAL_EVAL_SEEDS)
+
+
+def best_static_baseline(scenario: Scenario, statics, workloads) -> dict:
+    """The best static budget's figures on the periodic evaluation's arrivals (the
+    TensorBoard ``baseline/*`` curves)."""
+    from eval.harness import best_of, run_policies
+
+    runs = run_policies(scenario, statics, workloads)
+    best = best_of(runs)
+    baseline = {k: runs[best].mean(k) for k in ("goodput", "ttft_p99_s", "itl_p99_s", "itl_max_s")}
+    baseline["budget"] = next(p.tokens for p in statics if p.name == best)
+    print(f"best static budget on the evaluation arrivals: {best} (goodput {baseline['goodput']:.3f})")
+    return baseline
 
 
 def make_vec_env(args: Args, scenario: Scenario, action_type: str):
@@ -182,7 +219,7 @@ def make_vec_env(args: Args, scenario: Scenario, action_type: str):
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
     import envs
-    from envs.chunk_budget_env import EpisodeSampler
+    from envs.episodes import EpisodeSampler
 
     kv_range = None
     if args.kv_blocks_low:
@@ -204,124 +241,36 @@ def make_vec_env(args: Args, scenario: Scenario, action_type: str):
     return cls([factory(i) for i in range(args.n_envs)])
 
 
-def fmt(v: float, scale: float = 1.0, digits: int = 3) -> str:
-    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * scale:.{digits}f}"
-
-
-def comparison_table(rows: list[tuple[str, dict]]) -> str:
-    head = ("| policy | goodput | TTFT p99 (s) | ITL p99 (ms) | worst gap (ms) | smooth share "
-            "| mean budget |\n|---|---:|---:|---:|---:|---:|---:|")
-    lines = [head]
-    for name, s in rows:
-        lines.append(f"| {name} | {fmt(s['goodput'])} ± {fmt(s['goodput_ci95'])} | "
-                     f"{fmt(s['ttft_p99_s'], digits=2)} | {fmt(s['itl_p99_s'], 1e3, 1)} | "
-                     f"{fmt(s['itl_max_s'], 1e3, 0)} | {fmt(s['smooth_share'])} | "
-                     f"{fmt(s['budget_mean'], digits=0)} |")
-    return "\n".join(lines)
-
-
-def verdict(learned: dict, best_name: str, best: dict, default_name: str, default: dict) -> str:
-    """Say which of DESIGN.md's two jobs the result shows, plainly."""
-    from eval.harness import against_best
-
-    g, d = learned["goodput"], default["goodput"]
-    kind, rel = against_best(g, best["goodput"])
-    first = {
-        "beats": (f"It beats the best static budget ({best_name}) by {rel:+.1%} goodput (job 2: "
-                  "beating the best static where the dynamics give room)."),
-        "matches": (f"It matches the best static budget ({best_name}) within 1% ({rel:+.1%} "
-                    "goodput) with one policy and no tuning (job 1); it does not beat it by more "
-                    "than 1%."),
-        "short": (f"It falls short of the best static budget ({best_name}) by {-rel:.1%} goodput: "
-                  "train longer or check the reward weights."),
-    }[kind]
-    second = (f"Against vLLM's default ({default_name}): {g - d:+.3f} goodput "
-              f"({g:.3f} vs {d:.3f}).")
-    return first + " " + second
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse(Args, argv, prog="python train.py")
-    args.validate()
-    scenario = args.scenario()
-    hardware = scenario.hardware_profile()
-    scenario.model_profile()
-    scenario.engine_config()
-    scenario.slo()
-
-    import torch
-    from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
+def build_or_resume_model(args: Args, scenario: Scenario, action_type: str, run_dir: Path,
+                          resume_from: Path | None):
+    """(model, its VecNormalize-wrapped environments), fresh or from a checkpoint."""
     from stable_baselines3.common.vec_env import VecNormalize
 
-    from agents.callbacks import SimEvalCallback
-    from agents.setup import ACTION_TYPES, load_model, make_model
-    from envs.chunk_budget_env import DEFAULT_LADDER, EVAL_SEED_BASE
-    from eval.harness import evaluation_workloads, run_policies
-    from policies.baselines import StaticPolicy, vllm_default_budget
-    from policies.learned import ModelPolicy
-
-    torch.set_num_threads(args.torch_threads)
-    action_type = ACTION_TYPES[args.algo]
-    ladder = DEFAULT_LADDER
-
-    resume_from = None
-    if args.resume:
-        resume_from = latest_checkpoint(Path(args.resume))
-        if resume_from is None:
-            raise ConfigError(f"resume: no checkpoint (ckpt_*_steps.zip) found in {args.resume!r}")
-        run_dir = Path(args.run_dir) if args.run_dir else (
-            resume_from.parent.parent if resume_from.parent.name == "checkpoints" else resume_from.parent)
-    else:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_dir = Path(args.run_dir or f"runs/{args.exp_name}__{args.algo}__{args.workload}__"
-                                       f"{args.seed}__{stamp}")
-    ckpt_dir = run_dir / "checkpoints"
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    config = {"args": asdict(args), "scenario": scenario.fields_dict(), "commit": git_commit(),
-              "python": platform.python_version(), "action_type": action_type,
-              "ladder": list(ladder), "eval_seed_base": EVAL_SEED_BASE}
-    (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
-    print(f"run directory: {run_dir}")
-
-    # Held-out arrivals: periodic evaluation and the final comparison use different seeds,
-    # both disjoint from every training episode's.
-    eval_workloads = evaluation_workloads(scenario, args.eval_seeds, args.eval_requests)
-    final_scenario = scenario
-    if not scenario.trace:
-        final_workloads = [scenario.with_fields(num_requests=args.final_eval_requests)
-                           .workload(EVAL_SEED_BASE + 1000 + i) for i in range(args.final_eval_seeds)]
-    else:
-        final_workloads = evaluation_workloads(scenario, 1)
-    statics = [StaticPolicy(b) for b in args.statics()]
-    default_budget = vllm_default_budget(hardware)
-    default_policy = StaticPolicy(default_budget, name=f"vllm-default:{default_budget}")
-
-    baseline_runs = run_policies(scenario, statics, eval_workloads)
-    best_static = max(baseline_runs.values(), key=lambda r: (r.mean("goodput"), -r.mean("ttft_p99_s")))
-    baseline = {k: best_static.mean(k) for k in ("goodput", "ttft_p99_s", "itl_p99_s", "itl_max_s")}
-    baseline["budget"] = statics[[p.name for p in statics].index(best_static.name)].tokens
-    print(f"best static budget on the evaluation arrivals: {best_static.name} "
-          f"(goodput {baseline['goodput']:.3f})")
+    from agents.setup import load_model, make_model
 
     venv = make_vec_env(args, scenario, action_type)
     tb_dir = str(run_dir / "tensorboard")
-    if resume_from is not None:
-        norm_path = resume_from.with_name(resume_from.name.replace("ckpt_", "ckpt_vecnormalize_")
-                                          .replace(".zip", ".pkl"))
-        venv = VecNormalize.load(str(norm_path), venv) if norm_path.exists() else VecNormalize(
-            venv, norm_obs=False, norm_reward=True, gamma=args.gamma)
-        model = load_model(args.algo, resume_from, env=venv)
-        model.tensorboard_log = tb_dir
-        print(f"resuming from {resume_from} at {model.num_timesteps} timesteps")
-    else:
+    if resume_from is None:
         venv = VecNormalize(venv, norm_obs=False, norm_reward=True, gamma=args.gamma)
-        model = make_model(args.algo, venv, args.seed, tb_dir, args.learning_rate, args.gamma,
-                           args.layers(), args.n_steps)
-    done = model.num_timesteps
-    remaining = max(args.total_timesteps - done, 0)
+        return make_model(args.algo, venv, args.seed, tb_dir, args.learning_rate, args.gamma,
+                          args.layers(), args.n_steps), venv
+    norm_path = resume_from.with_name(resume_from.name.replace("ckpt_", "ckpt_vecnormalize_")
+                                      .replace(".zip", ".pkl"))
+    venv = VecNormalize.load(str(norm_path), venv) if norm_path.exists() else VecNormalize(
+        venv, norm_obs=False, norm_reward=True, gamma=args.gamma)
+    model = load_model(args.algo, resume_from, env=venv)
+    model.tensorboard_log = tb_dir
+    print(f"resuming from {resume_from} at {model.num_timesteps} timesteps")
+    return model, venv
 
-    evaluator = SimEvalCallback(scenario, eval_workloads, baseline, ladder, action_type,
-                                args.eval_every, best_path=run_dir / "best_model.zip")
+
+def train_model(args: Args, model, venv, evaluator, run_dir: Path, resumed: bool) -> tuple[float, bool]:
+    """Learn the remaining timesteps with checkpoints; (training seconds, interrupted).
+    Saves a checkpoint where a resume finds it, whether training finished or not."""
+    from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
+
+    ckpt_dir = run_dir / "checkpoints"
+    remaining = max(args.total_timesteps - model.num_timesteps, 0)
     checkpoints = CheckpointCallback(save_freq=max(args.checkpoint_every // args.n_envs, 1),
                                      save_path=str(ckpt_dir), name_prefix="ckpt",
                                      save_vecnormalize=True)
@@ -330,17 +279,122 @@ def main(argv: list[str] | None = None) -> int:
     if remaining:
         try:
             model.learn(remaining, callback=CallbackList([evaluator, checkpoints]),
-                        reset_num_timesteps=resume_from is None, tb_log_name="run",
+                        reset_num_timesteps=not resumed, tb_log_name="run",
                         progress_bar=args.progress_bar)
         except KeyboardInterrupt:
             interrupted = True
     train_s = time.perf_counter() - t0
-    # Save where a resume finds it, whether training finished or was interrupted.
     model.save(str(ckpt_dir / f"ckpt_{model.num_timesteps}_steps.zip"))
     venv.save(str(ckpt_dir / f"ckpt_vecnormalize_{model.num_timesteps}_steps.pkl"))
+    return train_s, interrupted
+
+
+def final_comparison(args: Args, scenario: Scenario, run_dir: Path, model, action_type: str,
+                     statics, workloads) -> tuple[tuple[str, str], str, dict]:
+    """The learned policy, vLLM's default and the statics on arrivals neither training nor
+    model selection saw; ((learned policy's name, the default's), policy file used,
+    summaries)."""
+    from agents.setup import load_model
+    from envs.actions import DEFAULT_LADDER
+    from eval.harness import run_policies
+    from policies.baselines import VllmDefaultPolicy
+    from policies.learned import ModelPolicy
+
+    chosen, learned_model = "model.zip", model
+    best_path = run_dir / "best_model.zip"
+    if best_path.exists():
+        learned_model = load_model(args.algo, best_path)
+        chosen = "best_model.zip (best periodic evaluation)"
+    learned = ModelPolicy(learned_model, scenario.slo(), DEFAULT_LADDER, action_type,
+                          name=f"learned ({args.algo})")
+    default = VllmDefaultPolicy(scenario.hardware_profile())
+    results = run_policies(scenario, [learned, default, *statics], workloads)
+    return (learned.name, default.name), chosen, {name: r.summary() for name, r in results.items()}
+
+
+def verdict(learned: dict, best_name: str, best: dict, default_name: str, default: dict) -> str:
+    """Say which of DESIGN.md's two jobs the result shows, plainly."""
+    from eval.harness import against_best
+    from eval.report import verdict_sentence
+
+    g, d = learned["goodput"], default["goodput"]
+    kind, rel = against_best(g, best["goodput"])
+    first = f"It {verdict_sentence(kind, rel, best_name)}."
+    if kind == "short":
+        first += " Train longer or check the reward weights."
+    return first + (f" Against vLLM's default ({default_name}): {g - d:+.3f} goodput "
+                    f"({g:.3f} vs {d:.3f}).")
+
+
+def write_summary(args: Args, scenario: Scenario, run_dir: Path, config: dict, timesteps: int,
+                  train_s: float, names: tuple[str, str], chosen: str, summaries: dict, statics,
+                  n_streams: int, history: list) -> str:
+    from envs.seeds import FINAL_EVAL_SEEDS
+    from eval.harness import PolicyResult, best_of
+    from eval.report import short_table
+
+    static_names = [p.name for p in statics]
+    ranked = {n: PolicyResult(n, runs=[summaries[n]]) for n in static_names}
+    best_name = best_of(ranked)
+    learned_name, default_name = names
+    rows = [(learned_name, summaries[learned_name]),
+            (f"{default_name} (vLLM's default)", summaries[default_name])]
+    rows += [(n + (" (best static)" if n == best_name else ""), summaries[n]) for n in static_names]
+    text = verdict(summaries[learned_name], best_name, summaries[best_name], default_name,
+                   summaries[default_name])
+    desc = (f"{scenario.hardware} + {scenario.model}, workload {args.trace or args.workload}"
+            f"{'' if args.rate is None else f' at {args.rate} req/s'}, SLO TTFT {args.slo_ttft_s:g} s / "
+            f"ITL {args.slo_itl_s * 1e3:g} ms")
+    where = (f"{n_streams} held-out streams of {args.final_eval_requests} requests "
+             f"(seeds {FINAL_EVAL_SEEDS}+, never used in training)" if not scenario.trace
+             else "the last 20% of the trace, held out of training")
+    report = "\n".join([
+        f"# chunkpilot training run: {run_dir.name}", "",
+        f"- scenario: {desc}",
+        f"- algorithm: {args.algo}, {timesteps:,} timesteps, {train_s:.0f} s of training",
+        f"- evaluated on {where}; policy file: {chosen}",
+        f"- commit: {config['commit']}", "",
+        short_table(rows), "", text, "",
+        "Goodput: share of requests with TTFT and TPOT within the SLO (vLLM bench's definition); "
+        "± is a 95% interval over streams. Smooth share: requests whose worst gap stays within "
+        "twice the ITL target.", ""])
+    (run_dir / "summary.md").write_text(report)
+    (run_dir / "summary.json").write_text(json.dumps(
+        {"scenario": desc, "timesteps": timesteps, "train_s": train_s, "policy_file": chosen,
+         "best_static": best_name, "results": summaries, "verdict": text,
+         "eval_history": history}, indent=2, default=float))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(Args, argv, prog="python train.py")
+    args.validate()
+    scenario = args.scenario()
+    scenario.hardware_profile(), scenario.model_profile(), scenario.engine_config(), scenario.slo()
+
+    import torch
+
+    from agents.callbacks import SimEvalCallback
+    from agents.setup import ACTION_TYPES
+    from envs.actions import DEFAULT_LADDER
+    from policies.baselines import StaticPolicy
+
+    torch.set_num_threads(args.torch_threads)
+    action_type = ACTION_TYPES[args.algo]
+    run_dir, resume_from = prepare_run_dir(args)
+    config = write_config(run_dir, args, scenario, action_type)
+    print(f"run directory: {run_dir}")
+    periodic, final_workloads = held_out_workloads(args, scenario)
+    statics = [StaticPolicy(b) for b in args.statics()]
+    baseline = best_static_baseline(scenario, statics, periodic)
+    model, venv = build_or_resume_model(args, scenario, action_type, run_dir, resume_from)
+    evaluator = SimEvalCallback(scenario, periodic, baseline, DEFAULT_LADDER, action_type,
+                                args.eval_every, best_path=run_dir / "best_model.zip")
+    train_s, interrupted = train_model(args, model, venv, evaluator, run_dir, resume_from is not None)
     if interrupted:
-        print(f"interrupted at {model.num_timesteps} timesteps; checkpoint saved in {ckpt_dir}; "
-              f"continue with: python train.py --resume {run_dir}", file=sys.stderr)
+        print(f"interrupted at {model.num_timesteps} timesteps; checkpoint saved in "
+              f"{run_dir / 'checkpoints'}; continue with: python train.py --resume {run_dir}",
+              file=sys.stderr)
         return 130
     model.save(str(run_dir / "model.zip"))
     venv.save(str(run_dir / "vecnormalize.pkl"))
@@ -348,47 +402,11 @@ def main(argv: list[str] | None = None) -> int:
         if evaluator.model is None:  # learn() did not run: nothing was left to train
             evaluator.init_callback(model)
         evaluator.evaluate()
-
-    # The final comparison, on arrivals neither training nor model selection saw.
-    chosen = "model.zip"
-    learned_model = model
-    best_path = run_dir / "best_model.zip"
-    if best_path.exists():
-        learned_model = load_model(args.algo, best_path)
-        chosen = "best_model.zip (best periodic evaluation)"
-    learned = ModelPolicy(learned_model, scenario.slo(), ladder, action_type,
-                          name=f"learned ({args.algo})")
-    results = run_policies(final_scenario, [learned, default_policy, *statics], final_workloads)
-    summaries = {name: r.summary() for name, r in results.items()}
-    static_names = [p.name for p in statics]
-    best_name = max(static_names, key=lambda n: (summaries[n]["goodput"], -summaries[n]["ttft_p99_s"]))
-    rows = [(learned.name, summaries[learned.name]),
-            (f"{default_policy.name} (vLLM's default)", summaries[default_policy.name])]
-    rows += [(n + (" (best static)" if n == best_name else ""), summaries[n]) for n in static_names]
-    table = comparison_table(rows)
-    text = verdict(summaries[learned.name], best_name, summaries[best_name], default_policy.name,
-                   summaries[default_policy.name])
-    desc = (f"{scenario.hardware} + {scenario.model}, workload {args.trace or args.workload}"
-            f"{'' if args.rate is None else f' at {args.rate} req/s'}, SLO TTFT {args.slo_ttft_s:g} s / "
-            f"ITL {args.slo_itl_s * 1e3:g} ms")
-    where = (f"{len(final_workloads)} held-out streams of {args.final_eval_requests} requests "
-             f"(seeds {EVAL_SEED_BASE + 1000}+, never used in training)" if not scenario.trace
-             else "the last 20% of the trace, held out of training")
-    report = "\n".join([
-        f"# chunkpilot training run: {run_dir.name}", "",
-        f"- scenario: {desc}",
-        f"- algorithm: {args.algo}, {model.num_timesteps:,} timesteps, {train_s:.0f} s of training",
-        f"- evaluated on {where}; policy file: {chosen}",
-        f"- commit: {config['commit']}", "",
-        table, "", text, "",
-        "Goodput: share of requests with TTFT and TPOT within the SLO (vLLM bench's definition); "
-        "± is a 95% interval over streams. Smooth share: requests whose worst gap stays within "
-        "twice the ITL target.", ""])
-    (run_dir / "summary.md").write_text(report)
-    (run_dir / "summary.json").write_text(json.dumps(
-        {"scenario": desc, "timesteps": model.num_timesteps, "train_s": train_s, "policy_file": chosen,
-         "best_static": best_name, "results": summaries, "verdict": text,
-         "eval_history": evaluator.history}, indent=2, default=float))
+    names, chosen, summaries = final_comparison(args, scenario, run_dir, model, action_type,
+                                                       statics, final_workloads)
+    report = write_summary(args, scenario, run_dir, config, model.num_timesteps, train_s,
+                           names, chosen, summaries, statics, len(final_workloads),
+                           evaluator.history)
     print()
     print(report)
     print(f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")

@@ -10,17 +10,19 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from envs.scenario import Scenario
 from envs.workload import Workload
+from eval.harness import run_policy
 from policies.learned import ModelPolicy
 
 
 def evaluate_model(model, scenario: Scenario, workloads: list[Workload], ladder, action_type: str):
     """Mean summary of ``model`` over ``workloads`` and every budget it applied."""
     policy = ModelPolicy(model, scenario.slo(), ladder, action_type)
-    runs, budgets = [], []
-    for w in workloads:
-        result = scenario.simulator(w).run(policy)
-        runs.append(result.summary(scenario.slo()))
+    budgets = []
+
+    def keep_budgets(_policy, _index, result):
         budgets.append(result.pass_budget[result.pass_budget >= 0])
+
+    runs = run_policy(scenario, policy, workloads, on_result=keep_budgets).runs
     mean = {k: float(np.nanmean([r[k] for r in runs])) for k in
             ("goodput", "ttft_p99_s", "itl_p99_s", "itl_max_s", "budget_mean")}
     return mean, np.concatenate(budgets) if budgets else np.zeros(0)

@@ -4,6 +4,7 @@
         --seeds 3 --out reports/azure [--json]
     python -m eval capacity --policies static:2048,queue-depth,table:tables/h100-sxm__llama-3-8b.json
     python -m eval suite --policies vllm-default,queue-depth,sarathi-slo,free-ride --out reports/suite
+    python -m eval export RUN_DIR --out tables/NAME.json [--csv tables/NAME.csv]
 
 Policy specs: static:N, vllm-default[:offline], queue-depth[:BASE], no-decode-boost[:LOW:HIGH],
 sarathi-slo, free-ride[:FLOOR:CAP], model:RUN_DIR, table:PATH.
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from envs.cli import parse
 from envs.errors import ConfigError, positive_int, run_cli
 from envs.scenario import Scenario
 
-COMMANDS = ("compare", "capacity", "suite")
+COMMANDS = ("compare", "capacity", "suite", "export")
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,9 @@ def _progress(total: int, desc: str):
 
 
 def cmd_compare(argv) -> int:
-    from eval.compare import compare, comparison_report, save_json
-    from eval.lookahead import LookaheadPolicy
+    from eval.compare import compare, comparison_report
+    from eval.report import save_json
+    from policies.lookahead import LookaheadPolicy
     from policies.specs import make_policies
 
     args = parse(CompareArgs, argv, prog="python -m eval compare")
@@ -107,7 +108,8 @@ def cmd_compare(argv) -> int:
 
 
 def cmd_capacity(argv) -> int:
-    from eval.compare import capacity_report, save_json
+    from eval.compare import capacity_report
+    from eval.report import save_json
     from policies.specs import make_policies
 
     args = parse(CapacityArgs, argv, prog="python -m eval capacity")
@@ -123,11 +125,8 @@ def cmd_capacity(argv) -> int:
 
 
 def cmd_suite(argv) -> int:
-    from eval.harness import against_best
-    from eval.compare import (LADDER, capacity_report, compare, comparison_report, git_commit,
-                              save_json, scenario_line)
     from eval.scenarios import SUITE
-    from policies.specs import make_policies
+    from eval.suite import run_suite
 
     args = parse(SuiteArgs, argv, prog="python -m eval suite")
     positive_int("seeds", args.seeds)
@@ -136,63 +135,17 @@ def cmd_suite(argv) -> int:
     unknown = [n for n in names if n not in SUITE]
     if unknown:
         raise ConfigError(f"scenarios: unknown {', '.join(unknown)}; known: {', '.join(SUITE)}")
-    out = Path(args.out)
-    t0 = time.perf_counter()
-    head = ["# chunkpilot evaluation suite", "",
-            f"- policies: {args.policies}; {args.seeds} streams of {args.requests} requests per "
-            f"synthetic scenario; commit {git_commit()}; {time.strftime('%Y-%m-%d %H:%M')}", ""]
-    rows, sections, data = [], [], {}
+    specs = [s.strip() for s in args.policies.split(",") if s.strip()]
     with _progress(len(names), "suite") as bar:
-        for name in names:
-            sc = SUITE[name]
-            policies = make_policies(args.policies, sc)
-            cmp = compare(sc, policies, args.seeds, None if sc.trace else args.requests)
-            sub = out / name
-            comparison_report(cmp, sub, args.seeds, title=f"Scenario {name}")
-            best_b, best = cmp.best_static()
-            entry = {"scenario": scenario_line(sc), "results": cmp.as_json()}
-            specs = [s.strip() for s in args.policies.split(",") if s.strip()]
-            # Columns by spec: a spec's policy name can differ per scenario (sarathi-slo:N).
-            row = {spec: cmp.results[p.name].mean("goodput") for spec, p in zip(specs, policies)}
-            caps = {}
-            if args.capacity:
-                # The best static budget for capacity is the ladder's best at its own capacity,
-                # not the best at the scenario's base load.
-                ladder = [p for p in make_policies(",".join(f"static:{b}" for b in LADDER
-                                                            if b >= sc.max_num_seqs), sc)
-                          if p.name not in {q.name for q in policies}]
-                by_name, _ = capacity_report(sc, policies + ladder, sub, args.seeds, args.requests)
-                entry["capacity"] = by_name
-                caps = {spec: by_name[p.name] for spec, p in zip(specs, policies)}
-                best_cap = max((n for n in by_name if n.startswith("static:")),
-                               key=lambda n: by_name[n]["capacity_rps"])
-                caps["_best_static"] = (best_cap, by_name[best_cap]["capacity_rps"])
-            data[name] = entry
-            rows.append((name, best_b, best.mean("goodput"), row, caps))
-            sections.append(f"- [{name}]({name}/report.md): {scenario_line(sc)}")
-            bar.update(1)
-    policy_names = list(rows[0][3]) if rows else []
-    table = ["| scenario | best static (goodput) | " + " | ".join(policy_names) + " |",
-             "|---|---|" + "---:|" * len(policy_names)]
-    for name, b, g, row, caps in rows:
-        cells = []
-        for p in policy_names:
-            v = row[p]
-            mark = "" if against_best(v, g)[0] != "short" else " (below best static)"
-            cap = f", {caps[p]['capacity_rps']:.2f} req/s" if caps and p in caps else ""
-            cells.append(f"{v:.3f}{mark}{cap}")
-        best_cap = (f"; capacity: {caps['_best_static'][0]} at {caps['_best_static'][1]:.2f} req/s"
-                    if caps else "")
-        table.append(f"| {name} | goodput: {b} ({g:.3f}){best_cap} | " + " | ".join(cells) + " |")
-    text = "\n".join(head + ["Goodput per policy (capacity when computed); the static ladder 256-16384 "
-                             "picks the best static budget in hindsight per scenario.", ""] + table
-                     + ["", "## Scenarios", ""] + sections
-                     + ["", f"Wall time: {time.perf_counter() - t0:.0f} s.", ""])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "README.md").write_text(text)
-    save_json(out / "suite.json", data)
+        text = run_suite(names, specs, args.seeds, args.requests, args.capacity, Path(args.out), bar)
     print(text)
     return 0
+
+
+def cmd_export(argv) -> int:
+    from eval.export import main as export_main
+
+    return export_main(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         raise ConfigError(f"command: got {argv[0] if argv else 'nothing'!r}, must be one of "
                           f"{', '.join(COMMANDS)} (python -m eval COMMAND --help)")
-    return {"compare": cmd_compare, "capacity": cmd_capacity, "suite": cmd_suite}[argv[0]](argv[1:])
+    return {"compare": cmd_compare, "capacity": cmd_capacity, "suite": cmd_suite,
+            "export": cmd_export}[argv[0]](argv[1:])
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from envs.chunk_budget_env import EVAL_SEED_BASE
 from envs.scenario import Scenario
+from envs.seeds import CAPACITY_SEEDS
+from eval.harness import run_policy
 
 
 @dataclass(frozen=True)
@@ -28,24 +29,23 @@ class CapacityResult:
     """(load, mean p99 TTFT, mean p99 ITL) of every probe, in the order run."""
 
 
+def probe_workloads(scenario: Scenario, load: float, seeds: int, num_requests: int):
+    """(the scenario at ``load``, its streams): a trace sped up to ``load`` (one stream),
+    or ``seeds`` synthetic streams at ``load`` requests per second."""
+    if scenario.trace:
+        sc = scenario.with_fields(rate_scale=load)
+        w = sc.workload()
+        return sc, [w.head(num_requests) if num_requests else w]
+    sc = scenario.with_fields(rate=load, num_requests=num_requests or scenario.num_requests)
+    return sc, [sc.workload(CAPACITY_SEEDS + i) for i in range(seeds)]
+
+
 def _meets(scenario: Scenario, policy, load: float, seeds: int, num_requests: int):
     slo = scenario.slo()
-    ttft, itl = [], []
-    for i in range(seeds):
-        if scenario.trace:
-            sc = scenario.with_fields(rate_scale=load)
-            w = sc.workload()
-            if num_requests:
-                w = w.head(num_requests)
-        else:
-            sc = scenario.with_fields(rate=load, num_requests=num_requests or scenario.num_requests)
-            w = sc.workload(EVAL_SEED_BASE + 2000 + i)
-        policy.reset()
-        s = sc.simulator(w).run(policy).summary(slo)
-        ttft.append(s["ttft_p99_s"])
-        itl.append(s["itl_p99_s"])
-        if scenario.trace:
-            break  # a trace has one stream per rate
+    sc, workloads = probe_workloads(scenario, load, seeds, num_requests)
+    runs = run_policy(sc, policy, workloads).runs
+    ttft = [s["ttft_p99_s"] for s in runs]
+    itl = [s["itl_p99_s"] for s in runs]
     t, it = float(np.mean(ttft)), float(np.nanmean(itl)) if not all(map(math.isnan, itl)) else 0.0
     return t <= slo.ttft_s and it <= slo.itl_s, t, it
 

@@ -1,14 +1,18 @@
-"""Run policies on identical arrivals and aggregate their metrics over seeds."""
+"""The evaluation core: run policies on identical arrivals, aggregate over streams, and
+rank static budgets. Every comparison, capacity probe, periodic evaluation during
+training and table export runs its simulations through :func:`run_policies`."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable, Iterable
 
 import numpy as np
 
-from envs.chunk_budget_env import EVAL_SEED_BASE
+from envs.actions import STATIC_LADDER
 from envs.scenario import Scenario
+from envs.seeds import PERIODIC_EVAL_SEEDS
 from envs.workload import Workload, load_trace
 
 # Figures averaged over seeds in comparisons.
@@ -16,12 +20,17 @@ KEY_METRICS = ("goodput", "goodput_rps", "ttft_p50_s", "ttft_p99_s", "itl_p50_s"
                "itl_max_s", "tpot_p99_s", "throughput_tok_s", "smooth_share", "preemptions",
                "stall_passes", "budget_mean", "requests_finished")
 
+OnResult = Callable[[object, int, object], None]
+"""Called as ``on_result(policy, stream index, SimResult)`` after every simulation."""
+
 
 def evaluation_workloads(scenario: Scenario, seeds: int, num_requests: int | None = None,
-                         eval_span: tuple[float, float] | None = (0.8, 1.0)) -> list[Workload]:
-    """Arrivals no training episode saw: synthetic streams seeded from EVAL_SEED_BASE up
-    (training draws seeds below it), or for a trace the part after the training span (the
-    last 20% by default; ``eval_span=None`` replays the scenario's own window as given)."""
+                         eval_span: tuple[float, float] | None = (0.8, 1.0),
+                         seed_base: int = PERIODIC_EVAL_SEEDS) -> list[Workload]:
+    """Arrivals no training episode saw: synthetic streams seeded from ``seed_base`` up
+    (training draws seeds below EVAL_SEED_BASE), or for a trace the part after the
+    training span (the last 20% by default; ``eval_span=None`` replays the scenario's
+    own window as given)."""
     if scenario.trace:
         if eval_span is None:
             w = scenario.workload()
@@ -32,7 +41,7 @@ def evaluation_workloads(scenario: Scenario, seeds: int, num_requests: int | Non
             w = full.window(lo, hi if eval_span[1] < 1.0 else None)
         return [w.head(num_requests) if num_requests else w]
     base = scenario if num_requests is None else scenario.with_fields(num_requests=num_requests)
-    return [base.workload(EVAL_SEED_BASE + i) for i in range(seeds)]
+    return [base.workload(seed_base + i) for i in range(seeds)]
 
 
 MATCH_TOLERANCE = 0.01  # "matches the best static budget": within 1% of its goodput
@@ -52,6 +61,7 @@ def against_best(goodput: float, best_goodput: float) -> tuple[str, float]:
 @dataclass
 class PolicyResult:
     name: str
+    kind: str = "rule"
     runs: list[dict] = field(default_factory=list)
 
     def mean(self, key: str) -> float:
@@ -71,14 +81,39 @@ class PolicyResult:
         return out
 
 
-def run_policies(scenario: Scenario, policies, workloads: list[Workload]) -> dict[str, PolicyResult]:
-    """Each policy on each workload (the same arrivals for all)."""
+def run_policy(scenario: Scenario, policy, workloads: Iterable[Workload],
+               on_result: OnResult | None = None) -> PolicyResult:
+    """One policy on each workload, a fresh simulator per stream."""
     slo = scenario.slo()
-    results: dict[str, PolicyResult] = {}
-    for policy in policies:
-        res = PolicyResult(policy.name)
-        for w in workloads:
-            policy.reset()
-            res.runs.append(scenario.simulator(w).run(policy).summary(slo))
-        results[policy.name] = res
-    return results
+    res = PolicyResult(policy.name, getattr(policy, "kind", "rule"))
+    for i, w in enumerate(workloads):
+        policy.reset()
+        result = scenario.simulator(w).run(policy)
+        res.runs.append(result.summary(slo))
+        if on_result is not None:
+            on_result(policy, i, result)
+    return res
+
+
+def run_policies(scenario: Scenario, policies, workloads: list[Workload],
+                 on_result: OnResult | None = None) -> dict[str, PolicyResult]:
+    """Each policy on each workload (the same arrivals for all), keyed by policy name."""
+    return {p.name: run_policy(scenario, p, workloads, on_result) for p in policies}
+
+
+def rank_key(result: PolicyResult) -> tuple[float, float]:
+    """The one ranking of static budgets at a given load: goodput, then lower p99 TTFT."""
+    return result.mean("goodput"), -result.mean("ttft_p99_s")
+
+
+def best_of(results: dict):
+    """The key of the best result in ``results`` (any keys) by :func:`rank_key`."""
+    return max(results, key=lambda k: rank_key(results[k]))
+
+
+def static_policies(scenario: Scenario, budgets: Iterable[int] = STATIC_LADDER) -> list:
+    """Static budgets a scenario's engine accepts (vLLM refuses a budget below
+    max_num_seqs)."""
+    from policies.baselines import StaticPolicy
+
+    return [StaticPolicy(b) for b in budgets if b >= scenario.max_num_seqs]

@@ -15,13 +15,18 @@ from typing import Sequence
 
 import numpy as np
 
-from envs.chunk_budget_env import DEFAULT_LADDER, ObservedState
+from envs.actions import DEFAULT_LADDER, clamp_budget
+from envs.observation import ObservedState
 
 
 class BudgetPolicy:
     """Base class: subclasses implement :meth:`budget`."""
 
     name = "policy"
+    kind = "rule"
+    """What the policy is, for reports: static (one budget), rule (hand-written, adaptive),
+    learned (a trained model), table (an exported lookup table) or reference (not
+    deployable: it sees the future)."""
     ladder: Sequence[int] = DEFAULT_LADDER
     max_num_seqs = 256
 
@@ -30,9 +35,7 @@ class BudgetPolicy:
         raise NotImplementedError
 
     def __call__(self, state) -> int:
-        # Never below the running decodes: each must get its token (vLLM would not
-        # schedule them otherwise, and the simulator refuses it).
-        return max(int(self.budget(state)), state.num_decodes, 1)
+        return clamp_budget(self.budget(state), state.num_decodes)
 
     def reset(self) -> None:
         """Forget anything remembered from an earlier run."""

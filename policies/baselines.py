@@ -10,6 +10,8 @@ from policies.base import BudgetPolicy
 class StaticPolicy(BudgetPolicy):
     """The same budget every pass: what engines do today."""
 
+    kind = "static"
+
     def __init__(self, tokens: int, name: str | None = None):
         self.tokens = int(tokens)
         self.name = name or f"static:{self.tokens}"
@@ -34,6 +36,8 @@ def vllm_default_budget(hardware, entry_point: str = "server") -> int:
 
 class VllmDefaultPolicy(StaticPolicy):
     """vLLM's default budget for the hardware (see :func:`vllm_default_budget`)."""
+
+    kind = "default"
 
     def __init__(self, hardware, entry_point: str = "server"):
         super().__init__(vllm_default_budget(hardware, entry_point),
@@ -101,6 +105,8 @@ class SarathiSLOPolicy(StaticPolicy):
     (the 90th-percentile prompt: its prefix is that length minus the chunk), because
     late chunks of long prompts pay the most attention and set the worst ITL.
     """
+
+    kind = "rule"  # a static number, but derived by a rule from the scenario
 
     def __init__(self, tokens: int, typical: dict | None = None):
         super().__init__(tokens, name=f"sarathi-slo:{tokens}")

@@ -6,7 +6,8 @@ from typing import Sequence
 
 import numpy as np
 
-from envs.chunk_budget_env import DEFAULT_LADDER, budget_from_action, observe, slo_features
+from envs.actions import DEFAULT_LADDER, budget_from_action
+from envs.observation import observe, slo_features
 from envs.metrics import SLO
 from policies.base import BudgetPolicy
 
@@ -17,6 +18,8 @@ class ModelPolicy(BudgetPolicy):
     ``slo`` is the target pair the model is asked to serve (the last two entries of
     its observation); ``action_type`` and ``ladder`` must match the training env.
     """
+
+    kind = "learned"
 
     def __init__(self, model, slo: SLO, ladder: Sequence[int] = DEFAULT_LADDER,
                  action_type: str = "discrete", name: str = "learned"):

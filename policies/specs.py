@@ -15,9 +15,7 @@
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 from envs.engine import check_static_budget
 from envs.errors import ConfigError
@@ -39,30 +37,6 @@ def _ints(spec: str, args: list[str], count: tuple[int, ...]) -> list[int]:
     if any(v <= 0 for v in vals):
         raise ConfigError(f"policy: got {spec!r}, arguments must be > 0")
     return vals
-
-
-def load_run(run_dir: str | Path, slo=None, name: str | None = None):
-    """The policy of a train.py run directory (its best model when it kept one)."""
-    from agents.setup import load_model
-    from envs.metrics import SLO
-    from policies.learned import ModelPolicy
-
-    run = Path(run_dir)
-    config_path = run / "config.json"
-    if not config_path.is_file():
-        raise ConfigError(f"model: {str(run)!r} is not a train.py run directory (no config.json)")
-    config = json.loads(config_path.read_text())
-    model_path = run / "best_model.zip" if (run / "best_model.zip").exists() else run / "model.zip"
-    if not model_path.exists():
-        raise ConfigError(f"model: no model.zip in {str(run)!r}; is training finished?")
-    algo = config["args"]["algo"]
-    if slo is None:
-        sc = config["scenario"]
-        slo = SLO(sc["slo_ttft_s"], sc["slo_itl_s"])
-    policy = ModelPolicy(load_model(algo, model_path), slo, tuple(config["ladder"]),
-                         config["action_type"], name=name or f"model:{run}")
-    policy.config = config
-    return policy
 
 
 def load_table_policy(path: str, scenario: Scenario | None = None, name: str | None = None):
@@ -109,6 +83,8 @@ def make_policy(spec: str, scenario: Scenario) -> BudgetPolicy:
     if kind == "free-ride":
         return FreeRidePolicy(*_ints(spec, args, (0, 2)))
     if kind == "model" and rest:
+        from agents.runs import load_run  # training's packages, only when a model is named
+
         return load_run(rest, scenario.slo(), name=spec)
     if kind == "table" and rest:
         return load_table_policy(rest, scenario, name=spec)

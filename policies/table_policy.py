@@ -20,6 +20,8 @@ def state_features(state, names) -> list:
 
 
 class TablePolicy(BudgetPolicy):
+    kind = "table"
+
     def __init__(self, table: BudgetTable, name: str | None = None):
         self.table = table
         self.name = name or f"table:{table.path}"

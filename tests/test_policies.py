@@ -170,7 +170,7 @@ def test_table_policy_reads_the_scheduler_state():
 
 
 def test_build_table_from_states_fills_unvisited_cells_from_neighbours():
-    from policies.export import build_table
+    from eval.export import build_table
     rng = np.random.default_rng(0)
     feats = np.column_stack([rng.integers(0, 100, 500), rng.integers(0, 20, 500),
                              rng.integers(0, 50000, 500), rng.random(500) * 0.5])
@@ -185,7 +185,8 @@ def test_build_table_from_states_fills_unvisited_cells_from_neighbours():
 def test_every_rule_answers_sb3_predict_on_env_observations():
     from stable_baselines3.common.evaluation import evaluate_policy
 
-    from envs.chunk_budget_env import ChunkBudgetEnv, EpisodeSampler, ObservedState, observe
+    from envs.chunk_budget_env import ChunkBudgetEnv, EpisodeSampler
+    from envs.observation import ObservedState, observe
     from policies.table_policy import TablePolicy
 
     env = ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=30))

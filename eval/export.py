@@ -1,6 +1,6 @@
 """Export a trained policy as a lookup table that an engine reads in microseconds.
 
-    python -m policies.export RUN_DIR --out tables/NAME.json [--csv tables/NAME.csv]
+    python -m eval export RUN_DIR --out tables/NAME.json [--csv tables/NAME.csv]
 
 1. Visited states: the trained model drives the simulator on the run's scenario at
    loads across its training range; every decision's engine-readable features
@@ -26,18 +26,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from envs.chunk_budget_env import EVAL_SEED_BASE
 from envs.cli import parse
-from envs.errors import ConfigError, positive_int, run_cli
+from envs.errors import ConfigError, positive_int
 from envs.scenario import Scenario
+from envs.seeds import TABLE_BUILD_SEEDS, TABLE_FIDELITY_SEEDS
+from eval.harness import evaluation_workloads, run_policies, run_policy
 from policies.table import SCHEMA_VERSION, BudgetTable, write_atomic
 from policies.table_policy import FEATURE_GETTERS
 
 FEATURES = ("running_decodes", "waiting_requests", "waiting_prefill_tokens", "kv_usage")
-# Seeds for table building and for fidelity checks: apart from training (< EVAL_SEED_BASE)
-# and from train.py's evaluation streams (EVAL_SEED_BASE + 0..999 and + 1000..).
-BUILD_SEED_BASE = EVAL_SEED_BASE + 5000
-FIDELITY_SEED_BASE = EVAL_SEED_BASE + 6000
 LOUD_GOODPUT_LOSS = 0.03
 
 
@@ -63,21 +60,31 @@ class ExportArgs:
     """Requests per fidelity stream."""
 
 
-def collect(policy, scenario: Scenario, workloads) -> tuple[np.ndarray, np.ndarray]:
-    """(features, budgets) of every decision the policy makes on these arrivals."""
-    feats, budgets = [], []
-    getters = [FEATURE_GETTERS[f] for f in FEATURES]
+class Recorder:
+    """Wraps a policy and records every decision: the table's features and the budget."""
 
-    def record(state):
-        b = policy(state)
-        feats.append([g(state) for g in getters])
-        budgets.append(b)
+    def __init__(self, policy):
+        self.policy, self.name, self.kind = policy, policy.name, policy.kind
+        self.getters = [FEATURE_GETTERS[f] for f in FEATURES]
+        self.feats: list[list[float]] = []
+        self.budgets: list[int] = []
+
+    def reset(self) -> None:
+        self.policy.reset()
+
+    def __call__(self, state) -> int:
+        b = self.policy(state)
+        self.feats.append([g(state) for g in self.getters])
+        self.budgets.append(b)
         return b
 
-    for w in workloads:
-        policy.reset()
-        scenario.simulator(w).run(record)
-    return np.asarray(feats, dtype=np.float64).reshape(-1, len(FEATURES)), np.asarray(budgets)
+
+def collect(policy, scenario: Scenario, workloads) -> tuple[np.ndarray, np.ndarray]:
+    """(features, budgets) of every decision the policy makes on these arrivals."""
+    rec = Recorder(policy)
+    run_policy(scenario, rec, workloads)
+    return (np.asarray(rec.feats, dtype=np.float64).reshape(-1, len(FEATURES)),
+            np.asarray(rec.budgets))
 
 
 def quantile_edges(values: np.ndarray, buckets: int) -> list[float]:
@@ -114,86 +121,98 @@ def build_table(feats: np.ndarray, budgets: np.ndarray, buckets: int) -> BudgetT
     return BudgetTable(data)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parse_args(argv: list[str]) -> ExportArgs:
+    """RUN_DIR may come first, as a positional argument."""
     positional = [a for a in argv[:1] if not a.startswith("-")]
-    args = parse(ExportArgs, argv[len(positional):], prog="python -m policies.export RUN_DIR")
+    args = parse(ExportArgs, argv[len(positional):], prog="python -m eval export RUN_DIR")
     if positional:
         args = ExportArgs(**{**args.__dict__, "run_dir": positional[0]})
     if not args.run_dir:
-        raise ConfigError("run_dir: missing; usage: python -m policies.export RUN_DIR --out PATH")
+        raise ConfigError("run_dir: missing; usage: python -m eval export RUN_DIR --out PATH")
     for f in ("buckets", "build_runs", "build_requests", "fidelity_runs", "fidelity_requests"):
         positive_int(f, getattr(args, f))
+    return args
 
-    from eval.harness import evaluation_workloads, run_policies
-    from policies.specs import load_run
+
+def export_workloads(scenario: Scenario, train_args: dict, args: ExportArgs):
+    """(streams to build the table from, at loads across training's range; held-out streams)."""
+    if scenario.trace:
+        return (evaluation_workloads(scenario, 1, eval_span=(0.0, 0.8)),
+                evaluation_workloads(scenario, 1))
+    lo, hi = train_args.get("rate_low", 1.0), train_args.get("rate_high", 1.0)
+    factors = np.linspace(lo, hi, args.build_runs)
+    build = [scenario.with_fields(rate=scenario.rate * f, num_requests=args.build_requests)
+             .workload(TABLE_BUILD_SEEDS + i) for i, f in enumerate(factors)]
+    held = [scenario.with_fields(num_requests=args.fidelity_requests)
+            .workload(TABLE_FIDELITY_SEEDS + i) for i in range(args.fidelity_runs)]
+    return build, held
+
+
+def fidelity(model, table: BudgetTable, scenario: Scenario, held) -> dict:
+    """Agreement on states from held-out arrivals, then both policies end to end."""
     from policies.table_policy import TablePolicy
 
-    model = load_run(args.run_dir)
-    config = model.config
-    scenario = Scenario(**config["scenario"])
-    targs = config["args"]
-    lo, hi = targs.get("rate_low", 1.0), targs.get("rate_high", 1.0)
-    if scenario.trace:
-        build = [w for w in evaluation_workloads(scenario, 1, eval_span=(0.0, 0.8))]
-        held = evaluation_workloads(scenario, 1)
-    else:
-        factors = np.linspace(lo, hi, args.build_runs)
-        build = [scenario.with_fields(rate=scenario.rate * f, num_requests=args.build_requests)
-                 .workload(BUILD_SEED_BASE + i) for i, f in enumerate(factors)]
-        held = [scenario.with_fields(num_requests=args.fidelity_requests)
-                .workload(FIDELITY_SEED_BASE + i) for i in range(args.fidelity_runs)]
-    t0 = time.perf_counter()
-    feats, budgets = collect(model, scenario, build)
-    table = build_table(feats, budgets, args.buckets)
-
-    # Fidelity: agreement on states from held-out arrivals, then both policies end to end.
     held_feats, held_budgets = collect(model, scenario, held)
     table_budgets = np.array([table.lookup_values(row) for row in held_feats])
     agree = float(np.mean(table_budgets == held_budgets)) if len(held_budgets) else math.nan
     within2 = float(np.mean(np.abs(np.log2(table_budgets / held_budgets)) <= 1)) if len(
         held_budgets) else math.nan
-    tpol = TablePolicy(table, name="table")
-    res = run_policies(scenario, [model, tpol], held)
+    res = run_policies(scenario, [model, TablePolicy(table, name="table")], held)
     m, t = res[model.name].summary(), res["table"].summary()
     loss = (m["goodput"] - t["goodput"]) / m["goodput"] if m["goodput"] > 0 else 0.0
-    fidelity = {
+    return {
         "held_out_states": int(len(held_budgets)), "agreement": agree, "agreement_within_2x": within2,
         "model_goodput": m["goodput"], "table_goodput": t["goodput"], "goodput_loss": loss,
         "model_ttft_p99_s": m["ttft_p99_s"], "table_ttft_p99_s": t["ttft_p99_s"],
         "model_itl_p99_s": m["itl_p99_s"], "table_itl_p99_s": t["itl_p99_s"],
         "streams": len(held), "visited_cells": int(sum(table.visited)), "cells": table.cells,
-        "build_states": int(len(budgets)),
     }
-    data = table.to_dict()
-    data["fidelity"] = fidelity
-    data["provenance"] = {
+
+
+def provenance(scenario: Scenario, config: dict, run_dir: str) -> dict:
+    targs = config["args"]
+    return {
         "hardware": scenario.hardware, "model": scenario.model,
         "slo_ttft_s": scenario.slo_ttft_s, "slo_itl_s": scenario.slo_itl_s,
-        "workload": targs.get("trace") or targs.get("workload"), "run_dir": str(args.run_dir),
+        "workload": targs.get("trace") or targs.get("workload"), "run_dir": str(run_dir),
         "algo": targs.get("algo"), "commit": config.get("commit"),
         "exported": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "rule": "cell = the model's most frequent budget among visited states; unvisited cells "
                 "= nearest visited cell",
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    from agents.runs import load_run
+
+    model = load_run(args.run_dir)
+    config = model.config
+    scenario = Scenario(**config["scenario"])
+    build, held = export_workloads(scenario, config["args"], args)
+    t0 = time.perf_counter()
+    feats, budgets = collect(model, scenario, build)
+    table = build_table(feats, budgets, args.buckets)
+    fid = fidelity(model, table, scenario, held)
+    fid["build_states"] = int(len(budgets))
+    data = table.to_dict()
+    data["fidelity"] = fid
+    data["provenance"] = provenance(scenario, config, args.run_dir)
     final = BudgetTable(data, args.out)
     final.save(args.out)
     if args.csv:
         write_atomic(args.csv, final.to_csv())
-    print(f"table: {args.out} ({final.cells} cells, {fidelity['visited_cells']} visited, budgets "
+    print(f"table: {args.out} ({final.cells} cells, {fid['visited_cells']} visited, budgets "
           f"{min(final.budgets)}-{final.max_budget}; built from {len(budgets)} decisions in "
           f"{time.perf_counter() - t0:.0f} s)")
-    print(f"fidelity on {len(held)} held-out streams: table = model on {agree:.1%} of states "
-          f"({within2:.1%} within 2x); goodput model {m['goodput']:.3f} vs table {t['goodput']:.3f} "
-          f"({-loss:+.1%}); p99 TTFT {m['ttft_p99_s']:.2f} vs {t['ttft_p99_s']:.2f} s; p99 ITL "
-          f"{m['itl_p99_s'] * 1e3:.1f} vs {t['itl_p99_s'] * 1e3:.1f} ms")
-    if loss > LOUD_GOODPUT_LOSS:
-        print(f"WARNING: the table loses {loss:.1%} of the model's goodput (more than "
+    print(f"fidelity on {len(held)} held-out streams: table = model on {fid['agreement']:.1%} of states "
+          f"({fid['agreement_within_2x']:.1%} within 2x); goodput model {fid['model_goodput']:.3f} vs "
+          f"table {fid['table_goodput']:.3f} ({-fid['goodput_loss']:+.1%}); p99 TTFT "
+          f"{fid['model_ttft_p99_s']:.2f} vs {fid['table_ttft_p99_s']:.2f} s; p99 ITL "
+          f"{fid['model_itl_p99_s'] * 1e3:.1f} vs {fid['table_itl_p99_s'] * 1e3:.1f} ms")
+    if fid["goodput_loss"] > LOUD_GOODPUT_LOSS:
+        print(f"WARNING: the table loses {fid['goodput_loss']:.1%} of the model's goodput (more than "
               f"{LOUD_GOODPUT_LOSS:.0%}); use more buckets or serve the model", file=sys.stderr)
     print(f"serve it in vLLM with --max-num-batched-tokens {final.max_budget} (the table's largest "
           "budget); see README")
     return 0
-
-
-if __name__ == "__main__":
-    run_cli(main)

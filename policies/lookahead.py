@@ -5,14 +5,16 @@ it shows how much any controller could gain over the best static budget."""
 
 from __future__ import annotations
 
-from envs.chunk_budget_env import DEFAULT_LADDER, RewardMeter, RewardWeights
-from envs.engine import fork
+from envs.actions import DEFAULT_LADDER, clamp_budget
+from envs.reward import RewardMeter, RewardWeights
 from policies.base import BudgetPolicy
 
 
 class LookaheadPolicy(BudgetPolicy):
     """Every rollout covers the same simulated time (``horizon_s``), whatever the number of
     decisions it takes, so budgets are compared over equal spans."""
+
+    kind = "reference"
 
     def __init__(self, slo, ladder=DEFAULT_LADDER, horizon_s: float = 1.0, max_decisions: int = 5000,
                  weights: RewardWeights | None = None, name: str = "lookahead (bound)"):
@@ -29,11 +31,11 @@ class LookaheadPolicy(BudgetPolicy):
         best, best_score = self.ladder[-1], None
         end = sim.now + self.horizon_s
         for b in self.ladder:
-            f = fork(sim)
+            f = sim.fork()
             meter = RewardMeter(f, self.slo, mean_out, self.weights)
             score = 0.0
             for _ in range(self.max_decisions):
-                f.step(max(b, f.num_decodes, 1))
+                f.step(clamp_budget(b, f.num_decodes))
                 more = f.advance(until_s=end)
                 score += meter.reward(*meter.charges(final=not more and f.done))
                 if not more or f.now >= end:

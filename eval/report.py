@@ -1,0 +1,84 @@
+"""Report pieces every command shares: number formatting, result tables, verdicts against
+the best static budget, scenario lines and commit stamps."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+from envs.scenario import Scenario
+from eval.harness import MATCH_TOLERANCE, PolicyResult
+
+
+def git_commit() -> str:
+    """The repository's short commit, or "unknown" outside a git checkout."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True, cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def fmt(v, scale=1.0, digits=3) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * scale:.{digits}f}"
+
+
+def save_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=float))
+
+
+def results_table(results: dict[str, PolicyResult]) -> str:
+    """Every figure of every policy (eval compare's report)."""
+    lines = ["| policy | goodput | goodput req/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | worst gap (ms) "
+             "| TPOT p99 (ms) | smooth share | preemptions | mean budget |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        s = r.summary()
+        lines.append(
+            f"| {name} | {fmt(s['goodput'])} ± {fmt(s['goodput_ci95'])} | {fmt(s['goodput_rps'], digits=2)} "
+            f"| {fmt(s['ttft_p50_s'], digits=2)} / {fmt(s['ttft_p99_s'], digits=2)} "
+            f"| {fmt(s['itl_p50_s'], 1e3, 1)} / {fmt(s['itl_p99_s'], 1e3, 1)} | {fmt(s['itl_max_s'], 1e3, 0)} "
+            f"| {fmt(s['tpot_p99_s'], 1e3, 1)} | {fmt(s['smooth_share'])} | {fmt(s['preemptions'], digits=0)} "
+            f"| {fmt(s['budget_mean'], digits=0)} |")
+    return "\n".join(lines)
+
+
+def short_table(rows: list[tuple[str, dict]]) -> str:
+    """The headline figures of (name, summary) rows (train.py's summary)."""
+    head = ("| policy | goodput | TTFT p99 (s) | ITL p99 (ms) | worst gap (ms) | smooth share "
+            "| mean budget |\n|---|---:|---:|---:|---:|---:|---:|")
+    lines = [head]
+    for name, s in rows:
+        lines.append(f"| {name} | {fmt(s['goodput'])} ± {fmt(s['goodput_ci95'])} | "
+                     f"{fmt(s['ttft_p99_s'], digits=2)} | {fmt(s['itl_p99_s'], 1e3, 1)} | "
+                     f"{fmt(s['itl_max_s'], 1e3, 0)} | {fmt(s['smooth_share'])} | "
+                     f"{fmt(s['budget_mean'], digits=0)} |")
+    return "\n".join(lines)
+
+
+def verdict_sentence(kind: str, rel: float, best_name: str) -> str:
+    """DESIGN.md section 5's two jobs, said plainly, for a policy against the best static
+    budget (``kind`` and ``rel`` from :func:`eval.harness.against_best`)."""
+    tol = f"{MATCH_TOLERANCE:.0%}"
+    return {
+        "beats": (f"beats the best static budget ({best_name}) by {rel:+.1%} goodput (job 2: "
+                  "beating the best static where the dynamics give room)"),
+        "matches": (f"matches the best static budget ({best_name}) within {tol} ({rel:+.1%} "
+                    f"goodput; job 1), without beating it by more than {tol}"),
+        "short": f"does NOT match the best static budget ({best_name}): {rel:+.1%} goodput",
+    }[kind]
+
+
+def scenario_line(sc: Scenario) -> str:
+    load = (f"trace {sc.trace} x{sc.rate_scale:g} from {sc.window_start_s:g} s" if sc.trace else
+            f"{sc.arrival} arrivals at {sc.rate:g} req/s, prompts {sc.prompt}, outputs {sc.output}")
+    extra = []
+    if sc.per_pass_overhead_s is not None:
+        extra.append(f"{sc.per_pass_overhead_s * 1e3:g} ms per pass")
+    if sc.num_kv_blocks:
+        extra.append(f"KV cache {sc.num_kv_blocks} blocks")
+    return (f"{sc.hardware} + {sc.model}; {load}; SLO TTFT {sc.slo_ttft_s:g} s / ITL "
+            f"{sc.slo_itl_s * 1e3:g} ms" + (f"; {', '.join(extra)}" if extra else ""))
