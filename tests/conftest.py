@@ -29,3 +29,32 @@ def make_sim(requests, budget_blocks=None, hardware=TOY_HW, model=TOY_MODEL, **c
 @pytest.fixture
 def toy():
     return TOY_HW, TOY_MODEL
+
+
+def call(main, *argv) -> tuple[int, str, str]:
+    """Run a command line's ``main(argv)`` in this process, as ``python -m ...`` would:
+    (exit code, stdout, stderr)."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from envs.errors import cli_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = cli_main(main, [str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+COMMANDS = {"envs.probe": "envs.probe", "envs.simulate": "envs.simulate",
+            "envs.calibrate": "envs.calibrate.__main__", "eval": "eval.__main__", "train.py": "train"}
+
+
+def cli(command: str, *argv):
+    """``python -m command argv...`` (or ``python train.py``) run in this process; the result
+    has ``returncode``, ``stdout`` and ``stderr`` like ``subprocess.run``'s."""
+    import importlib
+    from types import SimpleNamespace
+
+    main = importlib.import_module(COMMANDS[command]).main
+    code, out, err = call(main, *argv)
+    return SimpleNamespace(returncode=code, stdout=out, stderr=err)

@@ -13,6 +13,7 @@ from envs.calibrate.fit import Fit, fit_passes
 from envs.calibrate.torch_passes import GRID
 from envs.errors import ConfigError
 from envs.profiles import get_hardware, profile_to_toml
+from tests.conftest import cli
 
 
 def synthetic_parts(rng, n=40):
@@ -65,9 +66,9 @@ def test_cli_writes_a_profile_the_simulator_accepts(tmp_path):
     model.write_text('[model]\nname = "tiny"\nlayers = 4\nhidden_size = 256\nheads = 4\n'
                      'kv_heads = 2\nhead_dim = 64\nparams = 4e6\n')
     out = tmp_path / "cpu.toml"
-    res = subprocess.run([sys.executable, "-m", "envs.calibrate", "--model", str(model), "--layers", "1",
+    res = cli("envs.calibrate", "--model", str(model), "--layers", "1",
                           "--scale", "0.1", "--repeats", "1", "--out", str(out), "--csv",
-                          str(tmp_path / "m.csv")], capture_output=True, text=True, timeout=300)
+                          str(tmp_path / "m.csv"))
     assert res.returncode == 0, res.stderr[-2000:]
     hw = get_hardware(str(out))
     assert hw.hbm_bytes_per_s > 0 and hw.peak_flops_per_s > 0 and hw.per_pass_overhead_s >= 0
@@ -77,6 +78,7 @@ def test_cli_writes_a_profile_the_simulator_accepts(tmp_path):
 
 
 def test_bad_device_is_one_line():
+    # The one real subprocess of this command: python -m envs.calibrate works end to end.
     res = subprocess.run([sys.executable, "-m", "envs.calibrate", "--device", "tpu"],
                          capture_output=True, text=True)
     assert res.returncode == 2 and "device: got 'tpu'" in res.stderr and "Traceback" not in res.stderr
@@ -92,22 +94,21 @@ def test_fit_from_measured_engine_steps(tmp_path):
     steps = tmp_path / "steps.csv"
     write_steps(steps, truth, get_model("mistral-7b"))
     out = tmp_path / "fit.toml"
-    res = subprocess.run([sys.executable, "-m", "envs.calibrate", "--steps", str(steps), "--model",
-                          "mistral-7b", "--out", str(out)], capture_output=True, text=True)
+    res = cli("envs.calibrate", "--steps", str(steps), "--model",
+                          "mistral-7b", "--out", str(out))
     assert res.returncode == 0, res.stderr
     held = re.search(r"held-out steps \(20\): median APE ([0-9.]+)%", res.stdout)
     assert held and float(held.group(1)) < 1.0, res.stdout
-    res = subprocess.run([sys.executable, "-m", "envs.calibrate", "--steps", str(steps), "--model",
-                          "mistral-7b", "--form", "roofline", "--out", str(out)],
-                         capture_output=True, text=True)
+    res = cli("envs.calibrate", "--steps", str(steps), "--model",
+                          "mistral-7b", "--form", "roofline", "--out", str(out))
     assert res.returncode == 0, res.stderr
     hw = get_hardware(str(out))
     assert hw.hbm_bytes_per_s == pytest.approx(40e9, rel=0.1)
     assert hw.peak_flops_per_s == pytest.approx(300e9, rel=0.1)
     assert hw.per_pass_overhead_s == pytest.approx(0.01, abs=0.003)
     steps.write_text("decode_contexts,chunks,seconds\n1,,0.1\n")
-    bad = subprocess.run([sys.executable, "-m", "envs.calibrate", "--steps", str(steps), "--out",
-                          str(out)], capture_output=True, text=True)
+    bad = cli("envs.calibrate", "--steps", str(steps), "--out",
+                          str(out))
     assert bad.returncode == 2 and "need at least 6" in bad.stderr
 
 
@@ -141,15 +142,15 @@ def test_engine_overhead_on_top_of_a_device_profile(tmp_path):
     (tmp_path / "dev.toml").write_text(profile_to_toml(device))
     (tmp_path / "m.toml").write_text(profile_to_toml(model))
     out = tmp_path / "fit.toml"
-    res = subprocess.run([sys.executable, "-m", "envs.calibrate", "--steps", str(steps), "--model",
+    res = cli("envs.calibrate", "--steps", str(steps), "--model",
                           str(tmp_path / "m.toml"), "--hardware", str(tmp_path / "dev.toml"),
-                          "--out", str(out)], capture_output=True, text=True)
+                          "--out", str(out))
     assert res.returncode == 0, res.stderr
     hw = get_hardware(str(out))
     assert hw.per_pass_overhead_s == pytest.approx(0.012, rel=1e-6)
     assert (hw.hbm_bytes_per_s, hw.overlap, hw.attention_bandwidth_ratio) == (40e9, 0.3, 0.5)
-    res = subprocess.run([sys.executable, "-m", "envs.calibrate", "--steps", str(steps), "--model",
-                          str(tmp_path / "m.toml"), "--out", str(out)], capture_output=True, text=True)
+    res = cli("envs.calibrate", "--steps", str(steps), "--model",
+                          str(tmp_path / "m.toml"), "--out", str(out))
     assert res.returncode == 0, res.stderr
     hw = get_hardware(str(out))
     assert hw.hbm_bytes_per_s == pytest.approx(40e9, rel=0.1)

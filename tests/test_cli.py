@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parent.parent
 
-def cli(module, *args):
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
+
+from tests.conftest import cli
 
 
 def probe_json(*args):
@@ -99,13 +101,28 @@ def test_bad_trace_row_names_the_line(tmp_path):
     assert "line 4: arrival_s" in out.stderr and "Traceback" not in out.stderr
 
 
-@pytest.mark.parametrize("cmd", [["-m", "envs.probe"], ["-m", "envs.simulate"], ["-m", "envs.calibrate"],
-                                 ["train.py"], ["-m", "eval", "compare"], ["-m", "eval", "capacity"],
-                                 ["-m", "eval", "suite"], ["-m", "policies.export"]])
+@pytest.mark.parametrize("cmd", [["envs.probe"], ["envs.simulate"], ["envs.calibrate"], ["train.py"],
+                                 ["eval", "compare"], ["eval", "capacity"], ["eval", "suite"],
+                                 ["eval", "export"]])
 def test_every_command_line_has_help(cmd):
-    out = subprocess.run([sys.executable, *cmd, "--help"], capture_output=True, text=True)
+    out = cli(*cmd, "--help")
     assert out.returncode == 0, out.stderr[-1500:]
     assert "usage:" in out.stdout and "--" in out.stdout
+
+
+@pytest.mark.parametrize("module", ["envs.probe", "envs.simulate"])
+def test_command_runs_as_a_module(module):
+    """One real subprocess per simulator command: ``python -m`` works end to end."""
+    out = subprocess.run([sys.executable, "-m", module, "--json", "--budget", "2048"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["passes"] > 0
+
+
+def test_argparse_errors_are_one_line():
+    out = cli("envs.probe", "--budget", "x")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "argument --budget: invalid int value: 'x'" in out.stderr
 
 
 @pytest.mark.parametrize("budget, ttft_s, worst_s", [(16384, 3.1, 3.1), (1024, 3.5, 0.5), (256, 4.6, 0.2)])

@@ -1,4 +1,5 @@
-"""train.py end to end: a smoke run of a few hundred steps, and the resume path."""
+"""train.py end to end: a smoke run of a few hundred steps, and the resume path (marked slow:
+``python -m pytest -m slow``), and its bad options."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def train(*args):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["ppo", "dqn"])
 def test_smoke_run_writes_a_complete_run_directory(tmp_path, algo):
     run = tmp_path / algo
@@ -38,6 +40,7 @@ def test_smoke_run_writes_a_complete_run_directory(tmp_path, algo):
     assert config["args"]["algo"] == algo and config["scenario"]["hardware"] == "h100-sxm"
 
 
+@pytest.mark.slow
 def test_resume_continues_from_the_last_checkpoint(tmp_path):
     run = tmp_path / "r"
     first = train("--total-timesteps", "256", "--run-dir", str(run), *TINY)
@@ -54,10 +57,12 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path):
 
 
 def test_bad_options_are_one_line_errors(tmp_path):
-    out = train("--total-timesteps", "0", "--run-dir", str(tmp_path / "x"))
+    from tests.conftest import cli
+
+    out = cli("train.py", "--total-timesteps", "0", "--run-dir", str(tmp_path / "x"))
     assert out.returncode == 2 and "total_timesteps: got 0" in out.stderr
     assert "Traceback" not in out.stderr
-    out = train("--resume", str(tmp_path / "nothing-here"))
+    out = cli("train.py", "--resume", str(tmp_path / "nothing-here"))
     assert out.returncode == 2 and "resume: no checkpoint" in out.stderr
-    out = train("--workload", "nope")
+    out = cli("train.py", "--workload", "nope")
     assert out.returncode == 2 and "workload: unknown name 'nope'" in out.stderr
