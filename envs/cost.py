@@ -223,6 +223,65 @@ def free_ride_root(r: Roofline, num_decodes: int, decode_context_tokens: int,
     return (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)
 
 
+def chunk_price(r: Roofline, num_decodes: int, decode_context_tokens: int, chunk_tokens: int,
+                prefix_tokens: int = 0) -> float:
+    """Seconds of a pass carrying these decodes and one prefill chunk of ``chunk_tokens``
+    after a ``prefix_tokens`` prefix: :func:`price`'s total, without building objects
+    (policies call it several times a pass)."""
+    n, ctx, x = num_decodes, decode_context_tokens, chunk_tokens
+    q = prefix_tokens if x else 0
+    pairs = x * q + x * (x + 1) // 2
+    mem = (r.weight_bytes * r.seconds_per_byte
+           + r.kv_bytes_per_token * r.seconds_per_kv_byte * (ctx + q + n + x))
+    cmp = (r.flops_per_token * r.seconds_per_flop * (n + x)
+           + r.attention_flops_per_pair * r.seconds_per_attention_flop * (ctx + n + pairs))
+    return pass_seconds(mem, cmp, r.exposed, r.overhead_s)
+
+
+def chunk_within(r: Roofline, num_decodes: int, decode_context_tokens: int, seconds: float,
+                 prefix_tokens: int = 0, cap: int = 1 << 20) -> int:
+    """The largest prefill chunk (at most ``cap`` tokens) after a ``prefix_tokens`` prefix
+    whose pass, with these decodes, is priced within ``seconds``; 0 when not even one
+    token fits (the decodes alone may already exceed it).
+
+    The total is the larger of ``m + exposed * c`` and ``c + exposed * m`` (they swap
+    where memory and compute cross), each a quadratic in the chunk size, so the root
+    of each is closed form; the integer boundary is then settled against
+    :func:`chunk_price` itself.
+    """
+    n, ctx, q = num_decodes, decode_context_tokens, prefix_tokens
+    if chunk_price(r, n, ctx, 1, q) > seconds:
+        return 0
+    if chunk_price(r, n, ctx, cap, q) <= seconds:
+        return cap
+    kv = r.kv_bytes_per_token * r.seconds_per_kv_byte
+    tok = r.flops_per_token * r.seconds_per_flop
+    pair = r.attention_flops_per_pair * r.seconds_per_attention_flop
+    e, t = r.exposed, seconds - r.overhead_s
+    # memory m(x) = m0 + kv*x, compute c(x) = c0 + (tok + pair*(q + 1/2))*x + pair/2*x^2
+    m0 = r.weight_bytes * r.seconds_per_byte + kv * (ctx + q + n)
+    c0 = tok * n + pair * (ctx + n)
+    c1, c2 = tok + pair * (q + 0.5), pair / 2
+    best = cap
+    for a, b, c in ((e * c2, kv + e * c1, m0 + e * c0 - t), (c2, c1 + e * kv, c0 + e * m0 - t)):
+        best = min(best, _quadratic_root(a, b, c))
+    x = max(1, min(int(best), cap))
+    while x > 1 and chunk_price(r, n, ctx, x, q) > seconds:
+        x -= 1
+    while x < cap and chunk_price(r, n, ctx, x + 1, q) <= seconds:
+        x += 1
+    return x
+
+
+def _quadratic_root(a: float, b: float, c: float) -> float:
+    """The non-negative root of a*x^2 + b*x + c = 0 with a, b >= 0 (inf when none)."""
+    if c >= 0:
+        return 0.0
+    if a <= 0:
+        return -c / b if b > 0 else math.inf
+    return (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)
+
+
 _ROOT_CACHE: dict[Roofline, tuple[float, ...]] = {}
 
 

@@ -213,6 +213,26 @@ class PassLog:
                 excess += n * (m * (a - itl_s) + b * (i0 + k - 1) * m / 2)
         return excess, i
 
+    def tokens_over_since(self, mark: int, itl_s: float) -> tuple[int, int]:
+        """(decode tokens of the passes since ``mark`` whose gap exceeded ``itl_s``; the new
+        mark), counted in closed form over each run's arithmetic sequence."""
+        runs, i, end = self.runs, mark, len(self.runs)
+        count = 0
+        while i < end:
+            n = runs[i + 4]
+            k, a, b = int(runs[i + 1]), runs[i + 2], runs[i + 3]
+            i += 5
+            if not n:
+                continue
+            if b <= 0:
+                if a > itl_s:
+                    count += n * k
+                continue
+            i0 = 0 if a > itl_s else int((itl_s - a) / b) + 1  # first pass over the target
+            if i0 < k:
+                count += n * (k - i0)
+        return int(count), i
+
     def pass_records(self, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """(duration in seconds, decodes carried) of every pass from pass ``start`` on."""
         arr = np.asarray(self.runs, dtype=np.float64).reshape(-1, 5)

@@ -21,6 +21,49 @@ class RewardWeights:
     the ITL target in units of that target."""
 
 
+class DeadlineClock:
+    """TTFT deadlines as they pass: each request is judged once, when its deadline (arrival +
+    TTFT target) is behind the simulator's clock, so a charge lands on the passes that
+    caused it, not on the one that finally serves the request."""
+
+    def __init__(self, sim, ttft_s: float):
+        self.sim, self.ttft_s = sim, ttft_s
+        # Requests whose deadline has already passed were judged before this clock.
+        reqs, j = sim.requests, 0
+        while j < len(reqs) and reqs[j].arrival + ttft_s <= sim.now:
+            j += 1
+        self.pos = j
+
+    def missed(self, final: bool = False) -> int:
+        """Deadlines that passed since the last call without a first token (``final``: every
+        request left, the run being over)."""
+        reqs, j, now, target = self.sim.requests, self.pos, self.sim.now, self.ttft_s
+        miss = 0
+        while j < len(reqs) and (reqs[j].arrival + target <= now or final):
+            r = reqs[j]
+            if not r.warm and not (r.first_token_s <= r.arrival + target):
+                miss += 1
+            j += 1
+        self.pos = j
+        return miss
+
+
+class SLOMeter:
+    """SLO violations of the passes a simulator ran since the last call: TTFT deadlines
+    missed, and decode tokens whose gap exceeded the ITL target (the two things a p99
+    target counts)."""
+
+    def __init__(self, sim, slo: SLO):
+        self.sim, self.slo = sim, slo
+        self.clock = DeadlineClock(sim, slo.ttft_s)
+        self.log_mark = sim.log.position()
+
+    def charges(self, final: bool = False) -> tuple[int, int]:
+        """(TTFT deadlines missed, decode tokens over the ITL target)."""
+        slow, self.log_mark = self.sim.log.tokens_over_since(self.log_mark, self.slo.itl_s)
+        return self.clock.missed(final), slow
+
+
 class RewardMeter:
     """Charges of the passes a simulator ran since the last call (the env's reward)."""
 
@@ -28,11 +71,7 @@ class RewardMeter:
         self.sim, self.slo, self.weights = sim, slo, weights or RewardWeights()
         self.mean_output = max(mean_output, 1.0)
         self.log_mark = sim.log.position()
-        # Requests whose TTFT deadline has already passed were charged before this meter.
-        reqs, j = sim.requests, 0
-        while j < len(reqs) and reqs[j].arrival + slo.ttft_s <= sim.now:
-            j += 1
-        self.deadline_pos = j
+        self.clock = DeadlineClock(sim, slo.ttft_s)
         self.ttft_accrued = sim.ttft_accrued()
 
     def reward(self, miss: float, wait: float, itl: float) -> float:
@@ -42,15 +81,8 @@ class RewardMeter:
     def charges(self, final: bool = False) -> tuple[int, float, float]:
         """(TTFT deadlines missed, accrued wait / TTFT target, ITL excess / mean output)."""
         sim, slo = self.sim, self.slo
-        # TTFT deadlines that passed since the last call, in arrival order.
-        reqs, j, now, target = sim.requests, self.deadline_pos, sim.now, slo.ttft_s
-        miss = 0
-        while j < len(reqs) and (reqs[j].arrival + target <= now or final):
-            r = reqs[j]
-            if not r.warm and not (r.first_token_s <= r.arrival + target):
-                miss += 1
-            j += 1
-        self.deadline_pos = j
+        miss = self.clock.missed(final)
+        target = slo.ttft_s
         accrued = sim.ttft_accrued()
         wait = (accrued - self.ttft_accrued) / target
         self.ttft_accrued = accrued

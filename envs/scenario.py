@@ -96,6 +96,33 @@ class Scenario:
                               self.max_requests)
         return self.synthetic_spec().build(self.seed if seed is None else seed)
 
+    def stream(self, i: int, n: int, seed_base: int, num_requests: int | None = None) -> Workload:
+        """Stream ``i`` of :meth:`streams` (a synthetic one is built alone)."""
+        if not self.trace:
+            base = self if num_requests is None else self.with_fields(num_requests=num_requests)
+            return base.workload(seed_base + i)
+        return self.streams(n, seed_base, num_requests)[i]
+
+    def streams(self, n: int, seed_base: int, num_requests: int | None = None) -> list[Workload]:
+        """``n`` independent streams of this scenario's arrivals: synthetic streams seeded
+        ``seed_base``, ``seed_base + 1``, ...; for a trace, its replay window cut into ``n``
+        consecutive parts of equal duration (the whole window when ``n`` is 1).
+        ``num_requests`` caps each stream."""
+        if not self.trace:
+            base = self if num_requests is None else self.with_fields(num_requests=num_requests)
+            return [base.workload(seed_base + i) for i in range(n)]
+        w = self.workload()
+        parts = [w] if n == 1 else [w.window(i * w.duration_s / n, (i + 1) * w.duration_s / n)
+                                    for i in range(n)]
+        return [p.head(num_requests) if num_requests else p for p in parts]
+
+    def at_load(self, factor: float) -> "Scenario":
+        """The scenario with its arrival rate (synthetic) or trace speed-up multiplied by
+        ``factor``."""
+        if self.trace:
+            return self.with_fields(rate_scale=self.rate_scale * factor)
+        return self.with_fields(rate=self.rate * factor)
+
     def simulator(self, workload: Workload | None = None, **kwargs) -> Simulator:
         return Simulator(self.hardware_profile(), self.model_profile(),
                          workload if workload is not None else self.workload(),

@@ -133,6 +133,28 @@ def load_trace(path: str | Path, rate_scale: float = 1.0, start_s: float = 0.0,
     see :func:`bundled_traces`); every bad row is reported with its line number."""
     path = resolve_trace(path)
     try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        stamp = None
+    w = _read_trace(path, stamp)
+    if start_s or end_s is not None:
+        w = w.window(start_s, end_s)
+    if rate_scale != 1.0:
+        w = w.scaled(rate_scale)
+    if max_requests is not None:
+        positive_int("max_requests", max_requests)
+        w = w.head(max_requests)
+    if not len(w):
+        raise ConfigError(f"trace {str(path)!r}: the window [{start_s}, {end_s}) holds no request")
+    return w
+
+
+@lru_cache(maxsize=16)
+def _read_trace(path: Path, stamp: int | None) -> Workload:
+    """The whole file, parsed once per (path, modification time): capacity searches
+    replay the same trace hundreds of times. Workload arrays are read-only, so the
+    cached copy is shared safely."""
+    try:
         fh = path.open(newline="")
     except OSError as err:
         raise ConfigError(f"trace: cannot read {str(path)!r} ({err.strerror}); bundled traces: "
@@ -179,17 +201,7 @@ def load_trace(path: str | Path, rate_scale: float = 1.0, start_s: float = 0.0,
             outputs.append(vals[1])
     if not arrivals:
         raise ConfigError(f"trace {str(path)!r}: no requests after the header")
-    w = Workload.from_arrays(arrivals, prompts, outputs, name=path.stem)
-    if start_s or end_s is not None:
-        w = w.window(start_s, end_s)
-    if rate_scale != 1.0:
-        w = w.scaled(rate_scale)
-    if max_requests is not None:
-        positive_int("max_requests", max_requests)
-        w = w.head(max_requests)
-    if not len(w):
-        raise ConfigError(f"trace {str(path)!r}: the window [{start_s}, {end_s}) holds no request")
-    return w
+    return Workload.from_arrays(arrivals, prompts, outputs, name=path.stem)
 
 
 @lru_cache(maxsize=8)

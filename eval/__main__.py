@@ -1,13 +1,19 @@
 """Evaluate budget policies on identical arrivals.
 
-    python -m eval compare --trace azure_conv_2023 --policies static:2048,vllm-default,free-ride \\
-        --seeds 3 --out reports/azure [--json]
-    python -m eval capacity --policies static:2048,queue-depth,table:tables/h100-sxm__llama-3-8b.json
-    python -m eval suite --policies vllm-default,queue-depth,sarathi-slo,free-ride --out reports/suite
+    python -m eval compare --trace azure_conv_2023 --policies static:2048,vllm-default,time-budget \\
+        --seeds 5 --out reports/azure [--json]
+    python -m eval capacity --policies time-budget,queue-depth,table:tables/h100-sxm__llama-3-8b.json
+    python -m eval suite --policies vllm-default,queue-depth,sarathi-slo,time-budget --out reports/suite
     python -m eval export RUN_DIR --out tables/NAME.json [--csv tables/NAME.csv]
 
+Every comparison searches the hindsight-best static budget on a fine ladder (steps of
+2^(1/4), 64 to 16,384) and says per policy whether it beats, ties with or falls short of it,
+with 95% intervals over streams. Sweeps fan out on Ray: ``--workers N`` (a local Ray
+instance; default all cores; 1 runs in this process) or ``--ray-address ADDR`` (a cluster).
+
 Policy specs: static:N, vllm-default[:offline], queue-depth[:BASE], no-decode-boost[:LOW:HIGH],
-sarathi-slo, free-ride[:FLOOR:CAP], model:RUN_DIR, table:PATH.
+sarathi-slo, free-ride[:FLOOR:CAP], time-budget[:FRACTION], time-budget-kv[:FRACTION],
+reference:BUDGET[:HORIZON_S[:REPLAN_S]], model:RUN_DIR, table:PATH.
 """
 
 from __future__ import annotations
@@ -25,17 +31,33 @@ COMMANDS = ("compare", "capacity", "suite", "export")
 
 
 @dataclass(frozen=True)
-class CompareArgs(Scenario):
+class SweepArgs:
+    """Where a sweep's independent simulations run."""
+
+    workers: int | None = None
+    """Simulations at once on a local Ray instance (default: all cores; 1 runs them in this
+    process, without Ray)."""
+    ray_address: str | None = None
+    """Join an existing Ray cluster instead (auto, HOST:PORT or ray://HOST:10001)."""
+
+    def executor(self):
+        from eval.parallel import make_executor
+
+        return make_executor(self.workers, self.ray_address)
+
+
+@dataclass(frozen=True)
+class CompareArgs(SweepArgs, Scenario):
     """Score policies on the same arrivals (a trace, or seeded synthetic streams)."""
 
-    policies: str = "static:2048,static:8192,vllm-default,queue-depth,sarathi-slo,free-ride"
+    policies: str = "static:2048,static:8192,vllm-default,queue-depth,sarathi-slo,time-budget"
     """Comma-separated policy specs."""
-    seeds: int = 3
-    """Synthetic streams (traces replay once)."""
+    seeds: int = 5
+    """Streams: seeded synthetic streams, or the trace window cut into this many parts."""
     requests: int | None = None
-    """Requests per stream (default: the scenario's num_requests, or the whole trace window)."""
-    lookahead: bool = False
-    """Also run the look-ahead bound (slow: forks the simulator at every decision)."""
+    """Requests per stream (default: the scenario's num_requests, or the whole trace part)."""
+    reference: bool = False
+    """Also run the reference controller (MPC over the hindsight-best static; slow)."""
     out: str = "reports/compare"
     """Report folder (report.md, figures, results.json)."""
     json: bool = False
@@ -43,15 +65,17 @@ class CompareArgs(Scenario):
 
 
 @dataclass(frozen=True)
-class CapacityArgs(Scenario):
+class CapacityArgs(SweepArgs, Scenario):
     """Find each policy's capacity under the SLO by bisection on the arrival rate."""
 
-    policies: str = "static:1024,static:2048,static:4096,vllm-default,queue-depth,free-ride"
-    """Comma-separated policy specs."""
-    seeds: int = 2
-    """Streams per probe."""
+    policies: str = "vllm-default,queue-depth,sarathi-slo,time-budget,time-budget-kv"
+    """Comma-separated policy specs (the fine static ladder is always searched)."""
+    seeds: int = 5
+    """Streams: each gets its own capacity; the figure is their mean with a 95% interval."""
     requests: int = 600
     """Requests per stream."""
+    reference: bool = False
+    """Also find the reference controller's capacity (MPC over the hindsight-best static)."""
     out: str = "reports/capacity"
     """Report folder."""
     json: bool = False
@@ -59,47 +83,51 @@ class CapacityArgs(Scenario):
 
 
 @dataclass(frozen=True)
-class SuiteArgs:
+class SuiteArgs(SweepArgs):
     """Run the named scenario suite for a set of policies and write one report."""
 
-    policies: str = "vllm-default,static:2048,queue-depth,sarathi-slo,free-ride"
-    """Comma-separated policy specs (the static ladder is always added for reference)."""
+    policies: str = "vllm-default,static:2048,queue-depth,sarathi-slo,free-ride,time-budget,time-budget-kv"
+    """Comma-separated policy specs (the fine static ladder is always searched)."""
     scenarios: str = "all"
     """Comma-separated names from eval/scenarios.py, or all."""
-    seeds: int = 2
-    """Streams per scenario."""
+    seeds: int = 5
+    """Streams per scenario (a trace's window is cut into this many parts)."""
     requests: int = 600
-    """Requests per synthetic stream (traces: their window)."""
-    capacity: bool = False
-    """Also find every policy's capacity per scenario (slower)."""
+    """Requests per stream."""
+    capacity: bool = True
+    """Find every policy's capacity per scenario, the suite's headline (--no-capacity: only
+    goodput at each scenario's base load)."""
+    reference: bool = False
+    """Also find the reference controller's capacity per scenario (slow)."""
     out: str = "reports/suite"
     """Report folder."""
 
 
-def _progress(total: int, desc: str):
-    from tqdm import tqdm
+def _scenario(args) -> Scenario:
+    return Scenario(**{k: getattr(args, k) for k in Scenario.__dataclass_fields__})
 
-    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False,
-                disable=not sys.stderr.isatty())
+
+def _check_streams(args) -> None:
+    positive_int("seeds", args.seeds)
+    if args.requests is not None:
+        positive_int("requests", args.requests)
 
 
 def cmd_compare(argv) -> int:
     from eval.compare import compare, comparison_report
+    from eval.parallel import progress_bar
     from eval.report import save_json
-    from policies.lookahead import LookaheadPolicy
     from policies.specs import make_policies
 
     args = parse(CompareArgs, argv, prog="python -m eval compare")
-    positive_int("seeds", args.seeds)
-    if args.requests is not None:
-        positive_int("requests", args.requests)
-    scenario = Scenario(**{k: getattr(args, k) for k in Scenario.__dataclass_fields__})
+    _check_streams(args)
+    scenario = _scenario(args)
     policies = make_policies(args.policies, scenario)
-    if args.lookahead:
-        policies.append(LookaheadPolicy(scenario.slo()))
-    n = (len(policies) + 7) * (1 if scenario.trace else args.seeds)
-    with _progress(n, "compare") as bar:
-        cmp = compare(scenario, policies, args.seeds, args.requests, progress=bar)
+    executor = args.executor()
+    with progress_bar((len(policies) + 15) * args.seeds, "compare") as bar:
+        cmp = compare(scenario, policies, args.seeds, args.requests, progress=bar, executor=executor)
+        if args.reference:
+            cmp = compare_with_reference(cmp, args, executor, bar)
     out = Path(args.out)
     text = comparison_report(cmp, out, args.seeds)
     save_json(out / "results.json", cmp.as_json())
@@ -107,20 +135,37 @@ def cmd_compare(argv) -> int:
     return 0
 
 
+def compare_with_reference(cmp, args, executor, bar):
+    """Add the reference controller over the comparison's hindsight-best static budget."""
+    from eval.compare import run_streams
+    from policies.reference import reference_for
+
+    ref = reference_for(cmp.scenario, cmp.best_static()[0])
+    found, first = run_streams(cmp.scenario, [ref], args.seeds, args.requests, executor, bar)
+    cmp.results.update(found)
+    cmp.first_runs.update(first)
+    return cmp
+
+
 def cmd_capacity(argv) -> int:
+    from eval.capacity import add_references, capacity_studies
     from eval.compare import capacity_report
+    from eval.parallel import progress_bar
     from eval.report import save_json
     from policies.specs import make_policies
 
     args = parse(CapacityArgs, argv, prog="python -m eval capacity")
-    positive_int("seeds", args.seeds)
-    positive_int("requests", args.requests)
-    scenario = Scenario(**{k: getattr(args, k) for k in Scenario.__dataclass_fields__})
+    _check_streams(args)
+    scenario = _scenario(args)
     policies = make_policies(args.policies, scenario)
-    with _progress(len(policies), "capacity") as bar:
-        data, text = capacity_report(scenario, policies, Path(args.out), args.seeds, args.requests, bar)
-    save_json(Path(args.out) / "capacity.json", data)
-    print(json.dumps({k: v["capacity_rps"] for k, v in data.items()}) if args.json else text)
+    executor = args.executor()
+    with progress_bar((len(policies) + 15) * args.seeds, "capacity searches") as bar:
+        (study,) = capacity_studies([(scenario, policies)], args.seeds, args.requests, executor, bar)
+        if args.reference:
+            add_references([study], args.seeds, args.requests, executor, bar)
+    text = capacity_report(study, Path(args.out), args.seeds, args.requests)
+    save_json(Path(args.out) / "capacity.json", study.as_json())
+    print(json.dumps(study.as_json()) if args.json else text)
     return 0
 
 
@@ -129,16 +174,13 @@ def cmd_suite(argv) -> int:
     from eval.suite import run_suite
 
     args = parse(SuiteArgs, argv, prog="python -m eval suite")
-    positive_int("seeds", args.seeds)
-    positive_int("requests", args.requests)
+    _check_streams(args)
     names = list(SUITE) if args.scenarios == "all" else [s.strip() for s in args.scenarios.split(",")]
     unknown = [n for n in names if n not in SUITE]
     if unknown:
         raise ConfigError(f"scenarios: unknown {', '.join(unknown)}; known: {', '.join(SUITE)}")
     specs = [s.strip() for s in args.policies.split(",") if s.strip()]
-    with _progress(len(names), "suite") as bar:
-        text = run_suite(names, specs, args.seeds, args.requests, args.capacity, Path(args.out), bar)
-    print(text)
+    print(run_suite(names, specs, args, args.executor()))
     return 0
 
 

@@ -1,10 +1,16 @@
 """Capacity under an SLO: the highest request rate at which p99 TTFT and p99 ITL both
-meet their targets, found by bisection on the arrival rate (how Sarathi-Serve and
-DistServe report capacity).
+meet their targets (how Sarathi-Serve and DistServe report capacity), with an interval.
 
-A synthetic scenario scales its ``rate``; a trace scenario scales its ``rate_scale``.
-Each probe runs every seed's stream at that rate (same seeds for every policy) and
-takes the mean p99s over seeds.
+Each stream of arrivals (a seeded synthetic stream, or one part of a trace's window;
+:meth:`envs.scenario.Scenario.streams`) gets its own capacity, found by bisection on a
+load factor that multiplies the scenario's rate (synthetic) or its trace speed-up; the
+policy's capacity is the mean over streams with a 95% interval. Every policy sees the
+same streams, so two policies are compared stream by stream (:func:`paired_verdict`).
+
+The hindsight-best static budget is searched on a fine ladder, steps of 2^(1/4) from
+64 to 16,384 tokens: powers of two first, then the quarter steps within an octave of
+the best (:func:`hindsight_static`). Capacity under a p99 target is a cliff, and the
+best fixed number often sits between two powers of two.
 """
 
 from __future__ import annotations
@@ -16,77 +22,209 @@ import numpy as np
 
 from envs.scenario import Scenario
 from envs.seeds import CAPACITY_SEEDS
-from eval.harness import run_policy
+
+FINE_LADDER = tuple(int(round(64 * 2 ** (k / 4))) for k in range(33))
+"""64, 76, 91, 108, 128, 152, ... 13,777, 16,384: every static budget a user might pick."""
+POWERS_OF_TWO = FINE_LADDER[::4]
 
 
 @dataclass(frozen=True)
 class CapacityResult:
     policy: str
-    capacity: float
-    """Highest load meeting the SLO, in requests/s (0 when even the lowest probe fails)."""
-    unit: str
-    probes: tuple[tuple[float, float, float], ...]
-    """(load, mean p99 TTFT, mean p99 ITL) of every probe, in the order run."""
+    kind: str
+    per_stream: tuple[float, ...]
+    """Each stream's capacity, requests/s (0 when even the lowest probe fails)."""
+    probes: tuple[tuple[int, float, float, float], ...]
+    """(stream, load factor, p99 TTFT, p99 ITL) of every probe, in the order run."""
+    factors: tuple[float, ...] = ()
+    """Each stream's capacity as a multiple of the scenario's own load."""
+
+    @property
+    def capacity(self) -> float:
+        return float(np.mean(self.per_stream)) if self.per_stream else 0.0
+
+    @property
+    def ci95(self) -> float:
+        n = len(self.per_stream)
+        return float(1.96 * np.std(self.per_stream, ddof=1) / math.sqrt(n)) if n > 1 else 0.0
+
+    def as_json(self) -> dict:
+        return {"capacity_rps": self.capacity, "ci95": self.ci95,
+                "per_stream": list(self.per_stream), "kind": self.kind}
 
 
-def probe_workloads(scenario: Scenario, load: float, seeds: int, num_requests: int):
-    """(the scenario at ``load``, its streams): a trace sped up to ``load`` (one stream),
-    or ``seeds`` synthetic streams at ``load`` requests per second."""
-    if scenario.trace:
-        sc = scenario.with_fields(rate_scale=load)
-        w = sc.workload()
-        return sc, [w.head(num_requests) if num_requests else w]
-    sc = scenario.with_fields(rate=load, num_requests=num_requests or scenario.num_requests)
-    return sc, [sc.workload(CAPACITY_SEEDS + i) for i in range(seeds)]
+def _probe(scenario: Scenario, policy, stream: int, streams: int, num_requests: int,
+           factor: float) -> tuple[bool, float, float, float]:
+    """(meets the SLO, p99 TTFT, p99 ITL, arrival rate in req/s) of one stream at a load."""
+    sc = scenario.at_load(factor)
+    w = sc.stream(stream, streams, CAPACITY_SEEDS, num_requests)
+    policy.reset()
+    s = sc.simulator(w).run(policy).summary(sc.slo())
+    itl = 0.0 if math.isnan(s["itl_p99_s"]) else s["itl_p99_s"]
+    rate = sc.rate if not sc.trace else (w.mean_rate if len(w) > 1 else 0.0)
+    ok = s["ttft_p99_s"] <= sc.slo_ttft_s and itl <= sc.slo_itl_s
+    return ok, s["ttft_p99_s"], itl, rate
 
 
-def _meets(scenario: Scenario, policy, load: float, seeds: int, num_requests: int):
-    slo = scenario.slo()
-    sc, workloads = probe_workloads(scenario, load, seeds, num_requests)
-    runs = run_policy(sc, policy, workloads).runs
-    ttft = [s["ttft_p99_s"] for s in runs]
-    itl = [s["itl_p99_s"] for s in runs]
-    t, it = float(np.mean(ttft)), float(np.nanmean(itl)) if not all(map(math.isnan, itl)) else 0.0
-    return t <= slo.ttft_s and it <= slo.itl_s, t, it
+def stream_capacity(scenario: Scenario, policy, stream: int, streams: int, num_requests: int,
+                    rel_tol: float = 0.02, max_probes: int = 16, start: float = 1.0,
+                    step: float = 2.0):
+    """One stream's (capacity in req/s, load factor, probes): bracket the SLO's boundary by
+    dividing or multiplying the load by ``step`` from ``start`` times the scenario's own,
+    then bisect to ``rel_tol``."""
+    probes, rates = [], {}
 
-
-def capacity(scenario: Scenario, policy, seeds: int = 2, num_requests: int = 600,
-             rel_tol: float = 0.02, max_probes: int = 16) -> CapacityResult:
-    """Bisection between a load that meets the SLO and one that does not."""
-    base = scenario.rate_scale if scenario.trace else scenario.rate
-    probes = []
-
-    def probe(load):
-        ok, t, it = _meets(scenario, policy, load, seeds, num_requests)
-        probes.append((load, t, it))
+    def meets(factor: float) -> bool:
+        ok, t, it, rate = _probe(scenario, policy, stream, streams, num_requests, factor)
+        probes.append((stream, factor, t, it))
+        rates[factor] = rate
         return ok
 
-    lo, hi = None, None
-    load = base
-    for _ in range(8):  # bracket: halve until it meets, double until it fails
-        if probe(load):
-            lo = load
+    lo, hi, factor = None, None, start
+    for _ in range(8):  # bracket: lower until it meets, raise until it fails
+        if meets(factor):
+            lo = factor
             if hi is not None:
                 break
-            load *= 2
+            factor *= step
         else:
-            hi = load
+            hi = factor
             if lo is not None:
                 break
-            load /= 2
+            factor /= step
     if lo is None:
-        lo = 0.0
-    if hi is None:
-        hi = lo
-    while hi - lo > rel_tol * max(hi, 1e-9) and len(probes) < max_probes and lo > 0:
+        return 0.0, 0.0, probes
+    hi = hi if hi is not None else lo
+    while hi - lo > rel_tol * hi and len(probes) < max_probes:
         mid = (lo + hi) / 2
-        if probe(mid):
+        if meets(mid):
             lo = mid
         else:
             hi = mid
-    if scenario.trace:
-        full = scenario.workload()
-        rps = lo * full.mean_rate if len(full) > 1 else 0.0
-        unit = "req/s"
-        return CapacityResult(policy.name, rps, unit, tuple(probes))
-    return CapacityResult(policy.name, lo, "req/s", tuple(probes))
+    return rates[lo], lo, probes
+
+
+def capacity(scenario: Scenario, policy, seeds: int = 5, num_requests: int = 600,
+             rel_tol: float = 0.02, max_probes: int = 16, executor=None,
+             progress=None) -> CapacityResult:
+    """A policy's capacity over ``seeds`` streams (see the module docstring)."""
+    return capacities(scenario, [policy], seeds, num_requests, rel_tol, max_probes, executor,
+                      progress)[policy.name]
+
+
+def capacities(scenario: Scenario, policies, seeds: int, num_requests: int, rel_tol: float = 0.02,
+               max_probes: int = 16, executor=None, progress=None) -> dict[str, CapacityResult]:
+    """Every policy's capacity, each stream's search a task of ``executor``."""
+    found = capacity_sweep([(scenario, p) for p in policies], seeds, num_requests, rel_tol,
+                           max_probes, executor, progress)
+    return {r.policy: r for r in found}
+
+
+def capacity_sweep(pairs, seeds: int, num_requests: int, rel_tol: float = 0.02,
+                   max_probes: int = 16, executor=None, progress=None,
+                   starts: list | None = None) -> list[CapacityResult]:
+    """Capacities of (scenario, policy) pairs, in order, every stream's search fanned out
+    at once. ``starts`` may give each pair its streams' first load factors (a hint such
+    as another policy's capacity), searched then in steps of 1.25 instead of 2."""
+    from eval.parallel import LocalExecutor
+
+    tasks = []
+    for k, (sc, p) in enumerate(pairs):
+        for i in range(seeds):
+            hint = starts[k][i] if starts and starts[k] and starts[k][i] > 0 else None
+            tasks.append((sc, p, i, seeds, num_requests, rel_tol, max_probes,
+                          hint or 1.0, 1.25 if hint else 2.0))
+    found = (executor or LocalExecutor()).map(stream_capacity, tasks, progress)
+    out = []
+    for k, (_, p) in enumerate(pairs):
+        runs = found[k * seeds:(k + 1) * seeds]
+        out.append(CapacityResult(p.name, p.kind, tuple(c for c, _, _ in runs),
+                                  tuple(pr for _, _, probes in runs for pr in probes),
+                                  tuple(f for _, f, _ in runs)))
+    return out
+
+
+def quarter_steps_around(budget: int, floor: int) -> list[int]:
+    """The fine ladder's rungs within an octave of ``budget`` that are not powers of two."""
+    k = FINE_LADDER.index(budget)
+    return [FINE_LADDER[j] for j in range(max(k - 3, 0), min(k + 4, len(FINE_LADDER)))
+            if FINE_LADDER[j] not in POWERS_OF_TWO and FINE_LADDER[j] >= floor]
+
+
+def best_rung(results: dict[int, CapacityResult]) -> int:
+    """The budget of highest mean capacity (ties: the smaller budget)."""
+    return max(results, key=lambda b: (results[b].capacity, -b))
+
+
+@dataclass
+class CapacityStudy:
+    """One scenario's capacities: the policies asked for, and every fine-ladder static
+    budget measured on the way to the hindsight-best one."""
+
+    scenario: Scenario
+    policies: dict[str, CapacityResult]
+    rungs: dict[int, CapacityResult]
+
+    @property
+    def best_budget(self) -> int:
+        return best_rung(self.rungs)
+
+    @property
+    def best(self) -> CapacityResult:
+        return self.rungs[self.best_budget]
+
+    def verdict(self, name: str):
+        from eval.harness import paired_verdict
+
+        return paired_verdict(self.policies[name].per_stream, self.best.per_stream)
+
+    def as_json(self) -> dict:
+        out = {n: {**r.as_json(), "verdict": str(self.verdict(n))} for n, r in self.policies.items()}
+        out["_hindsight_static"] = {"budget": self.best_budget, "capacity": self.best.capacity,
+                                    "ci95": self.best.ci95}
+        out["_ladder"] = {str(b): r.as_json() for b, r in self.rungs.items()}
+        return out
+
+
+def capacity_studies(jobs: list[tuple[Scenario, list]], seeds: int, num_requests: int,
+                     executor=None, progress=None, **kwargs) -> list[CapacityStudy]:
+    """For each (scenario, policies): every policy's capacity and the fine-ladder search
+    for the hindsight-best static budget. The policies and the powers of two of every
+    scenario are one fan-out; the quarter steps around each scenario's best, a second."""
+    from policies.baselines import StaticPolicy
+
+    def sweep(pairs):
+        return capacity_sweep(pairs, seeds, num_requests, executor=executor, progress=progress,
+                              **kwargs) if pairs else []
+
+    # (job, scenario, policy, whether it is a ladder rung)
+    pairs = [(j, sc, p, False) for j, (sc, ps) in enumerate(jobs) for p in ps]
+    pairs += [(j, sc, StaticPolicy(b), True) for j, (sc, _) in enumerate(jobs)
+              for b in POWERS_OF_TWO if b >= sc.max_num_seqs]
+    studies = [CapacityStudy(sc, {}, {}) for sc, _ in jobs]
+    for (j, _, p, rung), r in zip(pairs, sweep([(sc, p) for _, sc, p, _ in pairs])):
+        if rung:
+            studies[j].rungs[p.tokens] = r
+        else:
+            studies[j].policies[p.name] = r
+    fine = [(j, st.scenario, StaticPolicy(b)) for j, st in enumerate(studies)
+            for b in quarter_steps_around(st.best_budget, st.scenario.max_num_seqs)]
+    for (j, _, p), r in zip(fine, sweep([(sc, p) for _, sc, p in fine])):
+        studies[j].rungs[p.tokens] = r
+    for st in studies:
+        st.rungs = dict(sorted(st.rungs.items()))
+    return studies
+
+
+def add_references(studies: list[CapacityStudy], seeds: int, num_requests: int, executor=None,
+                   progress=None, **kwargs) -> None:
+    """Each study's reference controller (MPC over its hindsight-best static budget),
+    its capacity searched from that budget's, added to ``study.policies``."""
+    from policies.reference import reference_for
+
+    refs = [reference_for(st.scenario, st.best_budget) for st in studies]
+    found = capacity_sweep([(st.scenario, r) for st, r in zip(studies, refs)], seeds, num_requests,
+                           executor=executor, progress=progress,
+                           starts=[list(st.best.factors) for st in studies], **kwargs)
+    for st, r in zip(studies, found):
+        st.policies[r.policy] = r

@@ -12,16 +12,15 @@ from envs.scenario import Scenario
 from envs.seeds import PERIODIC_EVAL_SEEDS
 from envs.workload import load_trace
 from eval import plots
-from eval.capacity import capacity
-from eval.harness import (PolicyResult, against_best, best_of, evaluation_workloads, run_policies,
-                          static_policies)
+from eval.harness import PolicyResult, Verdict, best_of, paired_verdict, static_policies
 from eval.report import git_commit, results_table, scenario_line, verdict_sentence
 
 
 def workloads_for(scenario: Scenario, seeds: int, num_requests: int | None):
-    """The same arrivals for every policy: the trace window as given, or synthetic streams
-    seeded from PERIODIC_EVAL_SEEDS (no training episode ever draws those seeds)."""
-    return evaluation_workloads(scenario, seeds, num_requests, eval_span=None)
+    """The same arrivals for every policy: synthetic streams seeded from
+    PERIODIC_EVAL_SEEDS (no training episode ever draws those seeds), or the trace's
+    window cut into ``seeds`` parts."""
+    return scenario.streams(seeds, PERIODIC_EVAL_SEEDS, num_requests)
 
 
 def training_overlap(policy, scenario: Scenario) -> str | None:
@@ -43,43 +42,81 @@ def training_overlap(policy, scenario: Scenario) -> str | None:
     return None
 
 
+def simulate_stream(scenario: Scenario, policy, stream: int, streams: int,
+                    num_requests: int | None, keep: bool) -> tuple[dict, object]:
+    """One policy on one evaluation stream: (its summary, its SimResult when ``keep``)."""
+    w = scenario.stream(stream, streams, PERIODIC_EVAL_SEEDS, num_requests)
+    policy.reset()
+    result = scenario.simulator(w).run(policy)
+    return result.summary(scenario.slo()), (result if keep else None)
+
+
 @dataclass
 class Comparison:
     scenario: Scenario
     results: dict[str, PolicyResult]
     ladder: dict[int, PolicyResult]
+    """Every fine-ladder static budget measured, by budget."""
     first_runs: dict = field(default_factory=dict)  # name -> SimResult of the first stream
     notes: list[str] = field(default_factory=list)
 
     def best_static(self) -> tuple[int, PolicyResult]:
+        """The hindsight-best static budget on the fine ladder, by goodput (then p99 TTFT)."""
         b = best_of(self.ladder)
         return b, self.ladder[b]
 
+    def verdict(self, name: str) -> Verdict:
+        _, best = self.best_static()
+        return paired_verdict([r["goodput"] for r in self.results[name].runs],
+                              [r["goodput"] for r in best.runs])
+
     def as_json(self) -> dict:
-        out = {name: r.summary() for name, r in self.results.items()}
+        out = {name: {**r.summary(), "verdict": str(self.verdict(name))}
+               for name, r in self.results.items()}
         b, best = self.best_static()
-        out["_best_static"] = {"budget": b, **best.summary()}
+        out["_hindsight_static"] = {"budget": b, "goodput": best.mean("goodput"), **best.summary()}
         return out
 
 
-def compare(scenario: Scenario, policies, seeds: int = 3, num_requests: int | None = None,
-            progress=None) -> Comparison:
-    """Every policy and the static ladder on the same arrivals; keeps each policy's first
+def run_streams(scenario: Scenario, policies, seeds: int, num_requests: int | None, executor,
+                progress, keep_first: bool = True) -> tuple[dict[str, PolicyResult], dict]:
+    """Every policy on every stream, fanned out; (results by name, first runs by name)."""
+    from eval.parallel import LocalExecutor
+
+    tasks = [(scenario, p, i, seeds, num_requests, keep_first and i == 0)
+             for p in policies for i in range(seeds)]
+    found = (executor or LocalExecutor()).map(simulate_stream, tasks, progress)
+    results, first = {}, {}
+    for k, p in enumerate(policies):
+        runs = found[k * seeds:(k + 1) * seeds]
+        results[p.name] = PolicyResult(p.name, p.kind, [s for s, _ in runs])
+        if runs and runs[0][1] is not None:
+            first[p.name] = runs[0][1]
+    return results, first
+
+
+def compare(scenario: Scenario, policies, seeds: int = 5, num_requests: int | None = None,
+            progress=None, executor=None) -> Comparison:
+    """Every policy and the static ladder on the same arrivals (powers of two, then the
+    fine ladder's quarter steps around the best by goodput); keeps each policy's first
     run for the figures."""
-    workloads = workloads_for(scenario, seeds, num_requests)
-    first = {}
+    from eval.capacity import POWERS_OF_TWO, quarter_steps_around
 
-    def keep(policy, index, result):
-        if index == 0:
-            first[policy.name] = result
-        if progress is not None:
-            progress.update(1)
+    def statics(budgets):
+        return [p for p in static_policies(scenario, budgets) if p.name not in results]
 
-    ladder_policies = static_policies(scenario)
-    shown = {p.name for p in policies}
-    runs = list(policies) + [p for p in ladder_policies if p.name not in shown]
-    results = run_policies(scenario, runs, workloads, on_result=keep)
-    ladder = {p.tokens: results[p.name] for p in ladder_policies}
+    results: dict[str, PolicyResult] = {}
+    found, first = run_streams(scenario, list(policies), seeds, num_requests, executor, progress)
+    results.update(found)
+    coarse = statics(POWERS_OF_TWO)
+    found, _ = run_streams(scenario, coarse, seeds, num_requests, executor, progress, False)
+    results.update(found)
+    rungs = [b for b in POWERS_OF_TWO if b >= scenario.max_num_seqs]
+    best = best_of({b: results[f"static:{b}"] for b in rungs})
+    fine = quarter_steps_around(best, scenario.max_num_seqs)
+    found, _ = run_streams(scenario, statics(fine), seeds, num_requests, executor, progress, False)
+    results.update(found)
+    ladder = {b: results[f"static:{b}"] for b in sorted(rungs + fine)}
     notes = [n for n in (training_overlap(p, scenario) for p in policies) if n]
     return Comparison(scenario, {p.name: results[p.name] for p in policies}, ladder, first, notes)
 
@@ -88,14 +125,13 @@ def two_questions(cmp: Comparison) -> list[str]:
     """DESIGN.md section 5: does each adaptive policy match the hindsight-best static budget
     (regret), and where does it beat it (gain)? Said plainly, including where it does not."""
     b, best = cmp.best_static()
-    g_best = best.mean("goodput")
-    lines = [f"Best static budget in hindsight: {b} (goodput {g_best:.3f}, p99 TTFT "
+    lines = [f"Best static budget in hindsight on the fine ladder (steps of 2^(1/4)): {b} "
+             f"(goodput {best.mean('goodput'):.3f} ± {best.ci95('goodput'):.3f}, p99 TTFT "
              f"{best.mean('ttft_p99_s'):.2f} s, p99 ITL {best.mean('itl_p99_s') * 1e3:.1f} ms)."]
     for name, r in cmp.results.items():
         if r.kind == "static":
             continue
-        kind, rel = against_best(r.mean("goodput"), g_best)
-        lines.append(f"- {name}: {verdict_sentence(kind, rel, f'static:{b}')}; worst gap "
+        lines.append(f"- {name}: {verdict_sentence(cmp.verdict(name), f'static:{b}')}; worst gap "
                      f"{r.mean('itl_max_s') * 1e3:.0f} ms vs {best.mean('itl_max_s') * 1e3:.0f} ms, "
                      f"smooth share {r.mean('smooth_share'):.3f} vs {best.mean('smooth_share'):.3f}.")
     return lines
@@ -152,32 +188,29 @@ def comparison_report(cmp: Comparison, out: Path, seeds: int, title: str = "Comp
     return text
 
 
-def capacity_report(scenario: Scenario, policies, out: Path, seeds: int, num_requests: int,
-                    progress=None) -> tuple[dict, str]:
-    caps = {}
-    for p in policies:
-        caps[p.name] = capacity(scenario, p, seeds=seeds, num_requests=num_requests)
-        if progress is not None:
-            progress.update(1)
-    values = {n: c.capacity for n, c in caps.items()}
-    kinds = {p.name: p.kind for p in policies}
-    statics = {n for n in values if kinds[n] in ("static", "default")}
-    best_static = max((n for n in values if kinds[n] == "static"), key=values.get, default=None)
-    # (the best static among those measured: include the ladder for a hindsight-best figure)
-    lines = ["# Capacity under the SLO", "", f"- scenario: {scenario_line(scenario)}",
-             f"- capacity: the highest rate at which mean p99 TTFT and p99 ITL over {seeds} streams of "
-             f"{num_requests} requests meet the SLO (bisection to 2%)",
-             f"- commit {git_commit()}", "", "| policy | capacity (req/s) |", "|---|---:|"]
-    lines += [f"| {n} | {v:.3f} |" for n, v in values.items()]
-    if best_static:
-        lines += ["", f"Best static budget: {best_static} ({values[best_static]:.3f} req/s)."]
-        for n, v in values.items():
-            if n not in statics and values[best_static] > 0:
-                lines.append(f"- {n} serves {v / values[best_static] - 1:+.1%} requests per second "
-                             f"compared with {best_static} at the same SLO.")
+def capacity_report(study, out: Path, seeds: int, num_requests: int) -> str:
+    """The capacity table of one scenario: every policy with its interval and its verdict
+    against the hindsight-best static budget on the fine ladder, and the ladder itself."""
+    b = study.best_budget
+    best = study.best
+    lines = ["# Capacity under the SLO", "", f"- scenario: {scenario_line(study.scenario)}",
+             f"- capacity: per stream, the highest load at which p99 TTFT and p99 ITL meet the SLO "
+             f"(bisection to 2%), over {seeds} streams of {num_requests} requests; ± is a 95% "
+             "interval over streams; verdicts compare stream by stream",
+             f"- commit {git_commit()}", "",
+             f"Hindsight-best static budget (fine ladder, steps of 2^(1/4)): {b} at "
+             f"{best.capacity:.3f} ± {best.ci95:.3f} req/s.", "",
+             "| policy | capacity (req/s) | against static:" + str(b) + " |", "|---|---:|---|"]
+    for n, r in study.policies.items():
+        lines.append(f"| {n} | {r.capacity:.3f} ± {r.ci95:.3f} | "
+                     f"{verdict_sentence(study.verdict(n), f'static:{b}', 'capacity')} |")
+    lines += ["", "Static ladder measured: " + ", ".join(
+        f"{k}: {r.capacity:.2f}" for k, r in study.rungs.items()) + " req/s."]
+    values = {**{n: r.capacity for n, r in study.policies.items()},
+              f"static:{b} (hindsight best)": best.capacity}
     fig = plots.capacity_bars(values, out / "capacity.png", "capacity under the SLO")
     lines += ["", f"![capacity]({fig.name})", ""]
     text = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
     (out / "capacity.md").write_text(text)
-    return {n: {"capacity_rps": c.capacity, "probes": c.probes} for n, c in caps.items()}, text
+    return text

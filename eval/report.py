@@ -59,17 +59,17 @@ def short_table(rows: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
-def verdict_sentence(kind: str, rel: float, best_name: str) -> str:
-    """DESIGN.md section 5's two jobs, said plainly, for a policy against the best static
-    budget (``kind`` and ``rel`` from :func:`eval.harness.against_best`)."""
-    tol = f"{MATCH_TOLERANCE:.0%}"
-    return {
-        "beats": (f"beats the best static budget ({best_name}) by {rel:+.1%} goodput (job 2: "
-                  "beating the best static where the dynamics give room)"),
-        "matches": (f"matches the best static budget ({best_name}) within {tol} ({rel:+.1%} "
-                    f"goodput; job 1), without beating it by more than {tol}"),
-        "short": f"does NOT match the best static budget ({best_name}): {rel:+.1%} goodput",
-    }[kind]
+def verdict_sentence(verdict, best_name: str, what: str = "goodput") -> str:
+    """DESIGN.md section 5's two jobs, said plainly, for a policy against the hindsight-best
+    static budget (an :class:`eval.harness.Verdict` over the same streams)."""
+    fig = f"{verdict.rel:+.1%} ± {verdict.half:.1%} {what}"
+    job1 = (f"within {MATCH_TOLERANCE:.0%}: job 1 met" if verdict.matches
+            else f"not within {MATCH_TOLERANCE:.0%}: job 1 not met")
+    if verdict.kind == "beats":
+        return f"beats the best static budget ({best_name}) by {fig} (job 2)"
+    if verdict.kind == "ties":
+        return f"ties with the best static budget ({best_name}), {fig} ({job1})"
+    return f"falls short of the best static budget ({best_name}): {fig} ({job1})"
 
 
 def scenario_line(sc: Scenario) -> str:

@@ -1,95 +1,138 @@
-"""The scenario suite: every named scenario of ``eval/scenarios.py`` compared (and, on
-request, its capacities found) for one set of policies, in one report."""
+"""The scenario suite: every named scenario of ``eval/scenarios.py``, for one set of
+policies, in one report. The headline is capacity under the SLO, each policy against
+the hindsight-best static budget on the fine ladder (and the reference controller when
+asked); goodput at each scenario's base load is the second table."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.compare import capacity_report, compare, comparison_report
-from eval.harness import against_best, static_policies
+from eval.capacity import CapacityStudy, add_references, capacity_studies
+from eval.compare import Comparison, capacity_report, compare, comparison_report
+from eval.parallel import progress_bar
 from eval.report import git_commit, save_json, scenario_line
 from eval.scenarios import SUITE
 
 
-@dataclass
-class SuiteRow:
-    name: str
-    best_budget: int
-    best_goodput: float
-    goodput: dict[str, float]
-    """Goodput by policy spec (a spec's policy name can differ per scenario: sarathi-slo:N)."""
-    capacity: dict[str, dict] = field(default_factory=dict)
-    best_capacity: tuple[str, float] | None = None
-
-
-def run_scenario(name: str, specs: list[str], seeds: int, requests: int, with_capacity: bool,
-                 out: Path) -> tuple[SuiteRow, dict]:
-    """One scenario of the suite: its comparison report, and its capacities if asked."""
+def run_suite(names: list[str], specs: list[str], args, executor) -> str:
+    """Compare, then (unless ``args.capacity`` is off) find capacities, for every named
+    scenario; writes ``args.out``/README.md, suite.json and a folder per scenario."""
     from policies.specs import make_policies
 
-    sc = SUITE[name]
-    policies = make_policies(",".join(specs), sc)
-    cmp = compare(sc, policies, seeds, None if sc.trace else requests)
-    sub = out / name
-    comparison_report(cmp, sub, seeds, title=f"Scenario {name}")
-    best_b, best = cmp.best_static()
-    entry = {"scenario": scenario_line(sc), "results": cmp.as_json()}
-    row = SuiteRow(name, best_b, best.mean("goodput"),
-                   {spec: cmp.results[p.name].mean("goodput") for spec, p in zip(specs, policies)})
-    if with_capacity:
-        # The best static budget for capacity is the ladder's best at its own capacity,
-        # not the best at the scenario's base load.
-        shown = {p.name for p in policies}
-        ladder = [p for p in static_policies(sc) if p.name not in shown]
-        by_name, _ = capacity_report(sc, policies + ladder, sub, seeds, requests)
-        entry["capacity"] = by_name
-        row.capacity = {spec: by_name[p.name] for spec, p in zip(specs, policies)}
-        statics = [p.name for p in policies + ladder if p.kind == "static"]
-        best_cap = max(statics, key=lambda n: by_name[n]["capacity_rps"])
-        row.best_capacity = (best_cap, by_name[best_cap]["capacity_rps"])
-    return row, entry
-
-
-def suite_table(rows: list[SuiteRow]) -> list[str]:
-    specs = list(rows[0].goodput) if rows else []
-    table = ["| scenario | best static (goodput) | " + " | ".join(specs) + " |",
-             "|---|---|" + "---:|" * len(specs)]
-    for row in rows:
-        cells = []
-        for p in specs:
-            v = row.goodput[p]
-            mark = "" if against_best(v, row.best_goodput)[0] != "short" else " (below best static)"
-            cap = f", {row.capacity[p]['capacity_rps']:.2f} req/s" if row.capacity else ""
-            cells.append(f"{v:.3f}{mark}{cap}")
-        best_cap = (f"; capacity: {row.best_capacity[0]} at {row.best_capacity[1]:.2f} req/s"
-                    if row.best_capacity else "")
-        table.append(f"| {row.name} | goodput: {row.best_budget} ({row.best_goodput:.3f}){best_cap} | "
-                     + " | ".join(cells) + " |")
-    return table
-
-
-def run_suite(names: list[str], specs: list[str], seeds: int, requests: int, with_capacity: bool,
-              out: Path, progress=None) -> str:
-    """Every named scenario; writes ``out``/README.md and suite.json, returns the text."""
+    out = Path(args.out)
     t0 = time.perf_counter()
-    rows, sections, data = [], [], {}
-    for name in names:
-        row, entry = run_scenario(name, specs, seeds, requests, with_capacity, out)
-        rows.append(row)
-        data[name] = entry
-        sections.append(f"- [{name}]({name}/report.md): {scenario_line(SUITE[name])}")
-        if progress is not None:
-            progress.update(1)
-    head = ["# chunkpilot evaluation suite", "",
-            f"- policies: {','.join(specs)}; {seeds} streams of {requests} requests per "
-            f"synthetic scenario; commit {git_commit()}; {time.strftime('%Y-%m-%d %H:%M')}", ""]
-    text = "\n".join(head + ["Goodput per policy (capacity when computed); the static ladder 256-16384 "
-                             "picks the best static budget in hindsight per scenario.", ""]
-                     + suite_table(rows) + ["", "## Scenarios", ""] + sections
-                     + ["", f"Wall time: {time.perf_counter() - t0:.0f} s.", ""])
+    scenarios = [SUITE[n] for n in names]
+    policies = [make_policies(",".join(specs), sc) for sc in scenarios]
+    comparisons = []
+    with progress_bar(len(names) * (len(specs) + 15) * args.seeds, "suite: goodput") as bar:
+        for sc, ps in zip(scenarios, policies):
+            comparisons.append(compare(sc, ps, args.seeds, None if sc.trace else args.requests,
+                                       progress=bar, executor=executor))
+    studies: list[CapacityStudy | None] = [None] * len(names)
+    if args.capacity:
+        with progress_bar(len(names) * (len(specs) + 15) * args.seeds, "suite: capacity") as bar:
+            studies = capacity_studies(list(zip(scenarios, policies)), args.seeds, args.requests,
+                                       executor, bar)
+        if args.reference:
+            with progress_bar(len(names) * args.seeds, "suite: reference") as bar:
+                add_references(studies, args.seeds, args.requests, executor, bar)
+    data = {}
+    for name, cmp, st in zip(names, comparisons, studies):
+        comparison_report(cmp, out / name, args.seeds, title=f"Scenario {name}")
+        data[name] = {"scenario": scenario_line(cmp.scenario), "goodput": cmp.as_json()}
+        if st is not None:
+            capacity_report(st, out / name, args.seeds, args.requests)
+            data[name]["capacity"] = st.as_json()
+    text = suite_text(names, specs, comparisons, studies, args, time.perf_counter() - t0)
     out.mkdir(parents=True, exist_ok=True)
     (out / "README.md").write_text(text)
     save_json(out / "suite.json", data)
     return text
+
+
+def _spec_names(cmp: Comparison, specs: list[str]) -> dict[str, str]:
+    """Column (spec) -> the policy's name in this scenario (sarathi-slo's carries its N)."""
+    return dict(zip(specs, list(cmp.results)[:len(specs)]))
+
+
+def capacity_table(names, specs, comparisons, studies) -> list[str]:
+    cols = specs + (["reference"] if any(st and len(st.policies) > len(specs) for st in studies) else [])
+    lines = ["| scenario | hindsight static: capacity (req/s) | " + " | ".join(cols) + " |",
+             "|---|---|" + "---|" * len(cols)]
+    for name, cmp, st in zip(names, comparisons, studies):
+        by_spec = _spec_names(cmp, specs)
+        ref = [n for n in st.policies if st.policies[n].kind == "reference"]
+        if ref:
+            by_spec["reference"] = ref[0]
+        cells = []
+        for col in cols:
+            n = by_spec.get(col)
+            if n is None or n not in st.policies:
+                cells.append("n/a")
+                continue
+            r, v = st.policies[n], st.verdict(n)
+            cells.append(f"{r.capacity:.2f} ± {r.ci95:.2f} ({v.rel:+.1%} ± {v.half:.1%}, {v.kind})")
+        lines.append(f"| {name} | {st.best_budget}: {st.best.capacity:.2f} ± {st.best.ci95:.2f} | "
+                     + " | ".join(cells) + " |")
+    return lines
+
+
+def goodput_table(names, specs, comparisons) -> list[str]:
+    lines = ["| scenario | hindsight static: goodput | " + " | ".join(specs) + " |",
+             "|---|---|" + "---|" * len(specs)]
+    for name, cmp in zip(names, comparisons):
+        b, best = cmp.best_static()
+        cells = []
+        for spec, n in _spec_names(cmp, specs).items():
+            r, v = cmp.results[n], cmp.verdict(n)
+            cells.append(f"{r.mean('goodput'):.3f} ({v.kind})")
+        lines.append(f"| {name} | {b}: {best.mean('goodput'):.3f} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def job_counts(names, specs, comparisons, studies) -> list[str]:
+    """Per policy: scenarios within 2% of the hindsight static's capacity (job 1) and
+    scenarios where it beats it beyond the interval (job 2)."""
+    lines = []
+    for spec in specs:
+        within = beats = 0
+        short = []
+        for name, cmp, st in zip(names, comparisons, studies):
+            n = _spec_names(cmp, specs)[spec]
+            v = st.verdict(n)
+            within += v.matches
+            beats += v.kind == "beats"
+            if not v.matches:
+                short.append(f"{name} {v.rel:+.0%}")
+        lines.append(f"- {spec}: within 2% of the hindsight static in {within} of {len(names)} "
+                     f"scenarios; beats it in {beats}" + (f"; short in {', '.join(short)}" if short else ""))
+    return lines
+
+
+def suite_text(names, specs, comparisons, studies, args, wall_s: float) -> str:
+    head = ["# chunkpilot evaluation suite", "",
+            f"- policies: {','.join(specs)}; {args.seeds} streams of {args.requests} requests per "
+            f"scenario (a trace's window cut into {args.seeds} parts); commit {git_commit()}; "
+            f"{time.strftime('%Y-%m-%d %H:%M')}",
+            "- the static ladder is searched in steps of 2^(1/4) from 64 to 16,384 tokens (powers of "
+            "two, then quarter steps within an octave of the best); each cell gives the policy's "
+            "figure ± a 95% interval over streams, then its difference from the hindsight-best "
+            "static on the same streams ± its interval, and the verdict (beats / ties / falls short "
+            "when the interval excludes zero)", ""]
+    body = []
+    if studies[0] is not None:
+        body += ["## Capacity under the SLO", "",
+                 "Capacity: per stream, the highest load at which p99 TTFT and p99 ITL meet the SLO "
+                 "(bisection to 2%).", ""]
+        body += capacity_table(names, specs, comparisons, studies) + [""]
+        body += job_counts(names, specs, comparisons, studies) + [""]
+    body += ["## Goodput at each scenario's base load", ""] + goodput_table(names, specs, comparisons)
+    body += ["", "## Scenarios", ""] + [f"- [{n}]({n}/report.md): {scenario_line(SUITE[n])}" for n in names]
+    return "\n".join(head + body + ["", f"Wall time: {wall_s:.0f} s with {executor_label(args)}.", ""])
+
+
+def executor_label(args) -> str:
+    if args.ray_address:
+        return f"the Ray cluster at {args.ray_address}"
+    return "1 worker (in process)" if args.workers == 1 else f"{args.workers or 'all'} Ray workers"

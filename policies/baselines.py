@@ -155,3 +155,52 @@ class SarathiSLOPolicy(StaticPolicy):
             best = lo
         return cls(best, {"decodes": n, "mean_context": ctx, "prompt_tokens": prompt,
                           "pass_s": pass_time(best)})
+
+
+class TimeBudgetPolicy(BudgetPolicy):
+    """Each pass, the largest budget whose priced duration stays within ``fraction`` of
+    the ITL target: the cost model prices this pass's decodes (their contexts) and one
+    chunk after the head request's prefilled prefix, and the chunk grows until the pass
+    would take longer (:func:`envs.cost.chunk_within`). Sarathi-Serve's SLO-derived
+    budget, worked out per pass instead of once. With nothing decoding no one's ITL is
+    at stake and chunking only delays the prompt, so it uses the cap."""
+
+    def __init__(self, itl_s: float, fraction: float = 0.9, cap: int = 16384):
+        self.itl_s, self.fraction, self.cap = float(itl_s), float(fraction), int(cap)
+        self.target_s = self.fraction * self.itl_s
+        self.name = "time-budget" if fraction == 0.9 else f"time-budget:{fraction:g}"
+
+    def chunk(self, state) -> int:
+        """Prompt tokens this pass may carry within the target."""
+        from envs.cost import chunk_within
+
+        sim = state.simulator
+        n = state.num_decodes
+        return chunk_within(sim.roofline, n, state.decode_context_tokens, self.target_s,
+                            state.head_prefilled_tokens, cap=max(self.cap - n, 0))
+
+    def budget(self, state) -> int:
+        n = state.num_decodes
+        if n == 0:
+            return self.cap
+        return n + self.chunk(state)
+
+
+class TimeBudgetKVPolicy(TimeBudgetPolicy):
+    """The time-budget rule, throttled when the KV cache fills: its chunk shrinks linearly
+    from the time budget's at ``kv_low`` usage to ``floor`` tokens at ``kv_high``. Under KV
+    pressure admitting prompts faster than decodes free blocks only buys preemptions
+    (recomputation); a smaller chunk admits less per pass, as a small static budget does,
+    while partial prefills still progress."""
+
+    def __init__(self, itl_s: float, fraction: float = 0.9, kv_low: float = 0.5,
+                 kv_high: float = 0.9, floor: int = 512, cap: int = 16384):
+        super().__init__(itl_s, fraction, cap)
+        self.kv_low, self.kv_high, self.floor = float(kv_low), float(kv_high), int(floor)
+        self.name = "time-budget-kv" if fraction == 0.9 else f"time-budget-kv:{fraction:g}"
+
+    def budget(self, state) -> int:
+        n = state.num_decodes
+        chunk = self.cap if n == 0 else self.chunk(state)
+        room = min(max((self.kv_high - state.kv_usage) / (self.kv_high - self.kv_low), 0.0), 1.0)
+        return n + int(min(chunk, self.floor + (chunk - self.floor) * room))

@@ -8,6 +8,11 @@
 ``no-decode-boost[:LOW:HIGH]``    HIGH with nothing decoding, else LOW (2048:16384)
 ``sarathi-slo``                   Sarathi-Serve's static budget for the ITL target
 ``free-ride[:FLOOR:CAP]``         running decodes + this pass's free ride (256:16384)
+``time-budget[:FRACTION]``        each pass, the largest budget priced within FRACTION of the
+                                  ITL target (0.9; FRACTION in (0, 2])
+``time-budget-kv[:FRACTION]``     the same, its chunk shrinking as the KV cache fills
+``reference:BUDGET[:H[:R]]``      the MPC reference over static BUDGET (not deployable: sees
+                                  the future), horizon H s (2x TTFT), re-plan every R s
 ``model:RUN_DIR``                 a model trained by train.py
 ``table:PATH``                    an exported lookup table
 ================================  ==========================================================
@@ -15,6 +20,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 from envs.engine import check_static_budget
@@ -23,7 +29,9 @@ from envs.scenario import Scenario
 from policies.base import BudgetPolicy
 
 KNOWN = ("static:N", "vllm-default[:offline]", "queue-depth[:BASE]", "no-decode-boost[:LOW:HIGH]",
-         "sarathi-slo", "free-ride[:FLOOR:CAP]", "model:RUN_DIR", "table:PATH")
+         "sarathi-slo", "free-ride[:FLOOR:CAP]", "time-budget[:FRACTION]",
+         "time-budget-kv[:FRACTION]", "reference:BUDGET[:HORIZON_S[:REPLAN_S]]", "model:RUN_DIR",
+         "table:PATH")
 
 
 def _ints(spec: str, args: list[str], count: tuple[int, ...]) -> list[int]:
@@ -37,6 +45,31 @@ def _ints(spec: str, args: list[str], count: tuple[int, ...]) -> list[int]:
     if any(v <= 0 for v in vals):
         raise ConfigError(f"policy: got {spec!r}, arguments must be > 0")
     return vals
+
+
+def _floats(spec: str, args: list[str], count: tuple[int, ...]) -> list[float]:
+    if len(args) not in count:
+        raise ConfigError(f"policy: got {spec!r}, wrong number of arguments; known specs: "
+                          f"{', '.join(KNOWN)}")
+    try:
+        vals = [float(a) for a in args]
+    except ValueError:
+        raise ConfigError(f"policy: got {spec!r}, arguments must be numbers") from None
+    if not all(math.isfinite(v) and v > 0 for v in vals):
+        raise ConfigError(f"policy: got {spec!r}, arguments must be finite and > 0")
+    return vals
+
+
+def _fraction(spec: str, args: list[str]) -> float:
+    if len(args) > 1:
+        raise ConfigError(f"policy: got {spec!r}, takes one FRACTION of the ITL target")
+    try:
+        f = float(args[0]) if args else 0.9
+    except ValueError:
+        f = math.nan
+    if not 0 < f <= 2:
+        raise ConfigError(f"policy: got {spec!r}, FRACTION of the ITL target must lie in (0, 2]")
+    return f
 
 
 def load_table_policy(path: str, scenario: Scenario | None = None, name: str | None = None):
@@ -60,7 +93,8 @@ def load_table_policy(path: str, scenario: Scenario | None = None, name: str | N
 def make_policy(spec: str, scenario: Scenario) -> BudgetPolicy:
     """Build the policy a spec names, for a scenario (some rules read its profiles)."""
     from policies.baselines import (FreeRidePolicy, NoDecodeBoostPolicy, QueueDepthPolicy,
-                                    SarathiSLOPolicy, StaticPolicy, VllmDefaultPolicy)
+                                    SarathiSLOPolicy, StaticPolicy, TimeBudgetKVPolicy,
+                                    TimeBudgetPolicy, VllmDefaultPolicy)
 
     spec = spec.strip()
     kind, _, rest = spec.partition(":")
@@ -81,7 +115,21 @@ def make_policy(spec: str, scenario: Scenario) -> BudgetPolicy:
     if kind == "sarathi-slo" and not args:
         return SarathiSLOPolicy.fit(scenario)
     if kind == "free-ride":
-        return FreeRidePolicy(*_ints(spec, args, (0, 2)))
+        floor, cap = _ints(spec, args, (0, 2)) or (256, 16384)
+        if floor > cap:
+            raise ConfigError(f"policy: got {spec!r}, FLOOR must be <= CAP")
+        return FreeRidePolicy(floor, cap)
+    if kind == "time-budget":
+        return TimeBudgetPolicy(scenario.slo_itl_s, _fraction(spec, args))
+    if kind == "time-budget-kv":
+        return TimeBudgetKVPolicy(scenario.slo_itl_s, _fraction(spec, args))
+    if kind == "reference" and args:
+        from policies.reference import reference_for
+
+        base = _ints(spec, args[:1], (1,))[0]
+        check_static_budget(base, scenario.engine_config())
+        times = _floats(spec, args[1:], (0, 1, 2))
+        return reference_for(scenario, base, *times)
     if kind == "model" and rest:
         from agents.runs import load_run  # training's packages, only when a model is named
 

@@ -1,0 +1,91 @@
+"""A reference controller that bounds what any budget controller could gain: model
+predictive control over the simulator itself. Not deployable: it sees the stream's
+future arrivals and their lengths.
+
+At each re-plan it forks the simulator and rolls every candidate forward: the candidate
+decides the budget for ``replan_s`` seconds, then the base policy (the scenario's
+hindsight-best static budget) takes over until ``horizon_s`` seconds from now. Each
+rollout is scored by the SLO itself (TTFT deadlines missed, plus decode tokens whose gap
+exceeded the ITL target, in units of a request's worth of tokens); the best candidate
+decides until the next re-plan, and ties go to the base. Keeping the base among the
+candidates makes this a rollout algorithm over the best static budget: it deviates
+from it only where a deviation scores better over the horizon, which is how it stays at
+least as good as that budget in practice (greedy re-planning over a finite horizon is
+not a proof; the report says where it falls short).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from envs.actions import clamp_budget
+from envs.errors import require
+from envs.reward import SLOMeter
+from policies.base import BudgetPolicy
+
+
+class ReferencePolicy(BudgetPolicy):
+    kind = "reference"
+
+    def __init__(self, slo, base: BudgetPolicy, candidates: Sequence[BudgetPolicy],
+                 horizon_s: float | None = None, replan_s: float | None = None,
+                 mean_output: float | None = None, name: str = "reference (MPC)"):
+        self.slo, self.base, self.name = slo, base, name
+        self.candidates = [c for c in candidates if c.name != base.name]
+        self.horizon_s = 2 * slo.ttft_s if horizon_s is None else float(horizon_s)
+        self.replan_s = slo.ttft_s / 4 if replan_s is None else float(replan_s)
+        require(math.isfinite(self.horizon_s) and self.horizon_s >= slo.itl_s, "horizon_s",
+                self.horizon_s, f"must be at least one pass at the ITL target ({slo.itl_s:g} s)")
+        require(math.isfinite(self.replan_s) and 0 < self.replan_s <= self.horizon_s, "replan_s",
+                self.replan_s, f"must lie in (0, horizon_s = {self.horizon_s:g}]")
+        self.mean_output = mean_output
+        self.reset()
+
+    def reset(self) -> None:
+        self._until = -math.inf
+        self._choice = self.base
+        self.choices: dict[str, int] = {}
+
+    def score(self, sim, first: BudgetPolicy) -> float:
+        """SLO violations over the horizon when ``first`` decides for ``replan_s`` seconds and
+        the base policy after."""
+        f = sim.fork()
+        meter = SLOMeter(f, self.slo)
+        switch, end = f.now + self.replan_s, f.now + self.horizon_s
+        state = f.state()
+        while True:
+            policy = first if f.now < switch else self.base
+            f.step(clamp_budget(policy(state), f.num_decodes))
+            if not f.advance(until_s=end) or f.now >= end:
+                break
+        missed, slow = meter.charges()
+        per_request = self.mean_output or max(float(sim.workload.output_tokens.mean()), 1.0)
+        return missed + slow / per_request
+
+    def budget(self, state) -> int:
+        sim = state.simulator
+        if sim.now >= self._until:
+            best, best_score = self.base, self.score(sim, self.base)
+            for c in self.candidates:
+                s = self.score(sim, c)
+                if s < best_score:
+                    best, best_score = c, s
+            self._choice, self._until = best, sim.now + self.replan_s
+            self.choices[best.name] = self.choices.get(best.name, 0) + 1
+        return self._choice(state)
+
+
+def reference_for(scenario, base_budget: int, horizon_s: float | None = None,
+                  replan_s: float | None = None) -> ReferencePolicy:
+    """The reference over a scenario's hindsight-best static budget: candidates are the
+    fine ladder's rungs within an octave of it and the per-pass time-budget rules."""
+    from eval.capacity import FINE_LADDER
+    from policies.baselines import StaticPolicy, TimeBudgetKVPolicy, TimeBudgetPolicy
+
+    k = FINE_LADDER.index(base_budget) if base_budget in FINE_LADDER else None
+    rungs = FINE_LADDER[max(k - 4, 0):k + 5] if k is not None else ()
+    statics = [StaticPolicy(b) for b in rungs if b >= scenario.max_num_seqs]
+    rules = [TimeBudgetPolicy(scenario.slo_itl_s), TimeBudgetKVPolicy(scenario.slo_itl_s)]
+    return ReferencePolicy(scenario.slo(), StaticPolicy(base_budget), statics + rules, horizon_s,
+                           replan_s, name=f"reference (MPC over static:{base_budget})")

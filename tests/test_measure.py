@@ -1,0 +1,154 @@
+"""Measuring so that results can tell: the fine static ladder, the per-pass time-budget
+rule, the reference controller, intervals, and sweeps that give the same numbers on Ray."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from envs.cost import chunk_attention_pairs, price
+from envs.profiles import profile_to_toml
+from envs.scenario import Scenario
+from eval.capacity import FINE_LADDER, POWERS_OF_TWO, capacity_studies
+from policies.baselines import StaticPolicy, TimeBudgetKVPolicy, TimeBudgetPolicy
+from tests.conftest import TOY_HW, TOY_MODEL, cli, make_sim
+
+
+@pytest.fixture
+def cliff(tmp_path) -> Scenario:
+    """A scenario built to have its best static budget between two powers of two: a pass
+    carrying a chunk of more than ~400 tokens breaks the 9.5 ms ITL target (a cliff),
+    while smaller chunks pay the 1 ms per-pass cost more often."""
+    hw, model = tmp_path / "hw.toml", tmp_path / "m.toml"
+    hw.write_text(profile_to_toml(TOY_HW))
+    model.write_text(profile_to_toml(TOY_MODEL))
+    return Scenario(hardware=str(hw), model=str(model), rate=2.0, num_requests=80,
+                    prompt="fixed:3000", output="fixed:40", slo_ttft_s=3.0, slo_itl_s=0.0095,
+                    max_num_seqs=64, num_kv_blocks=4000)
+
+
+def test_fine_ladder_steps_by_a_quarter_octave():
+    assert FINE_LADDER[0] == 64 and FINE_LADDER[-1] == 16384 and len(FINE_LADDER) == 33
+    assert {362, 431, 609, 2435, 3444} <= set(FINE_LADDER)
+    assert POWERS_OF_TWO == (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def test_fine_ladder_finds_the_optimum_between_two_powers_of_two(cliff):
+    (study,) = capacity_studies([(cliff, [])], seeds=2, num_requests=80)
+    b = study.best_budget
+    assert b not in POWERS_OF_TWO and 256 < b < 512
+    assert study.best.capacity > 1.05 * max(study.rungs[256].capacity, study.rungs[512].capacity)
+    assert study.as_json()["_hindsight_static"]["budget"] == b
+
+
+def test_time_budget_never_prices_a_pass_above_its_target():
+    sim = make_sim([(0.002 * i, 900 + 37 * i, 30) for i in range(60)], budget_blocks=3000)
+    rule = TimeBudgetPolicy(itl_s=0.02, fraction=0.9)
+    decisions = []
+
+    def spy(state):
+        b = rule(state)
+        decisions.append((state.pass_index, state.num_decodes))
+        return b
+
+    sim.run(spy)
+    priced = 0
+    for p, n in decisions:
+        shape = sim.shapes[p]
+        alone = price(sim.roofline, shape._replace(prefill_tokens=0, prefill_prefix_tokens=0,
+                                                  prefill_attention_pairs=0)).total_s
+        if n and alone <= rule.target_s:  # the decodes alone fit: the rule keeps the pass within
+            assert price(sim.roofline, shape).total_s <= rule.target_s + 1e-12
+            priced += shape.prefill_tokens > 0
+    assert priced > 20  # it did carry prefill in most of those passes
+
+
+def test_time_budget_fills_the_target_exactly():
+    # Eight users decoding when a 5,000-token prompt arrives.
+    sim = make_sim([(0.0, 50, 400)] * 8 + [(0.05, 5000, 20)], budget_blocks=3000)
+    while sim.advance():
+        state = sim.state()
+        if state.num_decodes == 8 and state.head_prompt_tokens == 5000:
+            break
+        sim.step(8192)
+    rule = TimeBudgetPolicy(itl_s=0.02)
+    n, ctx, q = state.num_decodes, state.decode_context_tokens, state.head_prefilled_tokens
+    x = rule(state) - n
+    r = sim.roofline
+
+    def cost(c):
+        from envs.cost import PassShape
+        return price(r, PassShape(n, ctx, c, q, chunk_attention_pairs(c, q))).total_s
+
+    assert cost(x) <= rule.target_s < cost(x + 1)
+
+
+def test_kv_variant_shrinks_its_chunk_as_the_cache_fills():
+    class State:
+        def __init__(self, usage):
+            self.num_decodes, self.kv_usage = 10, usage
+
+    rule = TimeBudgetKVPolicy(itl_s=0.1, floor=512)
+    rule.chunk = lambda state: 4000  # the time budget's chunk, fixed for the test
+    assert rule.budget(State(0.3)) == 10 + 4000
+    assert rule.budget(State(0.7)) == 10 + 512 + (4000 - 512) // 2
+    assert rule.budget(State(0.95)) == 10 + 512
+
+
+def test_reference_is_at_least_as_good_as_the_best_static(cliff):
+    """On a stream loaded past the best static's capacity, the reference controller over
+    that budget misses the SLO no more often than the budget itself."""
+    from envs.reward import SLOMeter
+    from policies.reference import reference_for
+
+    sc = cliff.with_fields(rate=60.0, num_requests=60)
+    w = sc.workload(11)
+
+    def violations(policy):
+        sim = sc.simulator(w)
+        meter = SLOMeter(sim, sc.slo())
+        sim.run(policy)
+        missed, slow = meter.charges(final=True)
+        return missed + slow / 40
+
+    base = violations(StaticPolicy(362))
+    ref = reference_for(sc, 362)
+    assert violations(ref) <= base
+    assert base > 0  # the load is high enough for the budget to matter
+
+
+def test_sweeps_give_identical_json_on_one_or_two_workers(tmp_path):
+    args = ["capacity", "--policies", "time-budget,queue-depth", "--rate", "4", "--seeds", "2",
+            "--requests", "60", "--json"]
+    one = cli("eval", *args, "--workers", "1", "--out", str(tmp_path / "a"))
+    two = cli("eval", *args, "--workers", "2", "--out", str(tmp_path / "b"))
+    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
+    assert json.loads(one.stdout) == json.loads(two.stdout)
+    assert json.loads(one.stdout)["_hindsight_static"]["budget"] in FINE_LADDER
+
+
+@pytest.mark.parametrize("args, message", [
+    (["compare", "--policies", "time-budget:0"], "FRACTION of the ITL target must lie in (0, 2]"),
+    (["compare", "--policies", "time-budget:2.5"], "FRACTION of the ITL target must lie in (0, 2]"),
+    (["compare", "--policies", "time-budget-kv:nan"], "FRACTION of the ITL target must lie in (0, 2]"),
+    (["compare", "--policies", "reference:2048:inf"], "arguments must be finite and > 0"),
+    (["compare", "--policies", "reference:2048:0.01"], "horizon_s: got 0.01, must be at least one pass"),
+    (["compare", "--policies", "fast-rule"], "unknown spec 'fast-rule'"),
+    (["capacity", "--workers", "0"], "workers: got 0, must be an integer >= 1"),
+    (["capacity", "--ray-address", "127.0.0.1:1", "--requests", "20"], "ray_address: cannot"),
+])
+def test_bad_measurement_input_is_one_line(args, message):
+    out = cli("eval", *args)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.stderr
+
+
+def test_intervals_over_streams():
+    sc = Scenario(rate=5.0, num_requests=80)
+    (study,) = capacity_studies([(sc, [TimeBudgetPolicy(0.1)])], seeds=3, num_requests=80)
+    r = study.policies["time-budget"]
+    assert len(r.per_stream) == 3
+    assert r.ci95 == pytest.approx(1.96 * np.std(r.per_stream, ddof=1) / np.sqrt(3))
