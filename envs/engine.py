@@ -230,8 +230,11 @@ class Simulator:
         self._coef = (rf.weight_bytes * rf.seconds_per_byte,
                       rf.kv_bytes_per_token * rf.seconds_per_kv_byte,
                       rf.flops_per_token * rf.seconds_per_flop,
-                      rf.attention_flops_per_pair * rf.seconds_per_attention_flop, rf.overhead_s)
+                      rf.attention_flops_per_pair * rf.seconds_per_attention_flop,
+                      rf.overhead_s + rf.allreduce_fixed_s)
         self._exposed = rf.exposed
+        # Small kernels and all-reduces: a cost per token outside the roofline's max.
+        self._serial_s_per_token = rf.elementwise_s_per_token + rf.allreduce_s_per_token
         self.total_blocks = self.config.kv_blocks(self.hardware, self.model)
         bs = self.config.block_size
         self._bs = bs
@@ -441,6 +444,7 @@ class Simulator:
             limit = nf + 1  # stop after the pass in which decodes finish
         stop = min(self._arr[self._next] if self._next < len(self._arr) else INF, until_s)
         mem0, kv_s, cmp_tok, att_s, ovh = self._coef
+        ovh += self._serial_s_per_token * n  # n tokens in every pass of the stretch
         e = self._exposed
         # Pass q's price is linear in q on each side of the roofline's max; when both
         # ends of the stretch lie on the same side, the whole stretch is one arithmetic
@@ -583,7 +587,7 @@ class Simulator:
         m = mem0 + kv_s * (ctx + pre_prefix + n + pre_tokens)
         c = cmp_tok * (n + pre_tokens) + att_s * (ctx + n + pairs)
         e = self._exposed
-        dt = (m + e * c if m > c else c + e * m) + ovh
+        dt = (m + e * c if m > c else c + e * m) + ovh + self._serial_s_per_token * (n + pre_tokens)
         now = self.now + dt
         self.now = now
         self.last_pass_s = dt

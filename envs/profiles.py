@@ -61,6 +61,22 @@ class HardwareProfile:
     """Share of the shorter of a pass's memory time and compute time hidden under the
     longer, in [0, 1]: 1 is the pure roofline, max(memory, compute); 0 adds them, as
     kernels do that stream weights and then compute (measured on CPUs)."""
+    per_layer_overhead_s: float = 0.0
+    """Fixed cost of one decoder layer on one device, seconds: what its kernels take
+    beyond their bytes and FLOPs (launch, ramp-up, tail). Multiplied by the model's
+    layers and added to every pass, like ``per_pass_overhead_s``."""
+    elementwise_bytes_per_s: float | None = None
+    """Bandwidth of the small memory-bound kernels of each layer (norms, rotary
+    embedding, MLP activation, residual add), bytes per second. Their traffic
+    (``ModelProfile.elementwise_bytes_per_token``) adds to the pass outside the
+    roofline's max: they run as kernels of their own. None leaves them out, as
+    DESIGN.md's roofline does."""
+    interconnect_bytes_per_s: float | None = None
+    """All-reduce bus bandwidth between the devices of a tensor-parallel group (NCCL's
+    busBw), bytes per second. None: a group is priced as one device with tp times the
+    rates and no communication."""
+    allreduce_latency_s: float = 0.0
+    """Fixed cost of one all-reduce, seconds (with ``interconnect_bytes_per_s``)."""
 
     def __post_init__(self) -> None:
         require(isinstance(self.name, str) and bool(self.name), "hardware.name", self.name,
@@ -75,6 +91,11 @@ class HardwareProfile:
         positive("hardware.attention_flops_ratio", self.attention_flops_ratio)
         require(isinstance(self.overlap, (int, float)) and 0 <= self.overlap <= 1,
                 "hardware.overlap", self.overlap, "must lie in [0, 1]")
+        non_negative("hardware.per_layer_overhead_s", self.per_layer_overhead_s)
+        for f in ("elementwise_bytes_per_s", "interconnect_bytes_per_s"):
+            if getattr(self, f) is not None:
+                positive(f"hardware.{f}", getattr(self, f))
+        non_negative("hardware.allreduce_latency_s", self.allreduce_latency_s)
 
     @property
     def effective_bytes_per_s(self) -> float:
@@ -106,15 +127,25 @@ class ModelProfile:
     """2 for bf16/fp16; 0.5625 for 4-bit blocks with one fp16 scale per 32 weights."""
     bytes_per_kv_element: float = 2.0
     tensor_parallel: int = 1
-    """GPUs the model is sharded over; the group acts as one device with that many
-    times the bandwidth, FLOP/s and memory (all-reduce traffic is not modelled:
-    put it in the hardware's per-pass overhead)."""
+    """GPUs the model is sharded over (Megatron-style: each device holds 1/tp of every
+    projection and of the KV heads). Each device moves and computes 1/tp of the pass;
+    on hardware with ``interconnect_bytes_per_s`` every layer adds two all-reduces of
+    the pass's hidden states (envs.cost)."""
+    intermediate_size: int = 0
+    """MLP width (config.json's ``intermediate_size``); 0: estimated from ``params``
+    (see ``mlp_width``)."""
+    bytes_per_activation: float = 2.0
+    """Bytes of one activation element (bf16/fp16, also for quantised weights)."""
 
     def __post_init__(self) -> None:
         require(isinstance(self.name, str) and bool(self.name), "model.name", self.name,
                 "must be a non-empty string")
         for f in ("layers", "hidden_size", "heads", "kv_heads", "head_dim", "tensor_parallel"):
             positive_int(f"model.{f}", getattr(self, f))
+        require(isinstance(self.intermediate_size, int) and not isinstance(self.intermediate_size, bool)
+                and self.intermediate_size >= 0, "model.intermediate_size", self.intermediate_size,
+                "must be an integer >= 0 (0: estimated from params)")
+        positive("model.bytes_per_activation", self.bytes_per_activation)
         positive("model.params", self.params)
         positive("model.bytes_per_weight", self.bytes_per_weight)
         positive("model.bytes_per_kv_element", self.bytes_per_kv_element)
@@ -131,34 +162,83 @@ class ModelProfile:
         return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_kv_element
 
     @property
+    def mlp_width(self) -> int:
+        """``intermediate_size``, or when it is 0 the width of a gated MLP that holds what
+        ``params`` leaves after each layer's attention projections (embeddings are
+        counted in, so it errs high: 17,000 for Llama-3-8B, whose width is 14,336)."""
+        if self.intermediate_size:
+            return self.intermediate_size
+        h, d = self.hidden_size, self.head_dim
+        attention = h * (self.heads + 2 * self.kv_heads) * d + self.heads * d * h
+        return max(int((self.params / self.layers - attention) / (3 * h)), 1)
+
+    @property
+    def elementwise_bytes_per_token(self) -> float:
+        """Bytes the small kernels of one layer move per token on one device of the group
+        (see :func:`elementwise_bytes_per_token`)."""
+        return elementwise_bytes_per_token(self.hidden_size, self.heads, self.kv_heads, self.head_dim,
+                                           self.mlp_width, self.tensor_parallel,
+                                           bytes_per_element=self.bytes_per_activation)
+
+    @property
+    def allreduce_bytes_per_token(self) -> float:
+        """Bytes one all-reduce carries per token: the hidden state."""
+        return self.hidden_size * self.bytes_per_activation
+
+    @property
     def attention_flops_per_pair(self) -> float:
         """~4 x layers x (heads x head_dim) FLOPs per (query, key) pair: QK^T and PV,
         two multiply-adds each (DESIGN.md section 2)."""
         return 4.0 * self.layers * self.heads * self.head_dim
 
 
+def elementwise_bytes_per_token(hidden_size: int, heads: int, kv_heads: int, head_dim: int,
+                                intermediate_size: int, tensor_parallel: int = 1, *,
+                                gated_mlp: bool = True, norms: int = 2,
+                                bytes_per_element: float = 2.0) -> float:
+    """Bytes per token that one layer's small memory-bound kernels read and write on one
+    device of a tensor-parallel group.
+
+    Each RMSNorm reads and writes the hidden state, which every device holds whole; the
+    rotary embedding reads and writes this device's query and key heads; the MLP
+    activation reads gate and up and writes their product (one tensor in and one out
+    without a gate); the residual add reads two hidden states and writes one (vLLM
+    fuses the second add into the next norm, so one add a layer). Norm weights are
+    read once per kernel, not per token, and are left out.
+    """
+    tp = tensor_parallel
+    norm = 2 * hidden_size * norms
+    # KV heads are replicated when tp exceeds them (vLLM): at least one per device.
+    rope = 2 * (heads / tp + max(kv_heads / tp, 1)) * head_dim
+    act = (3 if gated_mlp else 2) * intermediate_size / tp
+    add = 3 * hidden_size
+    return (norm + rope + act + add) * bytes_per_element
+
+
 # --- Hardware presets ------------------------------------------------------------
 # Peak rates are the vendors' datasheet figures for dense (non-sparse) bf16 tensor
 # math; sparsity-doubled marketing numbers are halved.
 
-H100_SXM = HardwareProfile(
-    name="h100-sxm",
+H100_SXM_DATASHEET = HardwareProfile(
+    name="h100-sxm-datasheet",
     hbm_bytes_per_s=3.35e12,  # NVIDIA H100 SXM5 datasheet: 3.35 TB/s HBM3
     peak_flops_per_s=989.4e12,  # datasheet: 1,979 TFLOPS bf16 with sparsity -> 989.4 dense
     memory_bytes=80 * GIB,  # datasheet "80GB": five 16 GiB HBM3 stacks
 )
+A100_80G_DATASHEET = HardwareProfile(
+    name="a100-80g-datasheet",
+    hbm_bytes_per_s=2.039e12,  # NVIDIA A100 80GB SXM datasheet: 2,039 GB/s HBM2e
+    peak_flops_per_s=312e12,  # datasheet: 312 TFLOPS bf16 dense (624 with sparsity)
+    memory_bytes=80 * GIB,  # datasheet "80GB"
+)
+H100_SXM = replace(H100_SXM_DATASHEET, name="h100-sxm")
 H200 = HardwareProfile(
     name="h200",
     hbm_bytes_per_s=4.8e12,  # NVIDIA H200 SXM datasheet: 4.8 TB/s HBM3e
     peak_flops_per_s=989.4e12,  # datasheet: same tensor cores as H100 SXM, 1,979 sparse
     memory_bytes=141e9,  # datasheet: 141 GB HBM3e
 )
-A100_80G = HardwareProfile(
-    name="a100-80g",
-    hbm_bytes_per_s=2.039e12,  # NVIDIA A100 80GB SXM datasheet: 2,039 GB/s HBM2e
-    peak_flops_per_s=312e12,  # datasheet: 312 TFLOPS bf16 dense (624 with sparsity)
-    memory_bytes=80 * GIB,  # datasheet "80GB"
-)
+A100_80G = replace(A100_80G_DATASHEET, name="a100-80g")
 L40S = HardwareProfile(
     name="l40s",
     hbm_bytes_per_s=864e9,  # NVIDIA L40S datasheet: 864 GB/s GDDR6
@@ -188,6 +268,7 @@ M5_MAX = HardwareProfile(
 LLAMA_3_8B = ModelProfile(
     name="llama-3-8b",
     layers=32, hidden_size=4096, heads=32, kv_heads=8, head_dim=128,  # config.json
+    intermediate_size=14336,  # config.json
     params=8.03e9,  # Meta model card: 8.03B
 )
 LLAMA_3_8B_Q4 = replace(
@@ -197,6 +278,7 @@ LLAMA_3_8B_Q4 = replace(
 )
 _LLAMA_3_70B_SHAPE = dict(
     layers=80, hidden_size=8192, heads=64, kv_heads=8, head_dim=128,  # config.json
+    intermediate_size=28672,  # config.json
     params=70.6e9,  # Meta model card: 70.6B
 )
 LLAMA_3_70B_TP4 = ModelProfile(name="llama-3-70b-tp4", tensor_parallel=4, **_LLAMA_3_70B_SHAPE)
@@ -204,16 +286,18 @@ LLAMA_3_70B_TP8 = ModelProfile(name="llama-3-70b-tp8", tensor_parallel=8, **_LLA
 MISTRAL_7B = ModelProfile(
     name="mistral-7b",
     layers=32, hidden_size=4096, heads=32, kv_heads=8, head_dim=128,  # Mistral-7B-v0.1 config.json
+    intermediate_size=14336,  # config.json
     params=7.24e9,  # Mistral AI: 7.24B
 )
 QWEN2_5_32B = ModelProfile(
     name="qwen2.5-32b",
     layers=64, hidden_size=5120, heads=40, kv_heads=8, head_dim=128,  # Qwen2.5-32B config.json
+    intermediate_size=27648,  # config.json
     params=32.5e9,  # Qwen model card: 32.5B
 )
 
 HARDWARE_PRESETS: dict[str, HardwareProfile] = {
-    p.name: p for p in (H100_SXM, H200, A100_80G, L40S, M5_MAX)
+    p.name: p for p in (H100_SXM, H200, A100_80G, L40S, M5_MAX, H100_SXM_DATASHEET, A100_80G_DATASHEET)
 }
 MODEL_PRESETS: dict[str, ModelProfile] = {
     p.name: p for p in (LLAMA_3_8B, LLAMA_3_8B_Q4, LLAMA_3_70B_TP4, LLAMA_3_70B_TP8,
@@ -297,6 +381,8 @@ def profile_to_toml(profile: HardwareProfile | ModelProfile) -> str:
     section = "hardware" if isinstance(profile, HardwareProfile) else "model"
     lines = [f"[{section}]"]
     for key, value in asdict(profile).items():
+        if value is None:  # TOML has no null: an absent field reads back as None
+            continue
         if isinstance(value, str):
             lines.append(f'{key} = "{value}"')
         elif isinstance(value, float) and not math.isfinite(value):

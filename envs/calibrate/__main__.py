@@ -39,7 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from envs.calibrate.fit import Fit, ape, error_line, fit_passes, held_out, shape_parts, unit_roofline
+from envs.calibrate.fit import (PART_COLUMNS, Fit, ape, error_line, fit_passes, held_out, shape_parts,
+                                unit_roofline)
 from envs.cli import parse
 from envs.cost import PassShape
 from envs.errors import ConfigError, positive_int, require, run_cli
@@ -162,8 +163,8 @@ def report_torch_fit(args, rows, fit: Fit, plain: Fit, parts, seconds, held, ove
 
 
 def write_measurements_csv(path: str, rows, fit: Fit, plain: Fit, parts, held) -> None:
-    lines = ["decodes,decode_context,chunks,measured_s,predicted_s,plain_roofline_s,weight_bytes,"
-             "kv_bytes,product_flops,attention_flops,held_out"]
+    lines = ["decodes,decode_context,chunks,measured_s,predicted_s,plain_roofline_s,"
+             + ",".join(PART_COLUMNS) + ",held_out"]
     for (c, k, sec), p, pp, row, h in zip(rows, fit.predict(parts), plain.predict(parts), parts, held):
         chunk_text = ";".join(f"{x}@{q}" for x, q in k)
         lines.append(f"{len(c)},{max(c) if c else 0},{chunk_text},{sec:.6g},{p:.6g},{pp:.6g},"
