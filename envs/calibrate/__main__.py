@@ -26,12 +26,21 @@ before they simulate).
    with ``--hardware`` it keeps that profile's device figures and fits only the
    per-step overhead, i.e. what the engine adds to the forward pass.
 
+6. ``--vidur`` fits a GPU's figures to measured per-layer operator times (Vidur's
+   profiling data, ``envs/data/vidur/``; ``docs/calibration/vidur.md``) as fractions of a
+   datasheet profile's peaks, and reports the error on ``--held-out`` files:
+
+       python -m envs.calibrate --vidur envs/data/vidur/h100__Llama-2-7b-hf.csv \
+           --held-out envs/data/vidur/h100__internlm-20b.csv --out h100.toml
+       python -m envs.calibrate --vidur FILE.csv --hardware h100-sxm --check --json
+
 The fit is for the dtype measured (float32 on CPU, bfloat16 on CUDA by default);
 pair the profile with a model profile of that dtype.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -44,7 +53,7 @@ from envs.calibrate.fit import (PART_COLUMNS, Fit, ape, error_line, fit_passes, 
 from envs.cli import parse
 from envs.cost import PassShape
 from envs.errors import ConfigError, positive_int, require, run_cli
-from envs.profiles import get_hardware, get_model, profile_to_toml
+from envs.profiles import HardwareProfile, get_hardware, get_model, profile_to_toml
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,10 @@ class CalibrateArgs:
     """Also draw predicted against measured pass time (PNG; needs matplotlib)."""
     hardware: str | None = None
     """With --steps: keep this profile's device figures (say, one fitted to torch passes)
-    and fit only the per-pass overhead, which is then the engine's own cost per step."""
+    and fit only the per-pass overhead, which is then the engine's own cost per step.
+    With --vidur: the datasheet profile whose peaks the fitted figures are fractions of
+    (default: h100-sxm-datasheet for h100__*.csv files, a100-80g-datasheet for a100__*);
+    with --check, the profile to check."""
     form: str = "refined"
     """Cost model to fit: refined (attention rates and overlap too, see envs.cost) or
     roofline (bandwidth, FLOP/s and overhead only)."""
@@ -81,6 +93,19 @@ class CalibrateArgs:
     """Fit to an engine's measured steps instead of timing torch passes: a CSV with columns
     decode_contexts (each decode's context, ';'-separated), chunks ('size@prefix;...') and
     seconds. benchmarks/sim_vs_vllm.py records vLLM's steps in this form."""
+    vidur: tuple[str, ...] = ()
+    """Fit to measured per-layer GPU operator times instead: Vidur profiling CSVs of one
+    device (envs/data/vidur/DEVICE__MODEL.csv); several files, or the flag repeated."""
+    held_out: tuple[str, ...] = ()
+    """With --vidur: files of the same device reported but not fitted."""
+    tp: int | None = None
+    """With --vidur: only rows of this tensor-parallel degree (default: all)."""
+    check: bool = False
+    """With --vidur and --hardware: fit nothing; report that profile's error on the files."""
+    json: bool = False
+    """With --check: print {"rows", "median_abs_pct", "p90_abs_pct"} as one JSON object."""
+    cross_validate: bool = False
+    """With --vidur: also fit on all files but one, for each file, and report its error."""
 
 
 def machine_memory_bytes() -> float:
@@ -232,9 +257,127 @@ def calibrate_torch(args: CalibrateArgs) -> int:
     return 0
 
 
+# --- fitting measured GPU operator times (Vidur) --------------------------------------------
+
+# The datasheet profile a device's files are fitted against, by file-name prefix.
+VIDUR_DATASHEETS = {"h100": "h100-sxm-datasheet", "a100": "a100-80g-datasheet"}
+
+
+def vidur_peak(args: CalibrateArgs, tables) -> HardwareProfile:
+    """The datasheet profile to fit against: --hardware, or the one the files' device names."""
+    if args.hardware:
+        return get_hardware(args.hardware)
+    devices = sorted({str(t.device) for t in tables})
+    if len(devices) > 1:
+        raise ConfigError(f"vidur: files of several devices ({', '.join(devices)}); fit one device "
+                          "at a time, or name its datasheet profile with --hardware")
+    if devices[0] not in VIDUR_DATASHEETS:
+        raise ConfigError(f"vidur: no datasheet profile known for device {devices[0]!r} "
+                          f"({tables[0].name}); name one with --hardware PROFILE.toml")
+    return get_hardware(VIDUR_DATASHEETS[devices[0]])
+
+
+def vidur_command(args: CalibrateArgs) -> str:
+    words = ["python -m envs.calibrate --vidur", *args.vidur]
+    if args.held_out:
+        words += ["--held-out", *args.held_out]
+    if args.hardware:
+        words += ["--hardware", args.hardware]
+    if args.tp is not None:
+        words += ["--tp", str(args.tp)]
+    return " ".join(words + ["--name", args.name or "", "--out", args.out]).replace("--name  ", "")
+
+
+def check_vidur(args: CalibrateArgs) -> int:
+    from envs.calibrate.vidur import read_tables
+    from envs.calibrate.vidur_report import Errors
+
+    require(args.hardware is not None, "hardware", None, "--check needs --hardware, the profile to check")
+    hw = get_hardware(args.hardware)
+    tables = read_tables(args.vidur + args.held_out, args.tp)
+    rows, med, p90 = Errors.of(hw, tables).summary()
+    if args.json:
+        print(json.dumps({"rows": rows, "median_abs_pct": round(100 * med, 3),
+                          "p90_abs_pct": round(100 * p90, 3)}))
+    else:
+        print(f"{hw.name} on {rows} rows of {', '.join(t.name for t in tables)}: per-layer time "
+              f"off by a median {med:.1%}, p90 {p90:.1%}")
+    return 0
+
+
+def calibrate_vidur(args: CalibrateArgs) -> int:
+    from envs.calibrate.vidur import fit_layers, fitted_profile, layer_parts, read_tables
+    from envs.calibrate.vidur_report import (Errors, file_table, free_ride_line, held_out_lines,
+                                             plot_vidur)
+
+    if args.check:
+        return check_vidur(args)
+    fit_tables = read_tables(args.vidur, args.tp)
+    held_tables = read_tables(args.held_out, args.tp)
+    tables = fit_tables + held_tables
+    peak = vidur_peak(args, tables)
+    fit = fit_layers(fit_tables, peak)
+    name = args.name or f"fitted-{tables[0].device or 'gpu'}"
+    profile = fitted_profile(fit, peak, name)
+    held = {t.path for t in held_tables}
+    fitted_err, plain_err = Errors.of(profile, held_tables), Errors.of(peak, held_tables)
+    summary = "; ".join(f"{g}: median {m:.1%}, p90 {q:.1%}" for g, (n, m, q) in
+                        ((g, fitted_err.summary(g)) for g in ("tp 1", "tp 2-8")) if n)
+    write_profile(Path(args.out),
+                  f"# Fitted by {vidur_command(args)}\n# to measured per-layer operator times (Vidur's "
+                  f"profiling data); device figures are fractions of {peak.name}'s peaks.\n"
+                  + (f"# Held-out error of the per-layer time: {summary}.\n" if summary else ""),
+                  profile)
+    n_rows = sum(len(t) for t in fit_tables)
+    print(f"fitted {name} to {n_rows} rows of {', '.join(t.name for t in fit_tables)} against "
+          f"{peak.name}:")
+    print(f"  weight products: {fit.bytes_per_s / 1e12:.3f} TB/s ({profile.bandwidth_fraction:.3f} of "
+          f"peak), {fit.flops_per_s / 1e12:.1f} TFLOP/s ({profile.flops_fraction:.3f} of peak), "
+          f"overlap {fit.overlap:.3f}")
+    print(f"  {fit.per_layer_overhead_s * 1e6:.1f} us per layer; small kernels at "
+          f"{fit.elementwise_bytes_per_s / 1e12:.3f} TB/s "
+          f"({fit.elementwise_bytes_per_s / peak.hbm_bytes_per_s:.3f} of peak)")
+    print("\n".join(["", *file_table(tables, held, profile, peak), ""]))
+    for line in held_out_lines(fitted_err, plain_err, peak.name):
+        print(line)
+    if held_tables:
+        # Tile quantisation of the products, fitted the same way: what it would buy.
+        def held_error(tile: int) -> str:
+            tiled = fit_layers(fit_tables, peak, tile)
+            err = np.concatenate([np.abs(tiled.predict(layer_parts(t, tile)) / t.seconds - 1)
+                                  for t in held_tables])
+            return f"{np.median(err):.1%} / {np.percentile(err, 90):.1%}"
+
+        print("tile quantisation of the products (not in the cost model), held-out median / p90: "
+              + ", ".join(f"{tile} token{'s' if tile > 1 else ''} {held_error(tile)}"
+                          for tile in (1, 64, 128)))
+    print(free_ride_line(tables, profile, peak))
+    if args.cross_validate and len(tables) > 1:
+        print("\neach file held out in turn (fitted on the others), median / p90:")
+        for t in tables:
+            rest = [u for u in tables if u is not t]
+            err = Errors.of(fitted_profile(fit_layers(rest, peak), peak, name), [t])
+            groups = [f"{g} {pct_pair(err.summary(g))}" for g in ("tp 1", "tp 2-8") if err.summary(g)[0]]
+            print(f"  {t.name}: {'; '.join(groups)}")
+    print(f"profile written to {args.out}; use it with --hardware {args.out}")
+    if args.plot:
+        plot_vidur(args.plot, tables, held, profile, peak)
+    return 0
+
+
+def pct_pair(summary: tuple[int, float, float]) -> str:
+    return f"{summary[1]:.1%} / {summary[2]:.1%}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(CalibrateArgs, argv, prog="python -m envs.calibrate")
     require(args.form in ("refined", "roofline"), "form", args.form, "must be refined or roofline")
+    if args.vidur or args.held_out:
+        require(bool(args.vidur) or args.check, "vidur", args.vidur,
+                "--held-out needs files to fit, given with --vidur")
+        return calibrate_vidur(args)
+    if args.check:
+        raise ConfigError("check: --check needs --vidur FILE.csv (and --hardware PROFILE)")
     if args.steps:
         return calibrate_steps(args)
     return calibrate_torch(args)
