@@ -3,13 +3,16 @@
 Every preset number says where it comes from. Derived quantities (KV bytes per
 token, weight bytes, effective rates) are properties, never stored copies.
 
-The achievable fractions of the datacenter parts are chosen so that DESIGN.md's
-worked example reproduces (an H100 decode pass of 32 users x 2,304 tokens of
-Llama-3-8B moves ~24 GiB in ~9.8 ms; the 8,192-token unchunked prefill pass
-takes ~208 ms): 78% of peak HBM bandwidth and 73% of peak dense bf16 FLOP/s.
-These are in line with what STREAM-like copies (~80% of HBM peak) and large
-bf16 GEMMs (70-80% MFU) achieve on Hopper and Ampere parts; the same fractions
-are used for every datacenter part so that presets stay comparable.
+The GPU presets (``h100-sxm``, ``a100-80g``, ``h200``, ``l40s``) are fitted to
+measured per-layer kernel times of real GPUs (docs/calibration/vidur.md).
+
+The datasheet rooflines (``h100-sxm-datasheet``, ``a100-80g-datasheet``) keep
+DESIGN.md's plain roofline, with achievable fractions chosen so that its worked
+example reproduces (an H100 decode pass of 32 users x 2,304 tokens of Llama-3-8B
+moves ~24 GiB in ~9.8 ms; the 8,192-token unchunked prefill pass takes ~208 ms):
+78% of peak HBM bandwidth and 73% of peak dense bf16 FLOP/s. These are in line
+with what STREAM-like copies (~80% of HBM peak) and large bf16 GEMMs (70-80% MFU)
+achieve on Hopper and Ampere parts.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from envs.errors import ConfigError, fraction, non_negative, positive, positive_
 
 GIB = 2**30
 
-# Shared achievable fractions for the datacenter presets (see module docstring).
+# Achievable fractions of the datasheet rooflines (see module docstring).
 _DC_BANDWIDTH_FRACTION = 0.78
 _DC_FLOPS_FRACTION = 0.73
 
@@ -231,19 +234,89 @@ A100_80G_DATASHEET = HardwareProfile(
     peak_flops_per_s=312e12,  # datasheet: 312 TFLOPS bf16 dense (624 with sparsity)
     memory_bytes=80 * GIB,  # datasheet "80GB"
 )
-H100_SXM = replace(H100_SXM_DATASHEET, name="h100-sxm")
-H200 = HardwareProfile(
+
+# --- Measured presets ------------------------------------------------------------
+# Device figures fitted to measured per-layer operator times of real GPUs (Vidur's
+# profiling data, envs/data/vidur/) as fractions of the datasheet peaks above, by
+# python -m envs.calibrate --vidur (the command of each preset below; method, errors
+# and plots in docs/calibration/vidur.md). The data has no attention kernel: attention
+# ratios stay at 1, i.e. the KV cache streams at the fitted weight bandwidth. Nor does it
+# time communication: the all-reduce figures come from public nccl-tests results.
+#
+# All-reduce latency on NVLink parts: 10 us, between ~6 us (2 H100s, NVLink SHARP,
+# CUDA graphs: NVIDIA/nccl#1259) and ~12.5 us (8 Hopper GPUs, nccl-tests without
+# graphs, 4-byte all_reduce: deepseek-ai/DeepEP#303).
+_NVLINK_ALLREDUCE_LATENCY_S = 10e-6
+
+H100_SXM = replace(
+    H100_SXM_DATASHEET,
+    name="h100-sxm",
+    # python -m envs.calibrate --vidur envs/data/vidur/h100__Llama-2-7b-hf.csv
+    #   envs/data/vidur/h100__phi-2.csv --held-out envs/data/vidur/h100__internlm-20b.csv
+    #   --name h100-sxm --out docs/calibration/h100-sxm.toml (held out: median 5.1% / 3.3%
+    #   at tp 1 / tp 2-8, the datasheet roofline 16.8% / 36.8%)
+    bandwidth_fraction=0.946,  # 3.17 TB/s streaming the projections' weights
+    flops_fraction=0.843,  # 834 TFLOP/s in the projections
+    overlap=0.136,  # mid-size products neither stream nor compute at full rate
+    per_layer_overhead_s=31.4e-6,  # what a layer's nine kernels cost beyond bytes and FLOPs
+    elementwise_bytes_per_s=1.37e12,  # norms, rotary, activation, add: 0.41 of peak
+    # NVIDIA/nccl-tests#212 (NCCL maintainer): NVLink4's 450 GB/s line rate gives ~370 GB/s
+    # of busBw after protocol overhead with the ring algorithm (NVLink SHARP reaches ~480
+    # on 8 GPUs for large messages; not assumed).
+    interconnect_bytes_per_s=370e9,
+    allreduce_latency_s=_NVLINK_ALLREDUCE_LATENCY_S,
+)
+# No H200 data: H100's fitted efficiencies on H200's datasheet bandwidth and memory (the
+# same Hopper SMs and clocks; HBM3e assumed to stream as efficiently as HBM3).
+H200 = replace(
+    H100_SXM,
     name="h200",
     hbm_bytes_per_s=4.8e12,  # NVIDIA H200 SXM datasheet: 4.8 TB/s HBM3e
     peak_flops_per_s=989.4e12,  # datasheet: same tensor cores as H100 SXM, 1,979 sparse
     memory_bytes=141e9,  # datasheet: 141 GB HBM3e
+    elementwise_bytes_per_s=1.37e12 * 4.8e12 / 3.35e12,  # H100's share of peak, on 4.8 TB/s
+    # Same NVLink4 as H100 (NVIDIA/nccl-tests#272: 8 H200s reach 475 GB/s busBw with
+    # NVLink SHARP, H100's ~480); H100's ring figure kept.
 )
-A100_80G = replace(A100_80G_DATASHEET, name="a100-80g")
+A100_80G = replace(
+    A100_80G_DATASHEET,
+    name="a100-80g",
+    # python -m envs.calibrate --vidur envs/data/vidur/a100__Meta-Llama-3-8B.csv
+    #   envs/data/vidur/a100__Llama-2-7b-hf.csv envs/data/vidur/a100__phi-2.csv --held-out
+    #   envs/data/vidur/a100__Llama-2-70b-hf.csv envs/data/vidur/a100__internlm-20b.csv
+    #   --name a100-80g --out docs/calibration/a100-80g.toml (held out: median 2.9% / 3.4%
+    #   at tp 1 / tp 2-8, the datasheet roofline 9.2% / 15.6%)
+    bandwidth_fraction=0.806,  # 1.64 TB/s
+    flops_fraction=0.738,  # 230 TFLOP/s
+    overlap=0.502,
+    per_layer_overhead_s=37.1e-6,
+    elementwise_bytes_per_s=1.088e12,  # 0.53 of peak
+    # NVIDIA/nccl-tests#149: 8 A100-SXM4-80GB on NVLink3 reach ~200 GB/s all_reduce busBw
+    # (#178: 208 GB/s).
+    interconnect_bytes_per_s=200e9,
+    allreduce_latency_s=_NVLINK_ALLREDUCE_LATENCY_S,
+)
+# No L40S data: the efficiencies fitted to the A40 (the nearest part measured: a GDDR6,
+# PCIe card), python -m envs.calibrate --vidur envs/data/vidur/a40__Llama-2-7b-hf.csv
+# --held-out envs/data/vidur/a40__internlm-20b.csv --hardware
+# docs/calibration/a40-datasheet.toml --name a40 --out docs/calibration/a40.toml
+# (held out: median 2.3% / 3.5% at tp 1 / tp 2-8), on the L40S's datasheet figures.
 L40S = HardwareProfile(
     name="l40s",
     hbm_bytes_per_s=864e9,  # NVIDIA L40S datasheet: 864 GB/s GDDR6
     peak_flops_per_s=362.05e12,  # datasheet: 362.05 TFLOPS bf16 dense (733 with sparsity)
     memory_bytes=48 * GIB,  # datasheet: 48 GB GDDR6
+    bandwidth_fraction=0.809,  # A40's fit
+    flops_fraction=0.809,  # A40's fit
+    overlap=0.453,  # A40's fit
+    per_layer_overhead_s=25.3e-6,  # A40's fit
+    elementwise_bytes_per_s=0.574 * 864e9,  # A40's share of peak (0.574), on 864 GB/s
+    # No NVLink: PCIe Gen4 x16, 32 GB/s each way (datasheet: 64 GB/s bidirectional). NCCL
+    # over PCIe is bound by the host: 8 PCIe Gen5 GPUs reached 28 GB/s busBw
+    # (NVIDIA/nccl#1639); 20 GB/s assumed for Gen4. Latency: ~40 us for an 8-byte
+    # all_reduce on 8 PCIe GPUs (NVIDIA/nccl#1530).
+    interconnect_bytes_per_s=20e9,
+    allreduce_latency_s=40e-6,
 )
 M5_MAX = HardwareProfile(
     name="m5-max",
