@@ -167,10 +167,14 @@ class TestWorkedExample:
         assert exact > 0.8 * formula
 
 
+@pytest.mark.parametrize("hardware", ["h100-sxm-datasheet", "h100-sxm"])
 @settings(max_examples=200, deadline=None)
 @given(n=st.integers(1, 256), ctx=st.integers(1, 8192), prefix=st.integers(0, 30000))
-def test_free_ride_is_the_memory_bound_boundary(n, ctx, prefix):
-    r = Roofline.of(H100_SXM, LLAMA_3_8B)
+def test_free_ride_is_the_memory_bound_boundary(hardware, n, ctx, prefix):
+    # On the fitted preset too: its overlap, per-layer and small-kernel costs do not move
+    # the boundary between memory- and compute-bound.
+    from envs.profiles import get_hardware
+    r = Roofline.of(get_hardware(hardware), LLAMA_3_8B)
     x = free_ride_tokens(r, n, n * ctx, prefix)
 
     def pass_cost(chunk):

@@ -19,8 +19,10 @@ from envs.errors import ConfigError
 from envs.profiles import get_hardware
 
 DATA = Path(__file__).resolve().parent.parent / "envs" / "data" / "vidur"
-LLAMA2_7B = "# n_head=32, n_kv_head=32, n_embd=4096, n_expanded_embd=11008, vocab_size=32768, use_gated_mlp=True"
-PHI2 = "# n_head=32, n_kv_head=32, n_embd=2560, n_expanded_embd=10240, vocab_size=51200, use_gated_mlp=False"
+LLAMA2_7B = ("# n_head=32, n_kv_head=32, n_embd=4096, n_expanded_embd=11008, vocab_size=32768, "
+             "use_gated_mlp=True")
+PHI2 = ("# n_head=32, n_kv_head=32, n_embd=2560, n_expanded_embd=10240, vocab_size=51200, "
+        "use_gated_mlp=False")
 HEADER = "num_tokens,tp," + ",".join(LAYER_COLUMNS) + ",emb_ms"
 
 
@@ -145,9 +147,11 @@ def test_check_mode_on_a_tiny_file(tmp_path):
 
 @pytest.mark.parametrize("edit, message", [
     (lambda s: s.replace(",mlp_act_ms", ",mlp_act"), "line 2: missing column(s) mlp_act_ms"),
-    (lambda s: s.replace("\n64,2,0.5,", "\n64,2,fast,"), "line 4: input_layernorm_ms: got 'fast', must be a number"),
+    (lambda s: s.replace("\n64,2,0.5,", "\n64,2,fast,"),
+     "line 4: input_layernorm_ms: got 'fast', must be a number"),
     (lambda s: s.replace("n_embd=4096, ", ""), "line 1: missing n_embd"),
-    (lambda s: s.replace("n_embd=4096", "n_embd=4100"), "line 1: n_embd: got 4100, must be a multiple of n_head (32)"),
+    (lambda s: s.replace("n_embd=4096", "n_embd=4100"),
+     "line 1: n_embd: got 4100, must be a multiple of n_head (32)"),
     (lambda s: s.replace("\n64,2,", "\n64,0,"), "line 4: tp: got '0', must be an integer > 0"),
 ])
 def test_bad_files_name_file_line_and_field(tmp_path, edit, message):

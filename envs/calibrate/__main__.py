@@ -285,7 +285,9 @@ def vidur_command(args: CalibrateArgs) -> str:
         words += ["--hardware", args.hardware]
     if args.tp is not None:
         words += ["--tp", str(args.tp)]
-    return " ".join(words + ["--name", args.name or "", "--out", args.out]).replace("--name  ", "")
+    if args.name:
+        words += ["--name", args.name]
+    return " ".join(words + ["--out", args.out])
 
 
 def check_vidur(args: CalibrateArgs) -> int:
@@ -306,67 +308,29 @@ def check_vidur(args: CalibrateArgs) -> int:
 
 
 def calibrate_vidur(args: CalibrateArgs) -> int:
-    from envs.calibrate.vidur import fit_layers, fitted_profile, layer_parts, read_tables
-    from envs.calibrate.vidur_report import (Errors, file_table, free_ride_line, held_out_lines,
-                                             plot_vidur)
+    from envs.calibrate.vidur import fit_layers, fitted_profile, read_tables
+    from envs.calibrate.vidur_report import Errors, plot_vidur, report_lines
 
     if args.check:
         return check_vidur(args)
     fit_tables = read_tables(args.vidur, args.tp)
     held_tables = read_tables(args.held_out, args.tp)
-    tables = fit_tables + held_tables
-    peak = vidur_peak(args, tables)
+    peak = vidur_peak(args, fit_tables + held_tables)
     fit = fit_layers(fit_tables, peak)
-    name = args.name or f"fitted-{tables[0].device or 'gpu'}"
-    profile = fitted_profile(fit, peak, name)
-    held = {t.path for t in held_tables}
-    fitted_err, plain_err = Errors.of(profile, held_tables), Errors.of(peak, held_tables)
+    profile = fitted_profile(fit, peak, args.name or f"fitted-{fit_tables[0].device or 'gpu'}")
+    held = Errors.of(profile, held_tables)
     summary = "; ".join(f"{g}: median {m:.1%}, p90 {q:.1%}" for g, (n, m, q) in
-                        ((g, fitted_err.summary(g)) for g in ("tp 1", "tp 2-8")) if n)
+                        ((g, held.summary(g)) for g in ("tp 1", "tp 2-8")) if n)
     write_profile(Path(args.out),
                   f"# Fitted by {vidur_command(args)}\n# to measured per-layer operator times (Vidur's "
                   f"profiling data); device figures are fractions of {peak.name}'s peaks.\n"
                   + (f"# Held-out error of the per-layer time: {summary}.\n" if summary else ""),
                   profile)
-    n_rows = sum(len(t) for t in fit_tables)
-    print(f"fitted {name} to {n_rows} rows of {', '.join(t.name for t in fit_tables)} against "
-          f"{peak.name}:")
-    print(f"  weight products: {fit.bytes_per_s / 1e12:.3f} TB/s ({profile.bandwidth_fraction:.3f} of "
-          f"peak), {fit.flops_per_s / 1e12:.1f} TFLOP/s ({profile.flops_fraction:.3f} of peak), "
-          f"overlap {fit.overlap:.3f}")
-    print(f"  {fit.per_layer_overhead_s * 1e6:.1f} us per layer; small kernels at "
-          f"{fit.elementwise_bytes_per_s / 1e12:.3f} TB/s "
-          f"({fit.elementwise_bytes_per_s / peak.hbm_bytes_per_s:.3f} of peak)")
-    print("\n".join(["", *file_table(tables, held, profile, peak), ""]))
-    for line in held_out_lines(fitted_err, plain_err, peak.name):
-        print(line)
-    if held_tables:
-        # Tile quantisation of the products, fitted the same way: what it would buy.
-        def held_error(tile: int) -> str:
-            tiled = fit_layers(fit_tables, peak, tile)
-            err = np.concatenate([np.abs(tiled.predict(layer_parts(t, tile)) / t.seconds - 1)
-                                  for t in held_tables])
-            return f"{np.median(err):.1%} / {np.percentile(err, 90):.1%}"
-
-        print("tile quantisation of the products (not in the cost model), all held-out rows, median / p90: "
-              + ", ".join(f"{label} {held_error(tile)}"
-                          for tile, label in ((1, "none"), (64, "64 tokens"), (128, "128 tokens"))))
-    print(free_ride_line(tables, profile, peak))
-    if args.cross_validate and len(tables) > 1:
-        print("\neach file held out in turn (fitted on the others), median / p90:")
-        for t in tables:
-            rest = [u for u in tables if u is not t]
-            err = Errors.of(fitted_profile(fit_layers(rest, peak), peak, name), [t])
-            groups = [f"{g} {pct_pair(err.summary(g))}" for g in ("tp 1", "tp 2-8") if err.summary(g)[0]]
-            print(f"  {t.name}: {'; '.join(groups)}")
+    print("\n".join(report_lines(fit, profile, peak, fit_tables, held_tables, args.cross_validate)))
     print(f"profile written to {args.out}; use it with --hardware {args.out}")
     if args.plot:
-        plot_vidur(args.plot, tables, held, profile, peak)
+        plot_vidur(args.plot, fit_tables + held_tables, {t.path for t in held_tables}, profile, peak)
     return 0
-
-
-def pct_pair(summary: tuple[int, float, float]) -> str:
-    return f"{summary[1]:.1%} / {summary[2]:.1%}"
 
 
 def main(argv: list[str] | None = None) -> int:

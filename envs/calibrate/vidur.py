@@ -150,6 +150,26 @@ def _shape_line(path: str, line: str) -> LayerShape:
     return LayerShape(heads, kv_heads, hidden, inter, gated == "True")
 
 
+def _number(path: str, line: int, row: dict, field: str) -> float:
+    text = row[field]
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ConfigError(f"vidur: {path!r} line {line}: {field}: got {text!r}, must be a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"vidur: {path!r} line {line}: {field}: got {text!r}, "
+                          "must be a finite number >= 0")
+    return value
+
+
+def _count(path: str, line: int, row: dict, field: str) -> int:
+    value = _number(path, line, row, field)
+    if value != int(value) or value < 1:
+        raise ConfigError(f"vidur: {path!r} line {line}: {field}: got {row[field]!r}, "
+                          "must be an integer > 0")
+    return int(value)
+
+
 def read_vidur(path: str) -> VidurTable:
     """Read one file; bad input raises a one-line ConfigError naming file, line and field."""
     try:
@@ -166,33 +186,14 @@ def read_vidur(path: str) -> VidurTable:
         tokens, tps, norms, seconds = [], [], [], []
         for row in reader:
             line = reader.line_num + 1  # the shape line came before the reader's first
-
-            def number(field: str) -> float:
-                text = row[field]
-                try:
-                    value = float(text)
-                except (TypeError, ValueError):
-                    raise ConfigError(f"vidur: {path!r} line {line}: {field}: got {text!r}, "
-                                      "must be a number") from None
-                if not math.isfinite(value) or value < 0:
-                    raise ConfigError(f"vidur: {path!r} line {line}: {field}: got {text!r}, "
-                                      "must be a finite number >= 0")
-                return value
-
-            counts = []
-            for field in ("num_tokens", "tp"):
-                value = number(field)
-                if value != int(value) or value < 1:
-                    raise ConfigError(f"vidur: {path!r} line {line}: {field}: got {row[field]!r}, "
-                                      "must be an integer > 0")
-                counts.append(int(value))
             one_norm = row[SECOND_NORM] in ("", None)
-            ms = sum(number(c) for c in LAYER_COLUMNS if not (c == SECOND_NORM and one_norm))
+            ms = sum(_number(path, line, row, c) for c in LAYER_COLUMNS
+                     if not (c == SECOND_NORM and one_norm))
             if ms <= 0:
                 raise ConfigError(f"vidur: {path!r} line {line}: the layer's operators add up to "
                                   f"{ms} ms, must be > 0")
-            tokens.append(counts[0])
-            tps.append(counts[1])
+            tokens.append(_count(path, line, row, "num_tokens"))
+            tps.append(_count(path, line, row, "tp"))
             norms.append(1 if one_norm else 2)
             seconds.append(ms * 1e-3)
     if not seconds:

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from envs.calibrate.vidur import VidurTable, abs_error, flat_end, price_rows
+from envs.calibrate.fit import Fit
+from envs.calibrate.vidur import (VidurTable, abs_error, fit_layers, fitted_profile, flat_end, layer_parts,
+                                  price_rows)
 from envs.profiles import HardwareProfile
 
 TP_GROUPS = (("tp 1", lambda tp: tp == 1), ("tp 2-8", lambda tp: tp > 1))
@@ -89,6 +91,54 @@ def free_ride_line(tables: list[VidurTable], fitted: HardwareProfile, datasheet:
     return (f"free ride: the measured layer at tp 1 stays within 10% of its time at 1 token up "
             f"to {', '.join(flat)} tokens; memory and compute times cross at "
             f"{cross(fitted):.0f} tokens on {fitted.name}, {cross(datasheet):.0f} on {datasheet.name}")
+
+
+def tile_line(fit_tables: list[VidurTable], held_tables: list[VidurTable], peak: HardwareProfile) -> str:
+    """Held-out error of the same fit with the products' tokens rounded up to a tile: what
+    tile quantisation would buy the cost model (which does not carry it)."""
+    def held_error(tile: int) -> str:
+        tiled = fit_layers(fit_tables, peak, tile)
+        err = np.concatenate([abs_error(tiled.predict(layer_parts(t, tile)), t.seconds) for t in held_tables])
+        return f"{pct(float(np.median(err)))} / {pct(float(np.percentile(err, 90)))}"
+
+    return ("tile quantisation of the products (not in the cost model), all held-out rows, median / "
+            "p90: " + ", ".join(f"{label} {held_error(tile)}" for tile, label in
+                                ((1, "none"), (64, "64 tokens"), (128, "128 tokens"))))
+
+
+def cross_validation_lines(tables: list[VidurTable], peak: HardwareProfile) -> list[str]:
+    """Each file's error when the fit is made on all the others."""
+    lines = ["each file held out in turn (fitted on the others), median / p90:"]
+    for t in tables:
+        others = [u for u in tables if u is not t]
+        err = Errors.of(fitted_profile(fit_layers(others, peak), peak, "cross-validation"), [t])
+        groups = [f"{g} {pct(err.summary(g)[1])} / {pct(err.summary(g)[2])}" for g, _ in TP_GROUPS
+                  if err.summary(g)[0]]
+        lines.append(f"  {t.name}: {'; '.join(groups)}")
+    return lines
+
+
+def report_lines(fit: Fit, profile: HardwareProfile, peak: HardwareProfile, fit_tables: list[VidurTable],
+                 held_tables: list[VidurTable], cross_validate: bool = False) -> list[str]:
+    """The fitted figures, the error per file and on held-out rows against the datasheet,
+    what tiles would buy, where the free ride ends, and optionally each file held out."""
+    tables = fit_tables + held_tables
+    lines = [f"fitted {profile.name} to {sum(len(t) for t in fit_tables)} rows of "
+             f"{', '.join(t.name for t in fit_tables)} against {peak.name}:",
+             f"  weight products: {fit.bytes_per_s / 1e12:.3f} TB/s ({profile.bandwidth_fraction:.3f} of "
+             f"peak), {fit.flops_per_s / 1e12:.1f} TFLOP/s ({profile.flops_fraction:.3f} of peak), "
+             f"overlap {fit.overlap:.3f}",
+             f"  {fit.per_layer_overhead_s * 1e6:.1f} us per layer; small kernels at "
+             f"{fit.elementwise_bytes_per_s / 1e12:.3f} TB/s "
+             f"({fit.elementwise_bytes_per_s / peak.hbm_bytes_per_s:.3f} of peak)", ""]
+    lines += file_table(tables, {t.path for t in held_tables}, profile, peak) + [""]
+    lines += held_out_lines(Errors.of(profile, held_tables), Errors.of(peak, held_tables), peak.name)
+    if held_tables:
+        lines.append(tile_line(fit_tables, held_tables, peak))
+    lines.append(free_ride_line(tables, profile, peak))
+    if cross_validate and len(tables) > 1:
+        lines += [""] + cross_validation_lines(tables, peak)
+    return lines
 
 
 def plot_vidur(path: str, tables: list[VidurTable], held: set[str], fitted: HardwareProfile,
