@@ -73,6 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=default, help=help_text)
             continue
+        if typing.get_origin(tp) is tuple:  # several values, the flag repeatable: --x A B --x C
+            parser.add_argument(flag, dest=f.name, action="extend", nargs="+", default=None,
+                                metavar=f.name.upper(), help=f"{help_text} (default: none)")
+            continue
         conv = tp if tp in (int, float, str) else str
         kwargs: dict[str, Any] = dict(dest=f.name, default=default, metavar=f.name.upper(),
                                       type=_none_or(conv) if optional else conv,
@@ -98,5 +102,9 @@ def parse(cls: type[T], argv: list[str] | None = None, description: str | None =
     parser = OneLineParser(
         prog=prog, description=description or (inspect.getdoc(cls) or "").split("\n\n")[0])
     add_arguments(parser, cls)
-    ns = parser.parse_args(argv)
-    return cls(**vars(ns))
+    values = vars(parser.parse_args(argv))
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():  # repeatable flags: a tuple, the field's default when absent
+        if typing.get_origin(_base_type(hints[name])[0]) is tuple:
+            values[name] = tuple(value) if value is not None else cls.__dataclass_fields__[name].default
+    return cls(**values)

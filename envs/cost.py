@@ -4,11 +4,21 @@
     flops = 2 * params * tokens + attention_flops_per_pair * (query, key) pairs
     time  = max(bytes / bandwidth, flops / peak) + per-pass overhead
 
-Two refinements, both off (1.0) on the datacenter presets and fitted by
-``envs.calibrate`` on real devices: attention's KV traffic and (query, key)
-arithmetic may run at their own rates (``attention_*_ratio``: attention kernels
-rarely stream like a weight product does), and memory and compute may overlap
-only in part, ``max(m, c) + (1 - overlap) * min(m, c)``.
+Refinements fitted by ``envs.calibrate`` to real devices, all off on the
+datasheet presets (DESIGN.md's plain roofline): attention's KV traffic and
+(query, key) arithmetic may run at their own rates (``attention_*_ratio``:
+attention kernels rarely stream like a weight product does); memory and compute
+may overlap only in part, ``max(m, c) + (1 - overlap) * min(m, c)``; each layer
+may cost a fixed time (``per_layer_overhead_s``) and its small memory-bound
+kernels (norms, rotary embedding, activation, residual add) their own traffic
+per token (``elementwise_bytes_per_s``). Those kernels run apart from the weight
+products, so their time adds outside the max.
+
+A tensor-parallel group of tp devices: each device moves and computes 1/tp of
+the pass, and with ``interconnect_bytes_per_s`` each layer adds two all-reduces
+of the pass's hidden states (after attention's output projection and after the
+MLP), priced as a ring: ``2 (tp - 1) / tp x tokens x hidden x bytes / bus
+bandwidth + latency`` each (NCCL's busBw is defined by the same factor).
 
 A decode with context c (tokens already in its KV cache) reads c tokens of KV,
 writes one, and its query attends to c + 1 keys. A prefill chunk of x tokens
@@ -35,8 +45,9 @@ from envs.profiles import HardwareProfile, ModelProfile
 class Roofline:
     """Per-pass cost coefficients for one (hardware, model) pair, in seconds/bytes/FLOP.
 
-    A tensor-parallel group is priced as one device with ``tp`` times the
-    bandwidth and FLOP/s of one GPU.
+    Rates are a tensor-parallel group's: each of its ``tp`` devices carries 1/tp of the
+    bytes and FLOPs, so the group runs at ``tp`` times one device's rates; the
+    all-reduces between them are priced apart.
     """
 
     weight_bytes: float
@@ -53,12 +64,27 @@ class Roofline:
     seconds_per_attention_flop: float
     exposed: float = 0.0
     """1 - overlap: the share of the shorter of memory and compute time that adds."""
+    elementwise_s_per_token: float = 0.0
+    """The small memory-bound kernels of every layer, seconds per token in the pass."""
+    allreduce_s_per_token: float = 0.0
+    """The all-reduces of every layer, seconds per token in the pass (0 at tp 1)."""
+    allreduce_fixed_s: float = 0.0
+    """The all-reduces' latency, seconds per pass (0 at tp 1)."""
 
     @classmethod
     def of(cls, hardware: HardwareProfile, model: ModelProfile) -> "Roofline":
         tp = model.tensor_parallel
         spb = 1.0 / (hardware.effective_bytes_per_s * tp)
         spf = 1.0 / (hardware.effective_flops_per_s * tp)
+        elementwise = 0.0
+        if hardware.elementwise_bytes_per_s is not None:
+            elementwise = model.layers * model.elementwise_bytes_per_token / hardware.elementwise_bytes_per_s
+        allreduce_tok = allreduce_fixed = 0.0
+        if tp > 1 and hardware.interconnect_bytes_per_s is not None:
+            calls = 2 * model.layers  # after attention's output projection and after the MLP
+            allreduce_tok = (calls * 2 * (tp - 1) / tp * model.allreduce_bytes_per_token
+                             / hardware.interconnect_bytes_per_s)
+            allreduce_fixed = calls * hardware.allreduce_latency_s
         return cls(
             weight_bytes=model.weight_bytes,
             kv_bytes_per_token=model.kv_bytes_per_token,
@@ -66,10 +92,13 @@ class Roofline:
             attention_flops_per_pair=model.attention_flops_per_pair,
             seconds_per_byte=spb,
             seconds_per_flop=spf,
-            overhead_s=hardware.per_pass_overhead_s,
+            overhead_s=hardware.per_pass_overhead_s + model.layers * hardware.per_layer_overhead_s,
             seconds_per_kv_byte=spb / hardware.attention_bandwidth_ratio,
             seconds_per_attention_flop=spf / hardware.attention_flops_ratio,
             exposed=1.0 - hardware.overlap,
+            elementwise_s_per_token=elementwise,
+            allreduce_s_per_token=allreduce_tok,
+            allreduce_fixed_s=allreduce_fixed,
         )
 
 
@@ -115,19 +144,29 @@ def chunk_attention_pairs(chunk_tokens: int, prefix_tokens: int) -> int:
 
 @dataclass(frozen=True)
 class PassCost:
-    """A pass's price and its parts; the total is derived, never stored."""
+    """A pass's price and its parts; the total is derived, never stored.
+
+    ``bytes_moved`` and ``flops`` are the roofline's (weights, KV cache, products and
+    attention); the small kernels' traffic is priced in ``elementwise_s``.
+    """
 
     memory_s: float
     compute_s: float
     overhead_s: float
+    """Fixed per pass: the engine's per-pass overhead plus the layers' fixed cost."""
     bytes_moved: float
     flops: float
     exposed: float = 0.0
     """1 - overlap (see the module docstring)."""
+    elementwise_s: float = 0.0
+    """Norms, rotary embedding, activation and residual adds of every layer."""
+    allreduce_s: float = 0.0
+    """The tensor-parallel group's all-reduces."""
 
     @property
     def total_s(self) -> float:
-        return pass_seconds(self.memory_s, self.compute_s, self.exposed, self.overhead_s)
+        return pass_seconds(self.memory_s, self.compute_s, self.exposed,
+                            self.overhead_s + self.elementwise_s + self.allreduce_s)
 
     @property
     def bound(self) -> str:
@@ -155,9 +194,12 @@ def pass_parts(r: Roofline, shape: PassShape) -> tuple[float, float, float, floa
 def price(r: Roofline, shape: PassShape) -> PassCost:
     """Price a pass from precomputed coefficients."""
     wb, kvb, lf, af = pass_parts(r, shape)
+    tokens = shape.tokens
     return PassCost(memory_s=wb * r.seconds_per_byte + kvb * r.seconds_per_kv_byte,
                     compute_s=lf * r.seconds_per_flop + af * r.seconds_per_attention_flop,
-                    overhead_s=r.overhead_s, bytes_moved=wb + kvb, flops=lf + af, exposed=r.exposed)
+                    overhead_s=r.overhead_s, bytes_moved=wb + kvb, flops=lf + af, exposed=r.exposed,
+                    elementwise_s=r.elementwise_s_per_token * tokens,
+                    allreduce_s=r.allreduce_fixed_s + r.allreduce_s_per_token * tokens)
 
 
 def price_pass(hardware: HardwareProfile, model: ModelProfile,
@@ -165,8 +207,8 @@ def price_pass(hardware: HardwareProfile, model: ModelProfile,
                chunks: Sequence[tuple[int, int]] = ()) -> PassCost:
     """Price one pass: each decode's context length, each chunk's (size, prefix).
 
-    >>> from envs.profiles import H100_SXM, LLAMA_3_8B
-    >>> round(price_pass(H100_SXM, LLAMA_3_8B, [2304] * 32).total_s * 1e3, 1)
+    >>> from envs.profiles import H100_SXM_DATASHEET, LLAMA_3_8B
+    >>> round(price_pass(H100_SXM_DATASHEET, LLAMA_3_8B, [2304] * 32).total_s * 1e3, 1)
     9.8
     """
     return price(Roofline.of(hardware, model), PassShape.of(decode_contexts, chunks))
@@ -190,7 +232,8 @@ def free_ride_tokens(r: Roofline, num_decodes: int, decode_context_tokens: int,
     its ``prefix_tokens`` and itself, and the prefix's KV reads are all charged.
     0 when the decode batch alone is already compute-bound. With ``overlap`` < 1 the
     ride is cheap rather than free: the chunk's arithmetic still adds ``1 - overlap``
-    of its time.
+    of its time; and the small kernels and all-reduces add their cost per token
+    whatever the bound (they run apart from the products).
     """
 
     def excess(x: int) -> float:  # compute time minus memory time with a chunk of x
@@ -235,7 +278,8 @@ def chunk_price(r: Roofline, num_decodes: int, decode_context_tokens: int, chunk
            + r.kv_bytes_per_token * r.seconds_per_kv_byte * (ctx + q + n + x))
     cmp = (r.flops_per_token * r.seconds_per_flop * (n + x)
            + r.attention_flops_per_pair * r.seconds_per_attention_flop * (ctx + n + pairs))
-    return pass_seconds(mem, cmp, r.exposed, r.overhead_s)
+    serial = (r.elementwise_s_per_token + r.allreduce_s_per_token) * (n + x)
+    return pass_seconds(mem, cmp, r.exposed, r.overhead_s + r.allreduce_fixed_s + serial)
 
 
 def chunk_within(r: Roofline, num_decodes: int, decode_context_tokens: int, seconds: float,
@@ -257,13 +301,15 @@ def chunk_within(r: Roofline, num_decodes: int, decode_context_tokens: int, seco
     kv = r.kv_bytes_per_token * r.seconds_per_kv_byte
     tok = r.flops_per_token * r.seconds_per_flop
     pair = r.attention_flops_per_pair * r.seconds_per_attention_flop
-    e, t = r.exposed, seconds - r.overhead_s
+    serial = r.elementwise_s_per_token + r.allreduce_s_per_token  # per token, outside the max
+    e, t = r.exposed, seconds - r.overhead_s - r.allreduce_fixed_s - serial * n
     # memory m(x) = m0 + kv*x, compute c(x) = c0 + (tok + pair*(q + 1/2))*x + pair/2*x^2
     m0 = r.weight_bytes * r.seconds_per_byte + kv * (ctx + q + n)
     c0 = tok * n + pair * (ctx + n)
     c1, c2 = tok + pair * (q + 0.5), pair / 2
     best = cap
-    for a, b, c in ((e * c2, kv + e * c1, m0 + e * c0 - t), (c2, c1 + e * kv, c0 + e * m0 - t)):
+    for a, b, c in ((e * c2, kv + e * c1 + serial, m0 + e * c0 - t),
+                    (c2, c1 + e * kv + serial, c0 + e * m0 - t)):
         best = min(best, _quadratic_root(a, b, c))
     x = max(1, min(int(best), cap))
     while x > 1 and chunk_price(r, n, ctx, x, q) > seconds:

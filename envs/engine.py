@@ -362,8 +362,11 @@ class Simulator:
         self._coef = (rf.weight_bytes * rf.seconds_per_byte,
                       rf.kv_bytes_per_token * rf.seconds_per_kv_byte,
                       rf.flops_per_token * rf.seconds_per_flop,
-                      rf.attention_flops_per_pair * rf.seconds_per_attention_flop, rf.overhead_s)
+                      rf.attention_flops_per_pair * rf.seconds_per_attention_flop,
+                      rf.overhead_s + rf.allreduce_fixed_s)
         self._exposed = rf.exposed
+        # Small kernels and all-reduces: a cost per token outside the roofline's max.
+        self._serial_s_per_token = rf.elementwise_s_per_token + rf.allreduce_s_per_token
         self.total_blocks = self.config.kv_blocks(self.hardware, self.model)
         self._bs = self.config.block_size
         self._thresh = self.config.long_prefill_token_threshold or (1 << 62)
@@ -420,7 +423,8 @@ class Simulator:
     # Fields a fork shares (never mutated after construction), copies (live state;
     # requests are cloned) and starts afresh (records). A test checks that every field
     # is in exactly one of them, so a new field cannot be forgotten here.
-    _FORK_SHARED = ("hardware", "model", "config", "roofline", "_coef", "_exposed", "total_blocks",
+    _FORK_SHARED = ("hardware", "model", "config", "roofline", "_coef", "_exposed",
+                    "_serial_s_per_token", "total_blocks",
                     "_bs", "_thresh", "workload", "_arr", "_prm", "_out")
     _FORK_COPIED = ("_next", "_next_rid", "_n", "_so", "_ksum", "_used", "_admit_seq",
                     "pass_index", "now", "waiting_prefill_tokens", "preemptions", "finished",
@@ -691,7 +695,7 @@ class Simulator:
         mem0, kv_s, cmp_tok, att_s, ovh = self._coef
         m = mem0 + kv_s * (ctx + shape.prefill_prefix_tokens + n + shape.prefill_tokens)
         c = cmp_tok * (n + shape.prefill_tokens) + att_s * (ctx + n + shape.prefill_attention_pairs)
-        dt = pass_seconds(m, c, self._exposed, ovh)
+        dt = pass_seconds(m, c, self._exposed, ovh + self._serial_s_per_token * (n + shape.prefill_tokens))
         now = self.now + dt
         self.now = now
         self.last_pass_s = dt
@@ -748,6 +752,7 @@ class Simulator:
             limit = nf + 1  # stop after the pass in which decodes finish
         stop = min(self._arr[self._next] if self._next < len(self._arr) else INF, until_s)
         mem0, kv_s, cmp_tok, att_s, ovh = self._coef
+        ovh += self._serial_s_per_token * n  # n tokens in every pass of the stretch
         e = self._exposed
         # Pass q's price is linear in q on each side of the roofline's max; when both
         # ends of the stretch lie on the same side, the whole stretch is one arithmetic

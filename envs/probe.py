@@ -5,7 +5,7 @@
 first token, and the probe reports what that cost everyone (DESIGN.md's worked
 example is the default scenario):
 
-    python -m envs.probe --budget 16384          # unchunked: one ~208 ms pass
+    python -m envs.probe --budget 16384          # unchunked: one ~208 ms pass (datasheet H100)
     python -m envs.probe --budget 2048 --json
 """
 
@@ -30,8 +30,9 @@ _ENDLESS = 10**9
 class ProbeArgs:
     """Simulate one prompt arriving among decoding users, until its first token."""
 
-    hardware: str = "h100-sxm"
-    """Hardware preset or profile file (.toml/.json)."""
+    hardware: str = "h100-sxm-datasheet"
+    """Hardware preset or profile file (.toml/.json); the default is the datasheet roofline
+    DESIGN.md's worked example is written for."""
     model: str = "llama-3-8b"
     """Model preset or profile file (.toml/.json)."""
     running: int = 32

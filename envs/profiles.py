@@ -3,13 +3,16 @@
 Every preset number says where it comes from. Derived quantities (KV bytes per
 token, weight bytes, effective rates) are properties, never stored copies.
 
-The achievable fractions of the datacenter parts are chosen so that DESIGN.md's
-worked example reproduces (an H100 decode pass of 32 users x 2,304 tokens of
-Llama-3-8B moves ~24 GiB in ~9.8 ms; the 8,192-token unchunked prefill pass
-takes ~208 ms): 78% of peak HBM bandwidth and 73% of peak dense bf16 FLOP/s.
-These are in line with what STREAM-like copies (~80% of HBM peak) and large
-bf16 GEMMs (70-80% MFU) achieve on Hopper and Ampere parts; the same fractions
-are used for every datacenter part so that presets stay comparable.
+The GPU presets (``h100-sxm``, ``a100-80g``, ``h200``, ``l40s``) are fitted to
+measured per-layer kernel times of real GPUs (docs/calibration/vidur.md).
+
+The datasheet rooflines (``h100-sxm-datasheet``, ``a100-80g-datasheet``) keep
+DESIGN.md's plain roofline, with achievable fractions chosen so that its worked
+example reproduces (an H100 decode pass of 32 users x 2,304 tokens of Llama-3-8B
+moves ~24 GiB in ~9.8 ms; the 8,192-token unchunked prefill pass takes ~208 ms):
+78% of peak HBM bandwidth and 73% of peak dense bf16 FLOP/s. These are in line
+with what STREAM-like copies (~80% of HBM peak) and large bf16 GEMMs (70-80% MFU)
+achieve on Hopper and Ampere parts.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from envs.errors import ConfigError, fraction, non_negative, positive, positive_
 
 GIB = 2**30
 
-# Shared achievable fractions for the datacenter presets (see module docstring).
+# Achievable fractions of the datasheet rooflines (see module docstring).
 _DC_BANDWIDTH_FRACTION = 0.78
 _DC_FLOPS_FRACTION = 0.73
 
@@ -61,6 +64,22 @@ class HardwareProfile:
     """Share of the shorter of a pass's memory time and compute time hidden under the
     longer, in [0, 1]: 1 is the pure roofline, max(memory, compute); 0 adds them, as
     kernels do that stream weights and then compute (measured on CPUs)."""
+    per_layer_overhead_s: float = 0.0
+    """Fixed cost of one decoder layer on one device, seconds: what its kernels take
+    beyond their bytes and FLOPs (launch, ramp-up, tail). Multiplied by the model's
+    layers and added to every pass, like ``per_pass_overhead_s``."""
+    elementwise_bytes_per_s: float | None = None
+    """Bandwidth of the small memory-bound kernels of each layer (norms, rotary
+    embedding, MLP activation, residual add), bytes per second. Their traffic
+    (``ModelProfile.elementwise_bytes_per_token``) adds to the pass outside the
+    roofline's max: they run as kernels of their own. None leaves them out, as
+    DESIGN.md's roofline does."""
+    interconnect_bytes_per_s: float | None = None
+    """All-reduce bus bandwidth between the devices of a tensor-parallel group (NCCL's
+    busBw), bytes per second. None: a group is priced as one device with tp times the
+    rates and no communication."""
+    allreduce_latency_s: float = 0.0
+    """Fixed cost of one all-reduce, seconds (with ``interconnect_bytes_per_s``)."""
 
     def __post_init__(self) -> None:
         require(isinstance(self.name, str) and bool(self.name), "hardware.name", self.name,
@@ -75,6 +94,11 @@ class HardwareProfile:
         positive("hardware.attention_flops_ratio", self.attention_flops_ratio)
         require(isinstance(self.overlap, (int, float)) and 0 <= self.overlap <= 1,
                 "hardware.overlap", self.overlap, "must lie in [0, 1]")
+        non_negative("hardware.per_layer_overhead_s", self.per_layer_overhead_s)
+        for f in ("elementwise_bytes_per_s", "interconnect_bytes_per_s"):
+            if getattr(self, f) is not None:
+                positive(f"hardware.{f}", getattr(self, f))
+        non_negative("hardware.allreduce_latency_s", self.allreduce_latency_s)
 
     @property
     def effective_bytes_per_s(self) -> float:
@@ -106,15 +130,25 @@ class ModelProfile:
     """2 for bf16/fp16; 0.5625 for 4-bit blocks with one fp16 scale per 32 weights."""
     bytes_per_kv_element: float = 2.0
     tensor_parallel: int = 1
-    """GPUs the model is sharded over; the group acts as one device with that many
-    times the bandwidth, FLOP/s and memory (all-reduce traffic is not modelled:
-    put it in the hardware's per-pass overhead)."""
+    """GPUs the model is sharded over (Megatron-style: each device holds 1/tp of every
+    projection and of the KV heads). Each device moves and computes 1/tp of the pass;
+    on hardware with ``interconnect_bytes_per_s`` every layer adds two all-reduces of
+    the pass's hidden states (envs.cost)."""
+    intermediate_size: int = 0
+    """MLP width (config.json's ``intermediate_size``); 0: estimated from ``params``
+    (see ``mlp_width``)."""
+    bytes_per_activation: float = 2.0
+    """Bytes of one activation element (bf16/fp16, also for quantised weights)."""
 
     def __post_init__(self) -> None:
         require(isinstance(self.name, str) and bool(self.name), "model.name", self.name,
                 "must be a non-empty string")
         for f in ("layers", "hidden_size", "heads", "kv_heads", "head_dim", "tensor_parallel"):
             positive_int(f"model.{f}", getattr(self, f))
+        require(isinstance(self.intermediate_size, int) and not isinstance(self.intermediate_size, bool)
+                and self.intermediate_size >= 0, "model.intermediate_size", self.intermediate_size,
+                "must be an integer >= 0 (0: estimated from params)")
+        positive("model.bytes_per_activation", self.bytes_per_activation)
         positive("model.params", self.params)
         positive("model.bytes_per_weight", self.bytes_per_weight)
         positive("model.bytes_per_kv_element", self.bytes_per_kv_element)
@@ -131,39 +165,158 @@ class ModelProfile:
         return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_kv_element
 
     @property
+    def mlp_width(self) -> int:
+        """``intermediate_size``, or when it is 0 the width of a gated MLP that holds what
+        ``params`` leaves after each layer's attention projections (embeddings are
+        counted in, so it errs high: 17,000 for Llama-3-8B, whose width is 14,336)."""
+        if self.intermediate_size:
+            return self.intermediate_size
+        h, d = self.hidden_size, self.head_dim
+        attention = h * (self.heads + 2 * self.kv_heads) * d + self.heads * d * h
+        return max(int((self.params / self.layers - attention) / (3 * h)), 1)
+
+    @property
+    def elementwise_bytes_per_token(self) -> float:
+        """Bytes the small kernels of one layer move per token on one device of the group
+        (see :func:`elementwise_bytes_per_token`)."""
+        return elementwise_bytes_per_token(self.hidden_size, self.heads, self.kv_heads, self.head_dim,
+                                           self.mlp_width, self.tensor_parallel,
+                                           bytes_per_element=self.bytes_per_activation)
+
+    @property
+    def allreduce_bytes_per_token(self) -> float:
+        """Bytes one all-reduce carries per token: the hidden state."""
+        return self.hidden_size * self.bytes_per_activation
+
+    @property
     def attention_flops_per_pair(self) -> float:
         """~4 x layers x (heads x head_dim) FLOPs per (query, key) pair: QK^T and PV,
         two multiply-adds each (DESIGN.md section 2)."""
         return 4.0 * self.layers * self.heads * self.head_dim
 
 
+def elementwise_bytes_per_token(hidden_size: int, heads: int, kv_heads: int, head_dim: int,
+                                intermediate_size: int, tensor_parallel: int = 1, *,
+                                gated_mlp: bool = True, norms: int = 2,
+                                bytes_per_element: float = 2.0) -> float:
+    """Bytes per token that one layer's small memory-bound kernels read and write on one
+    device of a tensor-parallel group.
+
+    Each RMSNorm reads and writes the hidden state, which every device holds whole; the
+    rotary embedding reads and writes this device's query and key heads; the MLP
+    activation reads gate and up and writes their product (one tensor in and one out
+    without a gate); the residual add reads two hidden states and writes one (vLLM
+    fuses the second add into the next norm, so one add a layer). Norm weights are
+    read once per kernel, not per token, and are left out.
+    """
+    tp = tensor_parallel
+    norm = 2 * hidden_size * norms
+    # KV heads are replicated when tp exceeds them (vLLM): at least one per device.
+    rope = 2 * (heads / tp + max(kv_heads / tp, 1)) * head_dim
+    act = (3 if gated_mlp else 2) * intermediate_size / tp
+    add = 3 * hidden_size
+    return (norm + rope + act + add) * bytes_per_element
+
+
 # --- Hardware presets ------------------------------------------------------------
 # Peak rates are the vendors' datasheet figures for dense (non-sparse) bf16 tensor
 # math; sparsity-doubled marketing numbers are halved.
 
-H100_SXM = HardwareProfile(
-    name="h100-sxm",
+H100_SXM_DATASHEET = HardwareProfile(
+    name="h100-sxm-datasheet",
     hbm_bytes_per_s=3.35e12,  # NVIDIA H100 SXM5 datasheet: 3.35 TB/s HBM3
     peak_flops_per_s=989.4e12,  # datasheet: 1,979 TFLOPS bf16 with sparsity -> 989.4 dense
     memory_bytes=80 * GIB,  # datasheet "80GB": five 16 GiB HBM3 stacks
 )
-H200 = HardwareProfile(
-    name="h200",
-    hbm_bytes_per_s=4.8e12,  # NVIDIA H200 SXM datasheet: 4.8 TB/s HBM3e
-    peak_flops_per_s=989.4e12,  # datasheet: same tensor cores as H100 SXM, 1,979 sparse
-    memory_bytes=141e9,  # datasheet: 141 GB HBM3e
-)
-A100_80G = HardwareProfile(
-    name="a100-80g",
+A100_80G_DATASHEET = HardwareProfile(
+    name="a100-80g-datasheet",
     hbm_bytes_per_s=2.039e12,  # NVIDIA A100 80GB SXM datasheet: 2,039 GB/s HBM2e
     peak_flops_per_s=312e12,  # datasheet: 312 TFLOPS bf16 dense (624 with sparsity)
     memory_bytes=80 * GIB,  # datasheet "80GB"
 )
+
+# --- Measured presets ------------------------------------------------------------
+# Device figures fitted to measured per-layer operator times of real GPUs (Vidur's
+# profiling data, envs/data/vidur/) as fractions of the datasheet peaks above, by
+# python -m envs.calibrate --vidur (the command of each preset below; method, errors
+# and plots in docs/calibration/vidur.md). The data has no attention kernel: attention
+# ratios stay at 1, i.e. the KV cache streams at the fitted weight bandwidth. Nor does it
+# time communication: the all-reduce figures come from public nccl-tests results.
+#
+# All-reduce latency on NVLink parts: 10 us, between ~6 us (2 H100s, NVLink SHARP,
+# CUDA graphs: NVIDIA/nccl#1259) and ~12.5 us (8 Hopper GPUs, nccl-tests without
+# graphs, 4-byte all_reduce: deepseek-ai/DeepEP#303).
+_NVLINK_ALLREDUCE_LATENCY_S = 10e-6
+
+H100_SXM = replace(
+    H100_SXM_DATASHEET,
+    name="h100-sxm",
+    # python -m envs.calibrate --vidur envs/data/vidur/h100__Llama-2-7b-hf.csv
+    #   envs/data/vidur/h100__phi-2.csv --held-out envs/data/vidur/h100__internlm-20b.csv
+    #   --name h100-sxm --out docs/calibration/h100-sxm.toml (held out: median 5.1% / 3.3%
+    #   at tp 1 / tp 2-8, the datasheet roofline 16.8% / 36.8%)
+    bandwidth_fraction=0.946,  # 3.17 TB/s streaming the projections' weights
+    flops_fraction=0.843,  # 834 TFLOP/s in the projections
+    overlap=0.136,  # mid-size products neither stream nor compute at full rate
+    per_layer_overhead_s=31.4e-6,  # what a layer's nine kernels cost beyond bytes and FLOPs
+    elementwise_bytes_per_s=1.37e12,  # norms, rotary, activation, add: 0.41 of peak
+    # NVIDIA/nccl-tests#212 (NCCL maintainer): NVLink4's 450 GB/s line rate gives ~370 GB/s
+    # of busBw after protocol overhead with the ring algorithm (NVLink SHARP reaches ~480
+    # on 8 GPUs for large messages; not assumed).
+    interconnect_bytes_per_s=370e9,
+    allreduce_latency_s=_NVLINK_ALLREDUCE_LATENCY_S,
+)
+# No H200 data: H100's fitted efficiencies on H200's datasheet bandwidth and memory (the
+# same Hopper SMs and clocks; HBM3e assumed to stream as efficiently as HBM3).
+H200 = replace(
+    H100_SXM,
+    name="h200",
+    hbm_bytes_per_s=4.8e12,  # NVIDIA H200 SXM datasheet: 4.8 TB/s HBM3e
+    peak_flops_per_s=989.4e12,  # datasheet: same tensor cores as H100 SXM, 1,979 sparse
+    memory_bytes=141e9,  # datasheet: 141 GB HBM3e
+    elementwise_bytes_per_s=1.37e12 * 4.8e12 / 3.35e12,  # H100's share of peak, on 4.8 TB/s
+    # Same NVLink4 as H100 (NVIDIA/nccl-tests#272: 8 H200s reach 475 GB/s busBw with
+    # NVLink SHARP, H100's ~480); H100's ring figure kept.
+)
+A100_80G = replace(
+    A100_80G_DATASHEET,
+    name="a100-80g",
+    # python -m envs.calibrate --vidur envs/data/vidur/a100__Meta-Llama-3-8B.csv
+    #   envs/data/vidur/a100__Llama-2-7b-hf.csv envs/data/vidur/a100__phi-2.csv --held-out
+    #   envs/data/vidur/a100__Llama-2-70b-hf.csv envs/data/vidur/a100__internlm-20b.csv
+    #   --name a100-80g --out docs/calibration/a100-80g.toml (held out: median 2.9% / 3.4%
+    #   at tp 1 / tp 2-8, the datasheet roofline 9.2% / 15.6%)
+    bandwidth_fraction=0.806,  # 1.64 TB/s
+    flops_fraction=0.738,  # 230 TFLOP/s
+    overlap=0.502,
+    per_layer_overhead_s=37.1e-6,
+    elementwise_bytes_per_s=1.088e12,  # 0.53 of peak
+    # NVIDIA/nccl-tests#149: 8 A100-SXM4-80GB on NVLink3 reach ~200 GB/s all_reduce busBw
+    # (#178: 208 GB/s).
+    interconnect_bytes_per_s=200e9,
+    allreduce_latency_s=_NVLINK_ALLREDUCE_LATENCY_S,
+)
+# No L40S data: the efficiencies fitted to the A40 (the nearest part measured: a GDDR6,
+# PCIe card), python -m envs.calibrate --vidur envs/data/vidur/a40__Llama-2-7b-hf.csv
+# --held-out envs/data/vidur/a40__internlm-20b.csv --hardware
+# docs/calibration/a40-datasheet.toml --name a40 --out docs/calibration/a40.toml
+# (held out: median 2.3% / 3.5% at tp 1 / tp 2-8), on the L40S's datasheet figures.
 L40S = HardwareProfile(
     name="l40s",
     hbm_bytes_per_s=864e9,  # NVIDIA L40S datasheet: 864 GB/s GDDR6
     peak_flops_per_s=362.05e12,  # datasheet: 362.05 TFLOPS bf16 dense (733 with sparsity)
     memory_bytes=48 * GIB,  # datasheet: 48 GB GDDR6
+    bandwidth_fraction=0.809,  # A40's fit
+    flops_fraction=0.809,  # A40's fit
+    overlap=0.453,  # A40's fit
+    per_layer_overhead_s=25.3e-6,  # A40's fit
+    elementwise_bytes_per_s=0.574 * 864e9,  # A40's share of peak (0.574), on 864 GB/s
+    # No NVLink: PCIe Gen4 x16, 32 GB/s each way (datasheet: 64 GB/s bidirectional). NCCL
+    # over PCIe is bound by the host: 8 PCIe Gen5 GPUs reached 28 GB/s busBw
+    # (NVIDIA/nccl#1639); 20 GB/s assumed for Gen4. Latency: ~40 us for an 8-byte
+    # all_reduce on 8 PCIe GPUs (NVIDIA/nccl#1530).
+    interconnect_bytes_per_s=20e9,
+    allreduce_latency_s=40e-6,
 )
 M5_MAX = HardwareProfile(
     name="m5-max",
@@ -188,6 +341,7 @@ M5_MAX = HardwareProfile(
 LLAMA_3_8B = ModelProfile(
     name="llama-3-8b",
     layers=32, hidden_size=4096, heads=32, kv_heads=8, head_dim=128,  # config.json
+    intermediate_size=14336,  # config.json
     params=8.03e9,  # Meta model card: 8.03B
 )
 LLAMA_3_8B_Q4 = replace(
@@ -197,6 +351,7 @@ LLAMA_3_8B_Q4 = replace(
 )
 _LLAMA_3_70B_SHAPE = dict(
     layers=80, hidden_size=8192, heads=64, kv_heads=8, head_dim=128,  # config.json
+    intermediate_size=28672,  # config.json
     params=70.6e9,  # Meta model card: 70.6B
 )
 LLAMA_3_70B_TP4 = ModelProfile(name="llama-3-70b-tp4", tensor_parallel=4, **_LLAMA_3_70B_SHAPE)
@@ -204,16 +359,18 @@ LLAMA_3_70B_TP8 = ModelProfile(name="llama-3-70b-tp8", tensor_parallel=8, **_LLA
 MISTRAL_7B = ModelProfile(
     name="mistral-7b",
     layers=32, hidden_size=4096, heads=32, kv_heads=8, head_dim=128,  # Mistral-7B-v0.1 config.json
+    intermediate_size=14336,  # config.json
     params=7.24e9,  # Mistral AI: 7.24B
 )
 QWEN2_5_32B = ModelProfile(
     name="qwen2.5-32b",
     layers=64, hidden_size=5120, heads=40, kv_heads=8, head_dim=128,  # Qwen2.5-32B config.json
+    intermediate_size=27648,  # config.json
     params=32.5e9,  # Qwen model card: 32.5B
 )
 
 HARDWARE_PRESETS: dict[str, HardwareProfile] = {
-    p.name: p for p in (H100_SXM, H200, A100_80G, L40S, M5_MAX)
+    p.name: p for p in (H100_SXM, H200, A100_80G, L40S, M5_MAX, H100_SXM_DATASHEET, A100_80G_DATASHEET)
 }
 MODEL_PRESETS: dict[str, ModelProfile] = {
     p.name: p for p in (LLAMA_3_8B, LLAMA_3_8B_Q4, LLAMA_3_70B_TP4, LLAMA_3_70B_TP8,
@@ -297,6 +454,8 @@ def profile_to_toml(profile: HardwareProfile | ModelProfile) -> str:
     section = "hardware" if isinstance(profile, HardwareProfile) else "model"
     lines = [f"[{section}]"]
     for key, value in asdict(profile).items():
+        if value is None:  # TOML has no null: an absent field reads back as None
+            continue
         if isinstance(value, str):
             lines.append(f'{key} = "{value}"')
         elif isinstance(value, float) and not math.isfinite(value):

@@ -21,7 +21,8 @@ class Scenario:
     """Hardware, model, workload, engine settings and SLO of one simulated deployment."""
 
     hardware: str = "h100-sxm"
-    """Hardware preset (h100-sxm, h200, a100-80g, l40s, m5-max) or a .toml/.json profile."""
+    """Hardware preset (h100-sxm, h200, a100-80g, l40s, m5-max, h100-sxm-datasheet,
+    a100-80g-datasheet) or a .toml/.json profile."""
     model: str = "llama-3-8b"
     """Model preset (llama-3-8b, llama-3-8b-q4, llama-3-70b-tp4, llama-3-70b-tp8, mistral-7b,
     qwen2.5-32b) or a .toml/.json profile."""

@@ -167,11 +167,12 @@ def test_fit_prices_passes_as_the_simulator_does():
 
     hw = dc_replace(get_hardware("a100-80g"), attention_bandwidth_ratio=0.3, attention_flops_ratio=0.7,
                     overlap=0.4, per_pass_overhead_s=0.002)
-    model = get_model("mistral-7b")
     rng = np.random.default_rng(5)
     shapes = [PassShape.of([int(c) for c in rng.integers(1, 3000, rng.integers(0, 40))],
                            [(int(rng.integers(1, 4096)), int(rng.integers(0, 8000)))] if i % 2 else [])
               for i in range(1, 50)]
-    expected = [price(Roofline.of(hw, model), s).total_s for s in shapes]
-    np.testing.assert_allclose(fit_of(hw).predict(shape_parts(unit_roofline(model), shapes)), expected,
-                               rtol=1e-12)
+    # One device, and a group of 4 (per-device parts plus the all-reduces).
+    for model in (get_model("mistral-7b"), dc_replace(get_model("mistral-7b"), tensor_parallel=4)):
+        expected = [price(Roofline.of(hw, model), s).total_s for s in shapes]
+        np.testing.assert_allclose(fit_of(hw).predict(shape_parts(unit_roofline(model), shapes)),
+                                   expected, rtol=1e-12)

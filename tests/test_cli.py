@@ -22,7 +22,7 @@ def probe_json(*args):
 
 
 def test_probe_reproduces_the_worked_example_unchunked():
-    r = probe_json("--hardware", "h100-sxm", "--model", "llama-3-8b", "--running", "32",
+    r = probe_json("--hardware", "h100-sxm-datasheet", "--model", "llama-3-8b", "--running", "32",
                    "--context-tokens", "2304", "--prompt-tokens", "8192", "--budget", "16384")
     assert r["passes"] == 1
     assert r["ttft_ms"] == pytest.approx(208, rel=0.05)

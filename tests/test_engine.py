@@ -10,7 +10,7 @@ import pytest
 from envs.cost import PassShape, price, price_pass
 from envs.engine import EngineConfig, Simulator, check_static_budget
 from envs.errors import ConfigError
-from envs.profiles import get_hardware
+from envs.profiles import get_hardware, get_model
 from envs.workload import SyntheticSpec
 from tests.conftest import TOY_HW, TOY_MODEL, make_sim
 
@@ -160,12 +160,21 @@ CPU_LIKE = replace(get_hardware("h100-sxm"), name="cpu-like", attention_bandwidt
                    attention_flops_ratio=0.4, overlap=0.25)
 
 
-@pytest.mark.parametrize("hardware", ["h100-sxm", CPU_LIKE], ids=["roofline", "partial-overlap"])
-def test_every_simulated_pass_is_priced_by_the_pure_function(hardware):
-    # Decode stretches are priced in closed form; with partial overlap and slow attention
-    # they must still equal the per-pass price.
+# Every refinement of the cost model at once, on a tensor-parallel group.
+FITTED_LIKE = replace(get_hardware("h100-sxm-datasheet"), name="fitted-like", overlap=0.4,
+                      per_layer_overhead_s=3e-5, elementwise_bytes_per_s=1.4e12,
+                      interconnect_bytes_per_s=3.7e11, allreduce_latency_s=1e-5)
+TP2 = replace(get_model("llama-3-8b"), name="llama-3-8b-tp2", tensor_parallel=2)
+
+
+@pytest.mark.parametrize("hardware, model", [("h100-sxm-datasheet", "llama-3-8b"),
+                                             (CPU_LIKE, "llama-3-8b"), (FITTED_LIKE, TP2)],
+                         ids=["roofline", "partial-overlap", "layers-kernels-allreduce"])
+def test_every_simulated_pass_is_priced_by_the_pure_function(hardware, model):
+    # Decode stretches are priced in closed form; with partial overlap, slow attention,
+    # per-token small kernels and all-reduces they must still equal the per-pass price.
     w = SyntheticSpec(rate=30, num_requests=150).build(7)
-    sim = Simulator(hardware, "llama-3-8b", w, EngineConfig(num_kv_blocks=3000, max_num_seqs=64),
+    sim = Simulator(hardware, model, w, EngineConfig(num_kv_blocks=3000, max_num_seqs=64),
                     record_shapes=True)
     rng = np.random.default_rng(0)
     while sim.advance():

@@ -25,7 +25,7 @@ def test_kv_bytes_per_token():
 
 
 def test_unknown_preset_lists_the_known_ones():
-    with pytest.raises(ConfigError, match=r"unknown preset 'h900'; known: a100-80g, h100-sxm"):
+    with pytest.raises(ConfigError, match=r"unknown preset 'h900'; known: a100-80g, a100-80g-datasheet, h100-sxm"):
         get_hardware("h900")
     with pytest.raises(ConfigError, match="llama-3-8b"):
         get_model("gpt-5")
@@ -72,7 +72,11 @@ def test_negative_overhead_is_refused():
 @pytest.mark.parametrize("field, value, allowed", [
     ("overlap", 1.5, r"must lie in \[0, 1\]"), ("overlap", -0.1, r"must lie in \[0, 1\]"),
     ("attention_bandwidth_ratio", 0.0, "must be a finite number > 0"),
-    ("attention_flops_ratio", float("inf"), "must be a finite number > 0")])
+    ("attention_flops_ratio", float("inf"), "must be a finite number > 0"),
+    ("per_layer_overhead_s", -1e-6, "must be a finite number >= 0"),
+    ("elementwise_bytes_per_s", 0.0, "must be a finite number > 0"),
+    ("interconnect_bytes_per_s", -1.0, "must be a finite number > 0"),
+    ("allreduce_latency_s", -1.0, "must be a finite number >= 0")])
 def test_attention_and_overlap_fields_are_checked(tmp_path, field, value, allowed):
     p = tmp_path / "cpu.toml"
     p.write_text("[hardware]\nname = \"cpu\"\nhbm_bytes_per_s = 1e10\npeak_flops_per_s = 1e11\n"

@@ -26,12 +26,21 @@ before they simulate).
    with ``--hardware`` it keeps that profile's device figures and fits only the
    per-step overhead, i.e. what the engine adds to the forward pass.
 
+6. ``--vidur`` fits a GPU's figures to measured per-layer operator times (Vidur's
+   profiling data, ``envs/data/vidur/``; ``docs/calibration/vidur.md``) as fractions of a
+   datasheet profile's peaks, and reports the error on ``--held-out`` files:
+
+       python -m envs.calibrate --vidur envs/data/vidur/h100__Llama-2-7b-hf.csv \
+           --held-out envs/data/vidur/h100__internlm-20b.csv --out h100.toml
+       python -m envs.calibrate --vidur FILE.csv --hardware h100-sxm --check --json
+
 The fit is for the dtype measured (float32 on CPU, bfloat16 on CUDA by default);
 pair the profile with a model profile of that dtype.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -39,11 +48,12 @@ from pathlib import Path
 
 import numpy as np
 
-from envs.calibrate.fit import Fit, ape, error_line, fit_passes, held_out, shape_parts, unit_roofline
+from envs.calibrate.fit import (PART_COLUMNS, Fit, ape, error_line, fit_passes, held_out, shape_parts,
+                                unit_roofline)
 from envs.cli import parse
 from envs.cost import PassShape
 from envs.errors import ConfigError, positive_int, require, run_cli
-from envs.profiles import get_hardware, get_model, profile_to_toml
+from envs.profiles import HardwareProfile, get_hardware, get_model, profile_to_toml
 
 
 @dataclass(frozen=True)
@@ -72,7 +82,10 @@ class CalibrateArgs:
     """Also draw predicted against measured pass time (PNG; needs matplotlib)."""
     hardware: str | None = None
     """With --steps: keep this profile's device figures (say, one fitted to torch passes)
-    and fit only the per-pass overhead, which is then the engine's own cost per step."""
+    and fit only the per-pass overhead, which is then the engine's own cost per step.
+    With --vidur: the datasheet profile whose peaks the fitted figures are fractions of
+    (default: h100-sxm-datasheet for h100__*.csv files, a100-80g-datasheet for a100__*);
+    with --check, the profile to check."""
     form: str = "refined"
     """Cost model to fit: refined (attention rates and overlap too, see envs.cost) or
     roofline (bandwidth, FLOP/s and overhead only)."""
@@ -80,6 +93,19 @@ class CalibrateArgs:
     """Fit to an engine's measured steps instead of timing torch passes: a CSV with columns
     decode_contexts (each decode's context, ';'-separated), chunks ('size@prefix;...') and
     seconds. benchmarks/sim_vs_vllm.py records vLLM's steps in this form."""
+    vidur: tuple[str, ...] = ()
+    """Fit to measured per-layer GPU operator times instead: Vidur profiling CSVs of one
+    device (envs/data/vidur/DEVICE__MODEL.csv); several files, or the flag repeated."""
+    held_out: tuple[str, ...] = ()
+    """With --vidur: files of the same device reported but not fitted."""
+    tp: int | None = None
+    """With --vidur: only rows of this tensor-parallel degree (default: all)."""
+    check: bool = False
+    """With --vidur and --hardware: fit nothing; report that profile's error on the files."""
+    json: bool = False
+    """With --check: print {"rows", "median_abs_pct", "p90_abs_pct"} as one JSON object."""
+    cross_validate: bool = False
+    """With --vidur: also fit on all files but one, for each file, and report its error."""
 
 
 def machine_memory_bytes() -> float:
@@ -162,8 +188,8 @@ def report_torch_fit(args, rows, fit: Fit, plain: Fit, parts, seconds, held, ove
 
 
 def write_measurements_csv(path: str, rows, fit: Fit, plain: Fit, parts, held) -> None:
-    lines = ["decodes,decode_context,chunks,measured_s,predicted_s,plain_roofline_s,weight_bytes,"
-             "kv_bytes,product_flops,attention_flops,held_out"]
+    lines = ["decodes,decode_context,chunks,measured_s,predicted_s,plain_roofline_s,"
+             + ",".join(PART_COLUMNS) + ",held_out"]
     for (c, k, sec), p, pp, row, h in zip(rows, fit.predict(parts), plain.predict(parts), parts, held):
         chunk_text = ";".join(f"{x}@{q}" for x, q in k)
         lines.append(f"{len(c)},{max(c) if c else 0},{chunk_text},{sec:.6g},{p:.6g},{pp:.6g},"
@@ -231,9 +257,91 @@ def calibrate_torch(args: CalibrateArgs) -> int:
     return 0
 
 
+# --- fitting measured GPU operator times (Vidur) --------------------------------------------
+
+# The datasheet profile a device's files are fitted against, by file-name prefix.
+VIDUR_DATASHEETS = {"h100": "h100-sxm-datasheet", "a100": "a100-80g-datasheet"}
+
+
+def vidur_peak(args: CalibrateArgs, tables) -> HardwareProfile:
+    """The datasheet profile to fit against: --hardware, or the one the files' device names."""
+    if args.hardware:
+        return get_hardware(args.hardware)
+    devices = sorted({str(t.device) for t in tables})
+    if len(devices) > 1:
+        raise ConfigError(f"vidur: files of several devices ({', '.join(devices)}); fit one device "
+                          "at a time, or name its datasheet profile with --hardware")
+    if devices[0] not in VIDUR_DATASHEETS:
+        raise ConfigError(f"vidur: no datasheet profile known for device {devices[0]!r} "
+                          f"({tables[0].name}); name one with --hardware PROFILE.toml")
+    return get_hardware(VIDUR_DATASHEETS[devices[0]])
+
+
+def vidur_command(args: CalibrateArgs) -> str:
+    words = ["python -m envs.calibrate --vidur", *args.vidur]
+    if args.held_out:
+        words += ["--held-out", *args.held_out]
+    if args.hardware:
+        words += ["--hardware", args.hardware]
+    if args.tp is not None:
+        words += ["--tp", str(args.tp)]
+    if args.name:
+        words += ["--name", args.name]
+    return " ".join(words + ["--out", args.out])
+
+
+def check_vidur(args: CalibrateArgs) -> int:
+    from envs.calibrate.vidur import read_tables
+    from envs.calibrate.vidur_report import Errors
+
+    require(args.hardware is not None, "hardware", None, "--check needs --hardware, the profile to check")
+    hw = get_hardware(args.hardware)
+    tables = read_tables(args.vidur + args.held_out, args.tp)
+    rows, med, p90 = Errors.of(hw, tables).summary()
+    if args.json:
+        print(json.dumps({"rows": rows, "median_abs_pct": round(100 * med, 3),
+                          "p90_abs_pct": round(100 * p90, 3)}))
+    else:
+        print(f"{hw.name} on {rows} rows of {', '.join(t.name for t in tables)}: per-layer time "
+              f"off by a median {med:.1%}, p90 {p90:.1%}")
+    return 0
+
+
+def calibrate_vidur(args: CalibrateArgs) -> int:
+    from envs.calibrate.vidur import fit_layers, fitted_profile, read_tables
+    from envs.calibrate.vidur_report import Errors, plot_vidur, report_lines
+
+    if args.check:
+        return check_vidur(args)
+    fit_tables = read_tables(args.vidur, args.tp)
+    held_tables = read_tables(args.held_out, args.tp)
+    peak = vidur_peak(args, fit_tables + held_tables)
+    fit = fit_layers(fit_tables, peak)
+    profile = fitted_profile(fit, peak, args.name or f"fitted-{fit_tables[0].device or 'gpu'}")
+    held = Errors.of(profile, held_tables)
+    summary = "; ".join(f"{g}: median {m:.1%}, p90 {q:.1%}" for g, (n, m, q) in
+                        ((g, held.summary(g)) for g in ("tp 1", "tp 2-8")) if n)
+    write_profile(Path(args.out),
+                  f"# Fitted by {vidur_command(args)}\n# to measured per-layer operator times (Vidur's "
+                  f"profiling data); device figures are fractions of {peak.name}'s peaks.\n"
+                  + (f"# Held-out error of the per-layer time: {summary}.\n" if summary else ""),
+                  profile)
+    print("\n".join(report_lines(fit, profile, peak, fit_tables, held_tables, args.cross_validate)))
+    print(f"profile written to {args.out}; use it with --hardware {args.out}")
+    if args.plot:
+        plot_vidur(args.plot, fit_tables + held_tables, {t.path for t in held_tables}, profile, peak)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(CalibrateArgs, argv, prog="python -m envs.calibrate")
     require(args.form in ("refined", "roofline"), "form", args.form, "must be refined or roofline")
+    if args.vidur or args.held_out:
+        require(bool(args.vidur) or args.check, "vidur", args.vidur,
+                "--held-out needs files to fit, given with --vidur")
+        return calibrate_vidur(args)
+    if args.check:
+        raise ConfigError("check: --check needs --vidur FILE.csv (and --hardware PROFILE)")
     if args.steps:
         return calibrate_steps(args)
     return calibrate_torch(args)

@@ -47,9 +47,8 @@ def fit_steps(steps, model, refined: bool = True,
     """Fit on two thirds of measured engine steps: (fit, plain-roofline fit, parts, seconds).
     With ``base``, its device figures are kept and only the per-step overhead is fitted
     (no plain fit then: None)."""
-    # A tensor-parallel group runs at tp times one device's rates (envs.cost), so each
-    # device carries 1/tp of the work and the fitted rates are one device's.
-    parts = shape_parts(unit_roofline(model), [PassShape.of(c, k) for c, k, _ in steps]) / model.tensor_parallel
+    # Parts are one device's share of each step, so the fitted rates are one device's.
+    parts = shape_parts(unit_roofline(model), [PassShape.of(c, k) for c, k, _ in steps])
     secs = np.array([t for _, _, t in steps])
     held = held_out(len(steps))
     if base is not None:
