@@ -119,6 +119,7 @@ def test_reference_is_at_least_as_good_as_the_best_static(cliff):
     assert base > 0  # the load is high enough for the budget to matter
 
 
+@pytest.mark.slow  # starts a local Ray instance (about 10 s)
 def test_sweeps_give_identical_json_on_one_or_two_workers(tmp_path):
     args = ["capacity", "--policies", "time-budget,queue-depth", "--rate", "4", "--seeds", "2",
             "--requests", "60", "--json"]
