@@ -34,6 +34,9 @@ class CompareArgs(Scenario):
     """Synthetic streams (traces replay once)."""
     requests: int | None = None
     """Requests per stream (default: the scenario's num_requests, or the whole trace window)."""
+    allow_table_mismatch: bool = False
+    """Evaluate a table:PATH built for other hardware, another model shape or another SLO
+    than the scenario's (refused otherwise)."""
     lookahead: bool = False
     """Also run the look-ahead bound (slow: forks the simulator at every decision)."""
     out: str = "reports/compare"
@@ -52,6 +55,9 @@ class CapacityArgs(Scenario):
     """Streams per probe."""
     requests: int = 600
     """Requests per stream."""
+    allow_table_mismatch: bool = False
+    """Evaluate a table:PATH built for other hardware, another model shape or another SLO
+    than the scenario's (refused otherwise)."""
     out: str = "reports/capacity"
     """Report folder."""
     json: bool = False
@@ -72,6 +78,9 @@ class SuiteArgs:
     """Requests per synthetic stream (traces: their window)."""
     capacity: bool = False
     """Also find every policy's capacity per scenario (slower)."""
+    allow_table_mismatch: bool = False
+    """Evaluate a table:PATH built for other hardware, another model shape or another SLO
+    than the scenario's (refused otherwise)."""
     out: str = "reports/suite"
     """Report folder."""
 
@@ -93,7 +102,7 @@ def cmd_compare(argv) -> int:
     if args.requests is not None:
         positive_int("requests", args.requests)
     scenario = Scenario(**{k: getattr(args, k) for k in Scenario.__dataclass_fields__})
-    policies = make_policies(args.policies, scenario)
+    policies = make_policies(args.policies, scenario, args.allow_table_mismatch)
     if args.lookahead:
         policies.append(LookaheadPolicy(scenario.slo()))
     n = (len(policies) + 7) * (1 if scenario.trace else args.seeds)
@@ -114,7 +123,7 @@ def cmd_capacity(argv) -> int:
     positive_int("seeds", args.seeds)
     positive_int("requests", args.requests)
     scenario = Scenario(**{k: getattr(args, k) for k in Scenario.__dataclass_fields__})
-    policies = make_policies(args.policies, scenario)
+    policies = make_policies(args.policies, scenario, args.allow_table_mismatch)
     with _progress(len(policies), "capacity") as bar:
         data, text = capacity_report(scenario, policies, Path(args.out), args.seeds, args.requests, bar)
     save_json(Path(args.out) / "capacity.json", data)
@@ -145,7 +154,7 @@ def cmd_suite(argv) -> int:
     with _progress(len(names), "suite") as bar:
         for name in names:
             sc = SUITE[name]
-            policies = make_policies(args.policies, sc)
+            policies = make_policies(args.policies, sc, args.allow_table_mismatch)
             cmp = compare(sc, policies, args.seeds, None if sc.trace else args.requests)
             sub = out / name
             comparison_report(cmp, sub, args.seeds, title=f"Scenario {name}")

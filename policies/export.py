@@ -30,7 +30,8 @@ from envs.chunk_budget_env import EVAL_SEED_BASE
 from envs.cli import parse
 from envs.errors import ConfigError, positive_int, run_cli
 from envs.scenario import Scenario
-from policies.table import SCHEMA_VERSION, BudgetTable, write_atomic
+from policies.table import (KIND, SCHEMA_VERSION, BudgetTable, hardware_provenance,
+                            model_provenance, write_atomic)
 from policies.table_policy import FEATURE_GETTERS
 
 FEATURES = ("running_decodes", "waiting_requests", "waiting_prefill_tokens", "kv_usage")
@@ -87,11 +88,21 @@ def quantile_edges(values: np.ndarray, buckets: int) -> list[float]:
     return [float(e) for e in edges if len(values) and e > values.min()]
 
 
-def build_table(feats: np.ndarray, budgets: np.ndarray, buckets: int) -> BudgetTable:
+def scenario_provenance(scenario: Scenario) -> dict:
+    """The hardware, model and SLO a table is built for, as the runtime checks them."""
+    return {"hardware": hardware_provenance(scenario.hardware_profile()),
+            "model": model_provenance(scenario.model_profile()),
+            "slo": {"ttft_s": scenario.slo_ttft_s, "itl_s": scenario.slo_itl_s}}
+
+
+def build_table(feats: np.ndarray, budgets: np.ndarray, buckets: int,
+                provenance: dict) -> BudgetTable:
     edges = [quantile_edges(feats[:, j], buckets) for j in range(len(FEATURES))]
-    skeleton = BudgetTable({"schema_version": SCHEMA_VERSION, "kind": "chunkpilot-budget-table",
+    skeleton = BudgetTable({"schema_version": SCHEMA_VERSION, "kind": KIND,
+                            "action": {"kind": "tokens"},
                             "features": [{"name": n, "edges": e} for n, e in zip(FEATURES, edges)],
-                            "budgets": [1] * int(np.prod([len(e) + 1 for e in edges]))})
+                            "budgets": [1] * int(np.prod([len(e) + 1 for e in edges])),
+                            "default_budget": 1, "provenance": provenance})
     cells = np.array([skeleton.cell(row) for row in feats], dtype=np.int64)
     table = np.zeros(skeleton.cells, dtype=np.int64)
     counts = np.bincount(cells, minlength=skeleton.cells)
@@ -145,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 .workload(FIDELITY_SEED_BASE + i) for i in range(args.fidelity_runs)]
     t0 = time.perf_counter()
     feats, budgets = collect(model, scenario, build)
-    table = build_table(feats, budgets, args.buckets)
+    table = build_table(feats, budgets, args.buckets, scenario_provenance(scenario))
 
     # Fidelity: agreement on states from held-out arrivals, then both policies end to end.
     held_feats, held_budgets = collect(model, scenario, held)
@@ -168,8 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     data = table.to_dict()
     data["fidelity"] = fidelity
     data["provenance"] = {
-        "hardware": scenario.hardware, "model": scenario.model,
-        "slo_ttft_s": scenario.slo_ttft_s, "slo_itl_s": scenario.slo_itl_s,
+        **scenario_provenance(scenario),
         "workload": targs.get("trace") or targs.get("workload"), "run_dir": str(args.run_dir),
         "algo": targs.get("algo"), "commit": config.get("commit"),
         "exported": time.strftime("%Y-%m-%dT%H:%M:%S"),
