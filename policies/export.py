@@ -15,6 +15,8 @@
    model on visited states, and the goodput / p99 TTFT / p99 ITL of ``model:`` and
    ``table:`` on the same arrivals. A table losing more than 3% of the model's goodput
    says so loudly.
+5. Provenance: the scenario's hardware, model shape and SLO, which the runtime compares
+   with what it serves (``python -m policies.table check``, the vLLM schedulers, eval).
 """
 
 from __future__ import annotations

@@ -96,6 +96,8 @@ class EngineMetrics:
         self.fallbacks = m.fallbacks.labels(**self._labels)
         self.clamps = m.clamps.labels(**self._labels)
         self._reloads = m.reloads
+        for outcome in ("applied", "rejected"):  # 0 from the start, not absent until the first
+            self._reloads.labels(**self._labels, outcome=outcome)
         self._info = m.table_info
         self._current: dict | None = None
 
