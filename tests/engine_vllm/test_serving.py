@@ -174,6 +174,48 @@ def test_start_line_names_the_table_its_provenance_and_budgets(env, model, tmp_p
     assert "provenance matches" in line
 
 
+def test_every_state_quantity_is_read_from_the_queues(env, model, tmp_path):
+    """A table that needs all nine quantities gets them, as the table API defines them."""
+    import time
+
+    from policies.table import STATE
+
+    names = list(STATE)
+    data = table_dict([(n, [1]) for n in names], [256] * 2 ** len(names), default_budget=256)
+    sched, _ = served_from_file(env, model, tmp_path, data)
+    assert sched.chunkpilot_table.needs == set(STATE)
+    with_decoders(sched, n=3)
+    step(sched, 2)  # three decoding
+    sched.add_request(make_request("long", 1000, 4))  # prefilled in chunks of 253
+    sched.add_request(make_request("queued", 300, 4))
+    step(sched, 2)  # "long" partially prefilled; "queued" admitted behind it or waiting
+    state = sched.chunkpilot_state(time.monotonic())
+    decoding = [r for r in sched.running if r.num_computed_tokens >= r.num_prompt_tokens]
+    partial = [r for r in sched.running if r.num_computed_tokens < r.num_prompt_tokens]
+    waiting = list(sched.waiting)
+    head = partial[0] if partial else waiting[0]
+    assert head.request_id == "long"
+    assert state["running_decodes"] == len(decoding) == 3
+    assert state["decode_context_tokens"] == sum(r.num_computed_tokens for r in decoding)
+    assert state["waiting_requests"] == len(waiting)
+    assert state["waiting_prefill_tokens"] == (
+        sum(r.num_prompt_tokens - r.num_computed_tokens for r in partial)
+        + sum(r.num_tokens - r.num_computed_tokens for r in waiting))
+    assert state["head_prefilled_tokens"] == head.num_computed_tokens > 0
+    assert state["head_remaining_tokens"] == 1000 - head.num_computed_tokens
+    assert state["kv_usage"] == sched.kv_cache_manager.usage > 0
+    oldest = min(r.arrival_time for r in partial + waiting if r.num_output_tokens == 0)
+    assert 0 < state["oldest_wait_s"] == pytest.approx(time.time() - oldest, abs=0.5)
+    assert 0 < state["last_step_s"] < 5
+    assert sched.chunkpilot_history[0][0]["last_step_s"] == 0  # nothing before the first
+    # With no partial prefill, the head is the next waiting request.
+    idle, _ = served_from_file(env, model, tmp_path, data)
+    idle.add_request(make_request("first", 40, 2))
+    state = idle.chunkpilot_state()
+    assert (state["head_prefilled_tokens"], state["head_remaining_tokens"]) == (0, 40)
+    assert state["running_decodes"] == 0 and state["waiting_requests"] == 1
+
+
 # --- reload and fallback -------------------------------------------------------------
 
 def test_reloaded_table_takes_effect_at_the_next_step(env, model, tmp_path, log):
