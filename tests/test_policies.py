@@ -295,12 +295,14 @@ def test_table_policy_reads_the_scheduler_state():
 
 
 def test_build_table_from_states_fills_unvisited_cells_from_neighbours():
-    from policies.export import build_table
+    from policies.export import build_table, scenario_provenance
     rng = np.random.default_rng(0)
     feats = np.column_stack([rng.integers(0, 100, 500), rng.integers(0, 20, 500),
                              rng.integers(0, 50000, 500), rng.random(500) * 0.5])
     budgets = np.where(feats[:, 0] < 30, 4096, 1024)  # a rule on running decodes only
-    t = build_table(feats, budgets, buckets=4, provenance=H100_LLAMA)
+    t = build_table(feats, budgets, buckets=4, provenance=scenario_provenance(SMALL))
+    # The export records the scenario's profiles as the runtime compares them.
+    assert t.provenance == H100_LLAMA
     agree = np.mean([t.lookup_values(f) == b for f, b in zip(feats, budgets)])
     assert agree > 0.9
     assert not all(t.visited) or t.cells == sum(t.visited)
