@@ -1,6 +1,9 @@
 """Table lookups per second (the runtime an engine vendors).
 
     python benchmarks/bench_table.py [--table tables/h100-sxm__llama-3-8b.json]
+
+``budget(state)`` is what an engine calls before each pass (a dict of the quantities the
+table needs); ``lookup_values`` is the export's path (feature values in order).
 """
 
 from __future__ import annotations
@@ -12,6 +15,13 @@ import time
 from policies.table import BudgetTable
 
 
+def per_call_us(fn, args: list, n: int) -> float:
+    t0 = time.perf_counter()
+    for i in range(n):
+        fn(args[i % len(args)])
+    return (time.perf_counter() - t0) / n * 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--table", default="tables/h100-sxm__llama-3-8b.json")
@@ -19,20 +29,17 @@ def main() -> None:
     args = ap.parse_args()
     table = BudgetTable.load(args.table)
     rng = random.Random(0)
-    rows = [[rng.randint(0, 256), rng.randint(0, 64), rng.randint(0, 200_000), rng.random()]
-            for _ in range(1000)]
-    t0 = time.perf_counter()
-    for i in range(args.lookups):
-        table.lookup_values(rows[i % 1000])
-    lv = time.perf_counter() - t0
-    named = [dict(zip(table.features, r)) for r in rows]
-    t0 = time.perf_counter()
-    for i in range(args.lookups // 5):
-        table.lookup(**named[i % 1000])
-    ln = time.perf_counter() - t0
-    print(f"{table.cells} cells, {len(table.features)} features: lookup_values "
-          f"{args.lookups / lv:,.0f}/s ({lv / args.lookups * 1e6:.2f} us each); lookup(**named) "
-          f"{args.lookups / 5 / ln:,.0f}/s ({ln / (args.lookups / 5) * 1e6:.2f} us each)")
+    ranges = {"running_decodes": 256, "waiting_requests": 64, "waiting_prefill_tokens": 200_000,
+              "decode_context_tokens": 2_000_000, "head_prefilled_tokens": 16_384,
+              "head_remaining_tokens": 16_384}
+    states = [{n: (rng.randint(0, ranges[n]) if n in ranges else rng.random())
+               for n in table.needs} for _ in range(1000)]
+    rows = [[s[n] for n in table.features] for s in states]
+    budget_us = per_call_us(table.budget, states, args.lookups)
+    values_us = per_call_us(table.lookup_values, rows, args.lookups)
+    print(f"{table.cells} cells, {len(table.features)} features ({table.action.kind}): "
+          f"budget(state) {budget_us:.2f} us ({1e6 / budget_us:,.0f}/s); lookup_values "
+          f"{values_us:.2f} us ({1e6 / values_us:,.0f}/s)")
 
 
 if __name__ == "__main__":

@@ -32,13 +32,17 @@ COMMANDS = ("compare", "capacity", "suite", "export")
 
 @dataclass(frozen=True)
 class SweepArgs:
-    """Where a sweep's independent simulations run."""
+    """Where a sweep's independent simulations run, and what it accepts."""
 
     workers: int | None = None
     """Simulations at once on a local Ray instance (default: all cores; 1 runs them in this
     process, without Ray)."""
     ray_address: str | None = None
     """Join an existing Ray cluster instead (auto, HOST:PORT or ray://HOST:10001)."""
+
+    allow_table_mismatch: bool = False
+    """Evaluate a table:PATH built for other hardware, another model shape or another SLO
+    than the scenario's (refused otherwise)."""
 
     def executor(self):
         from eval.parallel import make_executor
@@ -122,7 +126,7 @@ def cmd_compare(argv) -> int:
     args = parse(CompareArgs, argv, prog="python -m eval compare")
     _check_streams(args)
     scenario = _scenario(args)
-    policies = make_policies(args.policies, scenario)
+    policies = make_policies(args.policies, scenario, args.allow_table_mismatch)
     executor = args.executor()
     with progress_bar((len(policies) + 15) * args.seeds, "compare") as bar:
         cmp = compare(scenario, policies, args.seeds, args.requests, progress=bar, executor=executor)
@@ -157,7 +161,7 @@ def cmd_capacity(argv) -> int:
     args = parse(CapacityArgs, argv, prog="python -m eval capacity")
     _check_streams(args)
     scenario = _scenario(args)
-    policies = make_policies(args.policies, scenario)
+    policies = make_policies(args.policies, scenario, args.allow_table_mismatch)
     executor = args.executor()
     with progress_bar((len(policies) + 15) * args.seeds, "capacity searches") as bar:
         (study,) = capacity_studies([(scenario, policies)], args.seeds, args.requests, executor, bar)

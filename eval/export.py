@@ -15,6 +15,8 @@
    model on visited states, and the goodput / p99 TTFT / p99 ITL of ``model:`` and
    ``table:`` on the same arrivals. A table losing more than 3% of the model's goodput
    says so loudly.
+5. Provenance: the scenario's hardware, model shape and SLO, which the runtime compares
+   with what it serves (``python -m policies.table check``, the vLLM schedulers, eval).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from envs.errors import ConfigError, positive_int
 from envs.scenario import Scenario
 from envs.seeds import TABLE_BUILD_SEEDS, TABLE_FIDELITY_SEEDS
 from eval.harness import evaluation_workloads, run_policies, run_policy
-from policies.table import SCHEMA_VERSION, BudgetTable, write_atomic
+from policies.table import (KIND, SCHEMA_VERSION, BudgetTable, hardware_provenance,
+                            model_provenance, write_atomic)
 from policies.table_policy import FEATURE_GETTERS
 
 FEATURES = ("running_decodes", "waiting_requests", "waiting_prefill_tokens", "kv_usage")
@@ -94,11 +97,21 @@ def quantile_edges(values: np.ndarray, buckets: int) -> list[float]:
     return [float(e) for e in edges if len(values) and e > values.min()]
 
 
-def build_table(feats: np.ndarray, budgets: np.ndarray, buckets: int) -> BudgetTable:
+def scenario_provenance(scenario: Scenario) -> dict:
+    """The hardware, model and SLO a table is built for, as the runtime checks them."""
+    return {"hardware": hardware_provenance(scenario.hardware_profile()),
+            "model": model_provenance(scenario.model_profile()),
+            "slo": {"ttft_s": scenario.slo_ttft_s, "itl_s": scenario.slo_itl_s}}
+
+
+def build_table(feats: np.ndarray, budgets: np.ndarray, buckets: int,
+                provenance: dict) -> BudgetTable:
     edges = [quantile_edges(feats[:, j], buckets) for j in range(len(FEATURES))]
-    skeleton = BudgetTable({"schema_version": SCHEMA_VERSION, "kind": "chunkpilot-budget-table",
+    skeleton = BudgetTable({"schema_version": SCHEMA_VERSION, "kind": KIND,
+                            "action": {"kind": "tokens"},
                             "features": [{"name": n, "edges": e} for n, e in zip(FEATURES, edges)],
-                            "budgets": [1] * int(np.prod([len(e) + 1 for e in edges]))})
+                            "budgets": [1] * int(np.prod([len(e) + 1 for e in edges])),
+                            "default_budget": 1, "provenance": provenance})
     cells = np.array([skeleton.cell(row) for row in feats], dtype=np.int64)
     table = np.zeros(skeleton.cells, dtype=np.int64)
     counts = np.bincount(cells, minlength=skeleton.cells)
@@ -172,8 +185,7 @@ def fidelity(model, table: BudgetTable, scenario: Scenario, held) -> dict:
 def provenance(scenario: Scenario, config: dict, run_dir: str) -> dict:
     targs = config["args"]
     return {
-        "hardware": scenario.hardware, "model": scenario.model,
-        "slo_ttft_s": scenario.slo_ttft_s, "slo_itl_s": scenario.slo_itl_s,
+        **scenario_provenance(scenario),
         "workload": targs.get("trace") or targs.get("workload"), "run_dir": str(run_dir),
         "algo": targs.get("algo"), "commit": config.get("commit"),
         "exported": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -192,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     build, held = export_workloads(scenario, config["args"], args)
     t0 = time.perf_counter()
     feats, budgets = collect(model, scenario, build)
-    table = build_table(feats, budgets, args.buckets)
+    table = build_table(feats, budgets, args.buckets, scenario_provenance(scenario))
     fid = fidelity(model, table, scenario, held)
     fid["build_states"] = int(len(budgets))
     data = table.to_dict()

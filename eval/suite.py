@@ -23,7 +23,7 @@ def run_suite(names: list[str], specs: list[str], args, executor) -> str:
     out = Path(args.out)
     t0 = time.perf_counter()
     scenarios = [SUITE[n] for n in names]
-    policies = [make_policies(",".join(specs), sc) for sc in scenarios]
+    policies = [make_policies(",".join(specs), sc, args.allow_table_mismatch) for sc in scenarios]
     comparisons = []
     with progress_bar(len(names) * (len(specs) + 15) * args.seeds, "suite: goodput") as bar:
         for sc, ps in zip(scenarios, policies):

@@ -72,8 +72,11 @@ def _fraction(spec: str, args: list[str]) -> float:
     return f
 
 
-def load_table_policy(path: str, scenario: Scenario | None = None, name: str | None = None):
-    from policies.table import BudgetTable, TableError
+def load_table_policy(path: str, scenario: Scenario | None = None, name: str | None = None,
+                      allow_mismatch: bool = False):
+    """A table as a policy. A table built for other hardware, another model shape or another
+    SLO than ``scenario``'s is refused (``allow_mismatch``: warned about on stderr)."""
+    from policies.table import BudgetTable, TableError, hardware_provenance, model_provenance
     from policies.table_policy import TablePolicy
 
     try:
@@ -81,16 +84,17 @@ def load_table_policy(path: str, scenario: Scenario | None = None, name: str | N
     except TableError as err:
         raise ConfigError(f"table: {err}") from None
     if scenario is not None:
-        prov = table.provenance
-        for key, want in (("hardware", scenario.hardware), ("model", scenario.model)):
-            have = prov.get(key)
-            if have is not None and str(have) != str(want):
-                print(f"warning: table {path} was exported for {key} {have!r}, the scenario uses "
-                      f"{want!r}", file=sys.stderr)
+        reason = table.mismatch(hardware_provenance(scenario.hardware_profile()),
+                                model_provenance(scenario.model_profile()),
+                                {"ttft_s": scenario.slo_ttft_s, "itl_s": scenario.slo_itl_s})
+        if reason and not allow_mismatch:
+            raise ConfigError(f"table: {reason}; pass --allow-table-mismatch to evaluate it anyway")
+        if reason:
+            print(f"warning: {reason}", file=sys.stderr)
     return TablePolicy(table, name=name or f"table:{path}")
 
 
-def make_policy(spec: str, scenario: Scenario) -> BudgetPolicy:
+def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = False) -> BudgetPolicy:
     """Build the policy a spec names, for a scenario (some rules read its profiles)."""
     from policies.baselines import (FreeRidePolicy, NoDecodeBoostPolicy, QueueDepthPolicy,
                                     SarathiSLOPolicy, StaticPolicy, TimeBudgetKVPolicy,
@@ -135,13 +139,15 @@ def make_policy(spec: str, scenario: Scenario) -> BudgetPolicy:
 
         return load_run(rest, scenario.slo(), name=spec)
     if kind == "table" and rest:
-        return load_table_policy(rest, scenario, name=spec)
+        return load_table_policy(rest, scenario, name=spec, allow_mismatch=allow_table_mismatch)
     raise ConfigError(f"policy: unknown spec {spec!r}; known: {', '.join(KNOWN)}")
 
 
-def make_policies(specs: str, scenario: Scenario) -> list[BudgetPolicy]:
+def make_policies(specs: str, scenario: Scenario,
+                  allow_table_mismatch: bool = False) -> list[BudgetPolicy]:
     """Comma-separated specs; names must be distinct."""
-    policies = [make_policy(s, scenario) for s in specs.split(",") if s.strip()]
+    policies = [make_policy(s, scenario, allow_table_mismatch) for s in specs.split(",")
+                if s.strip()]
     if not policies:
         raise ConfigError(f"policies: got {specs!r}, name at least one; known: {', '.join(KNOWN)}")
     names = [p.name for p in policies]

@@ -1,81 +1,181 @@
-"""Budget lookup tables: load, validate, look up. Standard library only.
+"""Budget lookup tables: load, validate, check provenance, look up. Standard library only.
 
 This file is meant to be vendored into a serving engine as is: it imports nothing
 beyond the standard library (``python -S -c 'import policies.table'`` works) and a
 lookup is a handful of bisections.
 
-A table maps a few bucketed features that an engine reads every pass to a token
-budget. Format (JSON, ``schema_version`` 1)::
+A table maps a few bucketed quantities that an engine reads every pass to an action
+that becomes a token budget. Format (JSON, ``schema_version`` 2)::
 
     {
-      "schema_version": 1,
+      "schema_version": 2,
       "kind": "chunkpilot-budget-table",
+      "action": {"kind": "tokens"},   # what a cell holds (see ACTIONS)
       "features": [{"name": "running_decodes", "edges": [4, 16, 64]}, ...],
       "budgets": [...],   # one per cell, row-major over the features in order
       "visited": [...],   # 1 where the policy was seen in that cell, 0 where filled in
-      "default_budget": 2048,
-      "provenance": {...}, "fidelity": {...}
+      "default_budget": 2048,   # used when a lookup fails at run time
+      "provenance": {
+        "hardware": {"name": "h100-sxm", "hbm_bytes_per_s": ..., "peak_flops_per_s": ...,
+                     "memory_bytes": ...},
+        "model": {"name": "llama-3-8b", "layers": 32, "hidden_size": 4096, "heads": 32,
+                  "kv_heads": 8, "head_dim": 128, "bytes_per_weight": 2, "tensor_parallel": 1},
+        "slo": {"ttft_s": 2.0, "itl_s": 0.1},
+        ...   # free-form: run_dir, algo, commit, exported, rule
+      },
+      "fidelity": {...}
     }
 
 A feature with edges ``e`` has ``len(e) + 1`` buckets; value ``v`` falls in bucket
 ``bisect_right(e, v)`` (so an edge value belongs to the bucket above it).
+
+An engine calls ``table.budget(state)`` before each pass, where ``state`` maps the names
+in ``STATE`` to numbers; it needs to compute only the names in ``table.needs``.
+
+    python -m policies.table check TABLE --hardware h100-sxm --model llama-3-8b \\
+        [--slo-ttft-s 2 --slo-itl-s 0.1]      # exit 0: match; exit 2: one line saying why
+    python -m policies.table show TABLE       # one line: provenance, budgets, features
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
+import sys
 import tempfile
 from bisect import bisect_right
+from collections.abc import Mapping
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 KIND = "chunkpilot-budget-table"
 
-# What an engine must provide each pass, by feature name (vLLM's counterpart in brackets).
-KNOWN_FEATURES = {
-    "running_decodes": "requests decoding this pass (running, prompt fully computed)",
+# What an engine provides before each pass, by name (vLLM's counterpart in brackets).
+STATE = {
+    "running_decodes": "running requests whose prompt is fully computed",
     "waiting_requests": "requests not yet admitted [num_requests_waiting]",
     "waiting_prefill_tokens": "prompt tokens still to prefill, waiting and partially prefilled",
     "kv_usage": "fraction of KV-cache blocks in use [kv_cache_usage_perc]",
+    "decode_context_tokens": "sum over running decodes of their tokens in the KV cache",
+    "head_prefilled_tokens": "computed tokens of the request next in line for prefill",
+    "head_remaining_tokens": "tokens that request still has to prefill",
+    "oldest_wait_s": "seconds since the arrival of the oldest request still without a token",
+    "last_step_s": "wall time between the previous two passes (0 at the first)",
 }
+# A table's features are bucketed state quantities.
+KNOWN_FEATURES = STATE
+
+# Provenance: what the table was built for. Numbers are compared with what an engine
+# serves (see BudgetTable.mismatch).
+HARDWARE_FIGURES = ("hbm_bytes_per_s", "peak_flops_per_s", "memory_bytes")
+MODEL_SHAPE = ("layers", "hidden_size", "heads", "kv_heads", "head_dim", "tensor_parallel")
+SLO_FIELDS = ("ttft_s", "itl_s")
+# Two parts of one name differ in memory and bandwidth by more than this (A100 40 vs
+# 80 GB, a MIG slice vs the whole GPU); the same part reports within a few percent of
+# its datasheet (an H200's 141 GB reads as 150.1e9 bytes through NVML: 6%).
+FIGURE_TOLERANCE = 0.15
+# Bytes per weight: bf16 vs fp8 vs 4-bit differ by 2x; 4-bit schemes differ by their
+# scales (0.5 to 0.5625).
+BYTES_PER_WEIGHT_TOLERANCE = 0.15
+SLO_TOLERANCE = 0.01
 
 
 class TableError(ValueError):
     """A table file that cannot be used; the message says which field and why."""
 
 
+# --- actions: what a cell holds and how it becomes a token budget --------------------
+
+class TokensAction:
+    """Each cell holds a token budget; the budget of a pass is its cell's value."""
+
+    kind = "tokens"
+
+    def __init__(self, table: "BudgetTable", spec: dict, data: dict, path: str):
+        budgets = data.get("budgets")
+        if not isinstance(budgets, list) or len(budgets) != table.cells:
+            got = len(budgets) if isinstance(budgets, list) else budgets
+            raise TableError(f"{path}: budgets: must list {table.cells} cells (the product of "
+                             f"the bucket counts), got {got!r}")
+        if not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in budgets):
+            raise TableError(f"{path}: budgets: every cell must be a positive integer")
+        self.cells = tuple(budgets)
+        self.needs = frozenset(table.features)
+        self.max_budget = max(self.cells)
+        self.min_budget = min(self.cells)
+        self._axes = tuple(zip(table.features, table.edges, table.strides))
+
+    def budget(self, state: Mapping[str, float]) -> int:
+        idx = 0
+        for name, edges, stride in self._axes:
+            idx += bisect_right(edges, state[name]) * stride
+        return self.cells[idx]
+
+
+# One entry per action kind. A kind reads its cells (and any coefficients) from the
+# table, says which state quantities it needs, its largest budget (None: unbounded,
+# the engine clamps), and turns a state into a budget.
+ACTIONS = {TokensAction.kind: TokensAction}
+
+
 class BudgetTable:
-    """A validated lookup table. ``lookup(**features)`` returns a budget in tokens."""
+    """A validated table. ``budget(state)`` returns the token budget for a pass."""
 
-    __slots__ = ("features", "edges", "budgets", "visited", "default_budget", "provenance",
-                 "fidelity", "_strides", "path")
+    __slots__ = ("features", "edges", "strides", "cells", "action", "visited", "default_budget",
+                 "provenance", "fidelity", "path", "digest", "_budget")
 
-    def __init__(self, data: dict, path: str = "<table>"):
+    def __init__(self, data: dict, path: str = "<table>", digest: str | None = None):
         self.path = path
+        self.digest = digest
         if not isinstance(data, dict):
             raise TableError(f"{path}: not a JSON object")
         if data.get("kind") != KIND:
             raise TableError(f"{path}: kind: got {data.get('kind')!r}, must be {KIND!r}")
         version = data.get("schema_version")
+        if version == 1:
+            raise TableError(f"{path}: schema_version 1 has no provenance to check against the "
+                             f"served model and hardware; re-export it (python -m eval export "
+                             f"RUN_DIR --out {path})")
         if version != SCHEMA_VERSION:
             raise TableError(f"{path}: schema_version: got {version!r}, this runtime reads "
                              f"{SCHEMA_VERSION}")
-        feats = data.get("features")
+        self._read_features(data.get("features"))
+        spec = data.get("action")
+        if not isinstance(spec, dict) or spec.get("kind") not in ACTIONS:
+            got = spec.get("kind") if isinstance(spec, dict) else spec
+            raise TableError(f"{path}: action.kind: got {got!r}, this runtime reads "
+                             f"{', '.join(ACTIONS)}")
+        self.action = ACTIONS[spec["kind"]](self, spec, data, path)
+        self._budget = self.action.budget
+        visited = data.get("visited", [1] * self.cells)
+        if not isinstance(visited, list) or len(visited) != self.cells:
+            raise TableError(f"{path}: visited: must list {self.cells} cells")
+        self.visited = tuple(bool(v) for v in visited)
+        default = data.get("default_budget")
+        if not isinstance(default, int) or isinstance(default, bool) or default <= 0:
+            raise TableError(f"{path}: default_budget: got {default!r}, must be a positive integer "
+                             "(the budget used when a lookup fails)")
+        self.default_budget = default
+        self.provenance = _read_provenance(data.get("provenance"), path)
+        self.fidelity = data.get("fidelity", {})
+
+    def _read_features(self, feats) -> None:
+        path = self.path
         if not isinstance(feats, list) or not feats:
             raise TableError(f"{path}: features: must be a non-empty list")
-        self.features: tuple[str, ...] = ()
-        self.edges: tuple[tuple[float, ...], ...] = ()
         names, edges = [], []
         for i, f in enumerate(feats):
             if not isinstance(f, dict) or not isinstance(f.get("name"), str):
                 raise TableError(f"{path}: features[{i}]: must be an object with a name")
-            if f["name"] not in KNOWN_FEATURES:
+            if f["name"] not in STATE:
                 raise TableError(f"{path}: features[{i}].name: got {f['name']!r}, an engine "
-                                 f"can provide: {', '.join(KNOWN_FEATURES)}")
+                                 f"can provide: {', '.join(STATE)}")
             e = f.get("edges")
-            if (not isinstance(e, list) or not all(isinstance(x, (int, float)) and math.isfinite(x)
-                                                   for x in e)):
+            if (not isinstance(e, list) or not all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                    for x in e)):
                 raise TableError(f"{path}: features[{i}].edges: must be a list of finite numbers")
             if any(b <= a for a, b in zip(e, e[1:])):
                 raise TableError(f"{path}: features[{i}].edges: must increase strictly")
@@ -84,70 +184,116 @@ class BudgetTable:
         if len(set(names)) != len(names):
             raise TableError(f"{path}: features: names must be distinct")
         self.features, self.edges = tuple(names), tuple(edges)
-        cells = 1
-        strides = []
+        cells, strides = 1, []
         for e in reversed(self.edges):
             strides.append(cells)
             cells *= len(e) + 1
-        self._strides = tuple(reversed(strides))
-        budgets = data.get("budgets")
-        if not isinstance(budgets, list) or len(budgets) != cells:
-            raise TableError(f"{path}: budgets: must list {cells} cells (the product of the "
-                             f"bucket counts), got {len(budgets) if isinstance(budgets, list) else budgets!r}")
-        if not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in budgets):
-            raise TableError(f"{path}: budgets: every cell must be a positive integer")
-        self.budgets = tuple(budgets)
-        visited = data.get("visited", [1] * cells)
-        if not isinstance(visited, list) or len(visited) != cells:
-            raise TableError(f"{path}: visited: must list {cells} cells")
-        self.visited = tuple(bool(v) for v in visited)
-        default = data.get("default_budget", max(self.budgets))
-        if not isinstance(default, int) or default <= 0:
-            raise TableError(f"{path}: default_budget: must be a positive integer")
-        self.default_budget = default
-        self.provenance = data.get("provenance", {})
-        self.fidelity = data.get("fidelity", {})
+        self.strides = tuple(reversed(strides))
+        self.cells = cells
 
     @classmethod
     def load(cls, path: str) -> "BudgetTable":
         try:
-            with open(path) as fh:
-                data = json.load(fh)
+            with open(path, "rb") as fh:
+                raw = fh.read()
         except OSError as err:
             raise TableError(f"{path}: cannot read ({err.strerror})") from None
+        try:
+            data = json.loads(raw)
         except json.JSONDecodeError as err:
             raise TableError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
-        return cls(data, path)
+        except UnicodeDecodeError:
+            raise TableError(f"{path}: not valid JSON (not UTF-8 text)") from None
+        return cls(data, path, hashlib.sha256(raw).hexdigest()[:12])
+
+    # --- the engine's interface ------------------------------------------------------
 
     @property
-    def max_budget(self) -> int:
-        return max(self.budgets)
+    def needs(self) -> frozenset:
+        """The state quantities ``budget`` reads; an engine computes only these."""
+        return self.action.needs
+
+    def budget(self, state: Mapping[str, float]) -> int:
+        """The token budget for a pass in ``state`` (a mapping holding ``needs``)."""
+        return self._budget(state)
 
     @property
-    def cells(self) -> int:
-        return len(self.budgets)
+    def max_budget(self) -> int | None:
+        """The largest budget the table can ask for (None: no bound; the engine clamps)."""
+        return self.action.max_budget
+
+    # --- cells -----------------------------------------------------------------------
 
     def cell(self, values) -> int:
         """Flat index of the cell holding ``values`` (one per feature, in order)."""
         idx = 0
-        for v, e, s in zip(values, self.edges, self._strides):
+        for v, e, s in zip(values, self.edges, self.strides):
             idx += bisect_right(e, v) * s
         return idx
 
-    def lookup_values(self, values) -> int:
-        return self.budgets[self.cell(values)]
+    @property
+    def budgets(self) -> tuple:
+        """The cells' values (token budgets for the tokens kind)."""
+        return self.action.cells
 
-    def lookup(self, **features) -> int:
-        """Budget for named feature values, e.g. ``lookup(running_decodes=40, ...)``."""
-        try:
-            return self.budgets[self.cell([features[name] for name in self.features])]
-        except KeyError as err:
-            raise TableError(f"{self.path}: lookup needs feature {err.args[0]!r}; the table uses "
-                             f"{', '.join(self.features)}") from None
+    def lookup_values(self, values) -> int:
+        """The cell value for feature values in order (the tokens kind's budget)."""
+        return self.action.cells[self.cell(values)]
+
+    def lookup(self, **state) -> int:
+        """``budget`` with named quantities, e.g. ``lookup(running_decodes=40, ...)``."""
+        missing = sorted(self.needs - state.keys())
+        if missing:
+            raise TableError(f"{self.path}: lookup needs {', '.join(map(repr, missing))}; the "
+                             f"table reads {', '.join(sorted(self.needs))}")
+        return self.budget(state)
+
+    # --- provenance ------------------------------------------------------------------
+
+    def mismatch(self, hardware: Mapping | None = None, model: Mapping | None = None,
+                 slo: Mapping | None = None) -> str | None:
+        """Why this table does not fit what is served, in one line; None if it fits.
+
+        Each argument describes the serving side with the provenance block's field names;
+        a side left out, or a figure given as None, is not compared. Rules:
+
+        - hardware: the same name, and every figure known on both sides within
+          ``FIGURE_TOLERANCE`` (a serving engine knows the name and the memory);
+        - model: the same shape (layers, hidden size, heads, KV heads, head dim, tensor
+          parallel), bytes per weight within ``BYTES_PER_WEIGHT_TOLERANCE``; the name is
+          not compared (one shape has many names);
+        - SLO: both targets within ``SLO_TOLERANCE``.
+        """
+        prov = self.provenance
+        reasons = []
+        if hardware is not None:
+            reasons.append(_hardware_mismatch(prov["hardware"], hardware))
+        if model is not None:
+            reasons.append(_model_mismatch(prov["model"], model))
+        if slo is not None:
+            reasons.append(_slo_mismatch(prov["slo"], slo))
+        reasons = [r for r in reasons if r]
+        return f"{self.path}: " + "; ".join(reasons) if reasons else None
+
+    def describe(self) -> str:
+        """One line: what the table was built for, from what, and what it asks for."""
+        p = self.provenance
+        hw, m, slo = p["hardware"], p["model"], p["slo"]
+        budgets = (f"budgets {self.action.min_budget}-{self.max_budget}"
+                   if self.max_budget is not None else f"action {self.action.kind}")
+        made = ", ".join(f"{k} {p[k]}" for k in ("exported", "run_dir", "algo", "commit")
+                         if p.get(k))
+        return (f"{self.path} [{self.digest or '-'}]: {hw['name']} + {m['name']} (TP "
+                f"{m['tensor_parallel']}), SLO TTFT {_num(slo['ttft_s'])} s / ITL "
+                f"{_num(slo['itl_s'])} s; {self.cells} cells ({sum(self.visited)} visited), "
+                f"{budgets}, default {self.default_budget}; reads {', '.join(self.features)}"
+                + (f"; {made}" if made else ""))
+
+    # --- writing ---------------------------------------------------------------------
 
     def to_dict(self) -> dict:
         return {
-            "schema_version": SCHEMA_VERSION, "kind": KIND,
+            "schema_version": SCHEMA_VERSION, "kind": KIND, "action": {"kind": self.action.kind},
             "features": [{"name": n, "edges": list(e)} for n, e in zip(self.features, self.edges)],
             "budgets": list(self.budgets), "visited": [int(v) for v in self.visited],
             "default_budget": self.default_budget, "provenance": self.provenance,
@@ -167,7 +313,7 @@ class BudgetTable:
         for flat, budget in enumerate(self.budgets):
             cols = []
             rest = flat
-            for e, s in zip(self.edges, self._strides):
+            for e, s in zip(self.edges, self.strides):
                 b, rest = divmod(rest, s)
                 lo = e[b - 1] if b > 0 else float("-inf")
                 hi = e[b] if b < len(e) else float("inf")
@@ -176,8 +322,129 @@ class BudgetTable:
         return "\n".join(rows) + "\n"
 
 
+# --- provenance ----------------------------------------------------------------------
+
+def _is_positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _read_provenance(prov, path: str) -> dict:
+    if not isinstance(prov, dict):
+        raise TableError(f"{path}: provenance: must be an object with hardware, model and slo")
+    blocks = (("hardware", HARDWARE_FIGURES, ()), ("model", ("bytes_per_weight",), MODEL_SHAPE),
+              ("slo", SLO_FIELDS, ()))
+    for block, numbers, ints in blocks:
+        b = prov.get(block)
+        if not isinstance(b, dict):
+            raise TableError(f"{path}: provenance.{block}: must be an object")
+        if block != "slo" and not (isinstance(b.get("name"), str) and b["name"]):
+            raise TableError(f"{path}: provenance.{block}.name: must be a non-empty string")
+        for f in numbers:
+            if not _is_positive(b.get(f)):
+                raise TableError(f"{path}: provenance.{block}.{f}: got {b.get(f)!r}, must be a "
+                                 "number > 0")
+        for f in ints:
+            v = b.get(f)
+            if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+                raise TableError(f"{path}: provenance.{block}.{f}: got {v!r}, must be an "
+                                 "integer > 0")
+    return prov
+
+
+def _close(a: float, b: float, tol: float) -> bool:
+    return abs(a - b) <= tol * max(abs(a), abs(b))
+
+
+def _hardware_mismatch(table: Mapping, served: Mapping) -> str | None:
+    diffs = []
+    if served.get("name") is not None and _norm(served["name"]) != _norm(table["name"]):
+        diffs.append("name")
+    for f in HARDWARE_FIGURES:
+        if served.get(f) is not None and not _close(table[f], served[f], FIGURE_TOLERANCE):
+            diffs.append(f)
+    if not diffs:
+        return None
+    return (f"hardware: table {_side(table, diffs)}, serving {_side(served, diffs)}")
+
+
+def _model_mismatch(table: Mapping, served: Mapping) -> str | None:
+    diffs = [f for f in MODEL_SHAPE if served.get(f) is not None and served[f] != table[f]]
+    bpw = served.get("bytes_per_weight")
+    if bpw is not None and not _close(table["bytes_per_weight"], bpw, BYTES_PER_WEIGHT_TOLERANCE):
+        diffs.append("bytes_per_weight")
+    if not diffs:
+        return None
+    return f"model: table {_side(table, diffs)}, serving {_side(served, diffs)}"
+
+
+def _slo_mismatch(table: Mapping, served: Mapping) -> str | None:
+    diffs = [f for f in SLO_FIELDS
+             if served.get(f) is not None and not _close(table[f], served[f], SLO_TOLERANCE)]
+    if not diffs:
+        return None
+    return f"slo: table {_side(table, diffs)}, serving {_side(served, diffs)}"
+
+
+def _side(block: Mapping, fields: list[str]) -> str:
+    """``name (field value, ...)`` for the fields that differ."""
+    figures = ", ".join(f"{f} {_fig(block.get(f))}" for f in fields if f != "name")
+    name = block.get("name")
+    if name is None:
+        return figures
+    return f"{name}" + (f" ({figures})" if figures else "")
+
+
+def _fig(x) -> str:
+    if isinstance(x, float) and x >= 1e6:
+        return f"{x:.3g}".replace("e+", "e")
+    return _num(x) if isinstance(x, (int, float)) else str(x)
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower()
+
+
+def hardware_provenance(profile) -> dict:
+    """The provenance block of a hardware profile (any object with its fields)."""
+    return {"name": profile.name, **{f: float(getattr(profile, f)) for f in HARDWARE_FIGURES}}
+
+
+def model_provenance(profile) -> dict:
+    """The provenance block of a model profile (any object with its fields)."""
+    out = {"name": profile.name, **{f: int(getattr(profile, f)) for f in MODEL_SHAPE}}
+    out["bytes_per_weight"] = float(profile.bytes_per_weight)
+    return out
+
+
+# NVIDIA's device names (nvidia-smi, NVML, torch.cuda.get_device_name) -> the names of
+# envs/profiles.py's presets. Order matters: the first pattern that matches wins.
+_DEVICE_NAMES = (
+    (r"\bH200\b", "h200"),
+    (r"\bH100\b.*\bPCIE\b", "h100-pcie"),
+    (r"\bH100\b.*\bNVL\b", "h100-nvl"),
+    (r"\bH100\b", "h100-sxm"),  # "NVIDIA H100 80GB HBM3", "H100 SXM5 80GB"
+    (r"\bA100\b.*\bPCIE\b.*\b80\s?GB\b|\bA100\b.*\b80\s?GB\b.*\bPCIE\b", "a100-80g-pcie"),
+    (r"\bA100\b.*\b80\s?GB\b", "a100-80g"),  # "NVIDIA A100-SXM4-80GB"
+    (r"\bA100\b", "a100-40g"),
+    (r"\bL40S\b", "l40s"),
+)
+
+
+def device_hardware_name(device: str) -> str:
+    """The hardware name of a device as an engine reports it: ``"NVIDIA H100 80GB HBM3"``
+    -> ``"h100-sxm"``, ``"cpu"`` -> ``"cpu"``; an unknown part -> its name in lower case
+    with dashes (``"nvidia-rtx-4090"``), which matches no preset."""
+    upper = device.upper().replace("-", " ").replace("_", " ")
+    for pattern, name in _DEVICE_NAMES:
+        if re.search(pattern, upper):
+            return name
+    return re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-") or "unknown"
+
+
+# --- files ---------------------------------------------------------------------------
+
 def _num(x: float) -> str:
-    if math.isinf(x):
+    if isinstance(x, float) and math.isinf(x):
         return "inf" if x > 0 else "-inf"
     return str(int(x)) if float(x).is_integer() else repr(x)
 
@@ -197,3 +464,73 @@ def write_atomic(path: str, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+# --- command line --------------------------------------------------------------------
+
+def _served(args) -> tuple[dict | None, dict | None, dict | None]:
+    """The provenance blocks that the command line describes (presets or profile files)."""
+    hardware = model = None
+    if args.hardware or args.model:
+        try:  # the simulator's profiles; only this command needs them
+            from envs.errors import ConfigError
+            from envs.profiles import get_hardware, get_model
+        except ImportError as err:
+            raise TableError(f"--hardware/--model read chunkpilot's profiles (envs.profiles), "
+                             f"which cannot be imported here ({err})") from None
+        try:
+            hardware = hardware_provenance(get_hardware(args.hardware)) if args.hardware else None
+            model = model_provenance(get_model(args.model)) if args.model else None
+        except ConfigError as err:
+            raise TableError(str(err)) from None
+    slo = None
+    if args.slo_ttft_s is not None or args.slo_itl_s is not None:
+        for flag, v in (("--slo-ttft-s", args.slo_ttft_s), ("--slo-itl-s", args.slo_itl_s)):
+            if v is not None and not _is_positive(v):
+                raise TableError(f"{flag}: got {v!r}, must be a number > 0")
+        slo = {"ttft_s": args.slo_ttft_s, "itl_s": args.slo_itl_s}
+    return hardware, model, slo
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse  # here, not at the top: an engine importing the table never needs it
+
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message):  # one line and exit 2, as every chunkpilot command
+            print(f"error: {self.prog}: {message}", file=sys.stderr)
+            sys.exit(2)
+
+    ap = _Parser(prog="python -m policies.table",
+                 description="Check a budget table against hardware, a model and an SLO.")
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    check = sub.add_parser("check", help="exit 0 if TABLE fits, else 2 with the reason")
+    check.add_argument("table")
+    check.add_argument("--hardware", help="preset name or .toml/.json profile (envs/profiles.py)")
+    check.add_argument("--model", help="preset name or .toml/.json profile")
+    check.add_argument("--slo-ttft-s", type=float, help="TTFT target, seconds")
+    check.add_argument("--slo-itl-s", type=float, help="ITL target, seconds")
+    show = sub.add_parser("show", help="one line: provenance, budgets, features")
+    show.add_argument("table")
+    args = ap.parse_args(argv)
+    try:
+        table = BudgetTable.load(args.table)
+        if args.command == "show":
+            print(table.describe())
+            return 0
+        reason = table.mismatch(*_served(args))
+    except TableError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if reason:
+        print(f"mismatch: {reason}", file=sys.stderr)
+        return 2
+    compared = [x for x, given in (("hardware " + str(args.hardware), args.hardware),
+                                   ("model " + str(args.model), args.model),
+                                   ("SLO", args.slo_ttft_s or args.slo_itl_s)) if given]
+    print(f"ok: {args.table} fits " + (", ".join(compared) if compared else "(nothing compared; "
+                                       "the table is valid)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

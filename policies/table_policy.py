@@ -1,22 +1,23 @@
-"""A lookup table as a simulator policy: the features it reads from the scheduler state."""
+"""A lookup table as a simulator policy: the state quantities it reads from the scheduler."""
 
 from __future__ import annotations
 
 from policies.base import BudgetPolicy
-from policies.table import KNOWN_FEATURES, BudgetTable
+from policies.table import STATE, BudgetTable
 
-# How the simulator's scheduler state provides each table feature.
+# How the simulator's scheduler state provides each quantity a table may need.
 FEATURE_GETTERS = {
     "running_decodes": lambda s: s.num_decodes,
     "waiting_requests": lambda s: s.num_waiting,
     "waiting_prefill_tokens": lambda s: s.waiting_prefill_tokens,
     "kv_usage": lambda s: s.kv_usage,
+    "decode_context_tokens": lambda s: s.decode_context_tokens,
+    "head_prefilled_tokens": lambda s: s.head_prefilled_tokens,
+    "head_remaining_tokens": lambda s: s.head_prompt_tokens - s.head_prefilled_tokens,
+    "oldest_wait_s": lambda s: s.oldest_wait_s,
+    "last_step_s": lambda s: s.last_pass_s,
 }
-assert set(FEATURE_GETTERS) == set(KNOWN_FEATURES)
-
-
-def state_features(state, names) -> list:
-    return [FEATURE_GETTERS[n](state) for n in names]
+assert set(FEATURE_GETTERS) == set(STATE)
 
 
 class TablePolicy(BudgetPolicy):
@@ -25,7 +26,7 @@ class TablePolicy(BudgetPolicy):
     def __init__(self, table: BudgetTable, name: str | None = None):
         self.table = table
         self.name = name or f"table:{table.path}"
-        self._getters = [FEATURE_GETTERS[n] for n in table.features]
+        self._getters = tuple((n, FEATURE_GETTERS[n]) for n in table.needs)
 
     def budget(self, state) -> int:
-        return self.table.lookup_values([g(state) for g in self._getters])
+        return self.table.budget({n: g(state) for n, g in self._getters})

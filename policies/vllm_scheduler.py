@@ -1,98 +1,261 @@
 """vLLM V1 schedulers that take each step's token budget from a chunkpilot table.
 
-Serve with (the engine's ``max_num_batched_tokens`` is the ceiling every budget must
-fit under, so start it at the table's largest budget)::
+Serve with (the engine's ``max_num_batched_tokens`` is the ceiling every budget must fit
+under: start it at the table's largest budget, which ``python -m policies.table show``
+and the export print)::
 
     CHUNKPILOT_TABLE=tables/h100-sxm__llama-3-8b.json \\
-    python -m vllm.entrypoints.openai.api_server --model ... \\
-        --scheduler-cls policies.vllm_scheduler.AsyncTableScheduler \\
-        --max-num-batched-tokens 16384
+    vllm serve MODEL --scheduler-cls policies.vllm_scheduler.AsyncTableScheduler \\
+        --max-num-batched-tokens 1024
 
-(``TableScheduler`` is the synchronous variant, for engines run without async
-scheduling.) The repository root must be importable (``pip install -e .`` or
-``PYTHONPATH``); this module imports only vLLM and ``policies.table``, which is
-standard library only.
+``TableScheduler`` is the synchronous variant, for engines started with
+``--no-async-scheduling`` (vLLM's CPU backend always is). This module imports vLLM,
+``policies.table`` (standard library only) and ``prometheus_client`` (a vLLM dependency);
+docs/serving.md lists the environment variables, log lines and metrics.
 
-Before every ``schedule()`` the scheduler reads its own state: running requests
-that are decoding (prompt fully computed), requests waiting, prompt tokens left to
-prefill (waiting and partially prefilled), and KV-cache usage; looks up the budget;
-raises it to the number of running decodes if needed (each must get its token) and
-caps it at the engine's ceiling; stores it in ``max_num_scheduled_tokens`` (which
-``Scheduler.schedule`` reads as its token budget); then calls the parent.
+Before every ``schedule()`` the scheduler
+
+1. at most every ``CHUNKPILOT_RELOAD_INTERVAL_S`` seconds, looks at the table file's
+   inode, mtime and size; a replaced file is loaded, checked as at start, and swapped
+   in before this step (refused: the old table stays, and the reason is logged once);
+2. computes the state quantities the table needs from its own queues (``state``);
+3. asks the table for a budget; if that fails for any reason, the step takes the
+   table's ``default_budget`` and the failure is counted and logged once;
+4. raises the budget to the number of running decodes if needed (each must get its
+   token), caps it at the engine's ceiling, and stores it in
+   ``max_num_scheduled_tokens``, which ``Scheduler.schedule`` reads as its budget.
 """
 
 from __future__ import annotations
 
 import collections
+import math
+import multiprocessing
 import os
+import time
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from policies.table import BudgetTable, TableError
+from policies.vllm_metrics import EngineMetrics, Summary
+from policies.vllm_startup import (ALLOW_MISMATCH_ENV, RELOAD_ENV, SUMMARY_ENV, TABLE_ENV,
+                                   check_startup, check_table, engine_ceiling, logger,
+                                   served_hardware, served_model)
 
-TABLE_ENV = "CHUNKPILOT_TABLE"
+__all__ = ["TableScheduler", "AsyncTableScheduler", "TABLE_ENV"]
+
+# Quantities that need a pass over the waiting queue (the running queue is always
+# walked: the running decodes bound every budget from below).
+_NEEDS_WAITING = frozenset({"waiting_prefill_tokens", "oldest_wait_s"})
 
 
-class _TableBudget:
+class TableBudget:
     """Mixin over a vLLM Scheduler; see the module docstring."""
 
     chunkpilot_table: BudgetTable
 
     def _chunkpilot_init(self, table: BudgetTable | str | None = None) -> None:
-        if table is None:
-            table = os.environ.get(TABLE_ENV)
-            if not table:
-                raise TableError(f"{TABLE_ENV}: set it to the path of a chunkpilot table (JSON)")
-        if not isinstance(table, BudgetTable):
-            table = BudgetTable.load(table)
-        self.chunkpilot_table = table
-        # The engine's configured budget is the ceiling: vLLM sized its buffers for it.
-        self.chunkpilot_ceiling = self.max_num_scheduled_tokens
-        if table.max_budget > self.chunkpilot_ceiling:
-            raise TableError(
-                f"{table.path}: its largest budget ({table.max_budget}) exceeds the engine's "
-                f"max_num_batched_tokens ({self.chunkpilot_ceiling}); start vLLM with "
-                f"--max-num-batched-tokens {table.max_budget}")
-        self._chunkpilot_getters = [getattr(self, f"_chunkpilot_{name}") for name in table.features]
-        # (features, budget) of recent steps, for logs and tests.
+        hardware = served_hardware()
+        table, settings, allowed = check_startup(type(self), self.vllm_config, table, hardware)
+        self.chunkpilot_settings = settings
+        self.chunkpilot_ceiling = engine_ceiling(self.vllm_config)
+        self._cp_hardware = hardware
+        m = served_model(self.vllm_config)
+        engine = str(getattr(self.parallel_config, "data_parallel_index", 0))
+        self.chunkpilot_metrics = EngineMetrics(m["name"], engine)
+        self.chunkpilot_summary = Summary()
+        # (state, budget) of recent steps, for tests and debugging.
         self.chunkpilot_history: collections.deque = collections.deque(maxlen=4096)
+        self.chunkpilot_fallbacks = 0
+        self.chunkpilot_reloads = 0
+        now = time.monotonic()
+        self._cp_last_schedule = None
+        self._cp_next_check = now + settings.reload_interval_s
+        self._cp_next_summary = now + settings.summary_interval_s
+        self._cp_summary_from = now
+        self._cp_file = _file_signature(settings.table_path)
+        self._cp_logged: set[str] = set()
+        self._cp_use(table)
+        if allowed:
+            logger.warning("chunkpilot: serving a table whose provenance does not match "
+                           "(%s=1): %s", ALLOW_MISMATCH_ENV, allowed)
+        logger.info(
+            "chunkpilot: %s reads %s | engine: %s, %s (%s layers, hidden %s, %s/%s heads, head "
+            "dim %s, %s bytes/weight, TP %s), ceiling %d tokens | provenance %s | reload check "
+            "every %g s (%s), summary every %g s (%s)",
+            type(self).__name__, table.describe(), hardware.get("device", hardware["name"]),
+            m["name"], m["layers"], m["hidden_size"], m["heads"], m["kv_heads"], m["head_dim"],
+            m["bytes_per_weight"], m["tensor_parallel"], self.chunkpilot_ceiling,
+            "MISMATCH ALLOWED" if allowed else "matches", settings.reload_interval_s,
+            RELOAD_ENV, settings.summary_interval_s, SUMMARY_ENV)
+        if multiprocessing.parent_process() is not None and not os.environ.get(
+                "PROMETHEUS_MULTIPROC_DIR"):
+            logger.info("chunkpilot: metrics (chunkpilot:*) are recorded in this engine process; "
+                        "/metrics shows them only in Prometheus multiprocess mode: set "
+                        "PROMETHEUS_MULTIPROC_DIR to an empty folder before starting vLLM")
 
-    # Features, computed from the scheduler's own queues.
-    def _chunkpilot_running_decodes(self) -> int:
-        return sum(1 for r in self.running if r.num_computed_tokens >= r.num_prompt_tokens)
+    def _cp_use(self, table: BudgetTable) -> None:
+        """Make ``table`` the one every step reads from now on."""
+        self.chunkpilot_table = table
+        self._cp_budget = table.budget
+        self._cp_needs = table.needs
+        self._cp_waiting = bool(table.needs & _NEEDS_WAITING)
+        self.chunkpilot_metrics.table(table)
+        self._cp_logged.clear()
 
-    def _chunkpilot_waiting_requests(self) -> int:
-        return len(self.waiting)
+    # --- state ---------------------------------------------------------------------
 
-    def _chunkpilot_waiting_prefill_tokens(self) -> int:
-        partial = sum(r.num_prompt_tokens - r.num_computed_tokens for r in self.running
-                      if r.num_computed_tokens < r.num_prompt_tokens)
-        return partial + sum(max(r.num_tokens - r.num_computed_tokens, 0) for r in self.waiting)
+    def chunkpilot_state(self, now_s: float | None = None) -> dict:
+        """The engine-readable quantities, read from this scheduler's queues (only those
+        the table needs, and ``running_decodes``, which bounds every budget)."""
+        needs = self._cp_needs
+        decodes = context = partial = 0
+        head = None
+        oldest = math.inf
+        for r in self.running:
+            computed, prompt = r.num_computed_tokens, r.num_prompt_tokens
+            if computed >= prompt:
+                decodes += 1
+                context += computed
+            else:
+                partial += prompt - computed
+                if head is None:
+                    head = r
+                if r.num_output_tokens == 0 and r.arrival_time < oldest:
+                    oldest = r.arrival_time
+        state = {"running_decodes": decodes}
+        if "decode_context_tokens" in needs:
+            state["decode_context_tokens"] = context
+        if "waiting_requests" in needs:
+            state["waiting_requests"] = len(self.waiting)
+        if "kv_usage" in needs:
+            state["kv_usage"] = self.kv_cache_manager.usage
+        if self._cp_waiting:
+            waiting_tokens = 0
+            for r in self.waiting:
+                waiting_tokens += max(r.num_tokens - r.num_computed_tokens, 0)
+                if r.num_output_tokens == 0 and r.arrival_time < oldest:
+                    oldest = r.arrival_time
+            state["waiting_prefill_tokens"] = partial + waiting_tokens
+            if "oldest_wait_s" in needs:
+                state["oldest_wait_s"] = (time.time() - oldest) if oldest < math.inf else 0.0
+        if "head_prefilled_tokens" in needs or "head_remaining_tokens" in needs:
+            if head is not None:
+                remaining = head.num_prompt_tokens - head.num_computed_tokens
+            elif self.waiting:
+                head = self.waiting.peek_request()
+                remaining = max(head.num_tokens - head.num_computed_tokens, 0)
+            else:
+                remaining = 0
+            state["head_prefilled_tokens"] = head.num_computed_tokens if head is not None else 0
+            state["head_remaining_tokens"] = remaining
+        if "last_step_s" in needs:
+            last = self._cp_last_schedule
+            state["last_step_s"] = (now_s - last) if last is not None and now_s else 0.0
+        return state
 
-    def _chunkpilot_kv_usage(self) -> float:
-        return self.kv_cache_manager.usage
+    # --- the budget ----------------------------------------------------------------
 
     def chunkpilot_budget(self) -> int:
-        values = [g() for g in self._chunkpilot_getters]
-        budget = self.chunkpilot_table.lookup_values(values)
-        budget = max(budget, self._chunkpilot_running_decodes(), 1)
-        budget = min(budget, self.chunkpilot_ceiling)
-        self.chunkpilot_history.append((dict(zip(self.chunkpilot_table.features, values)), budget))
+        now = time.monotonic()
+        if now >= self._cp_next_check:
+            self._cp_next_check = now + self.chunkpilot_settings.reload_interval_s
+            self._cp_maybe_reload()
+        stats = self.chunkpilot_summary
+        t0 = time.perf_counter()
+        state = None
+        try:
+            state = self.chunkpilot_state(now)
+            budget = self._cp_budget(state)
+            if budget.__class__ is not int:
+                budget = int(budget)  # an action kind may compute a float; NaN raises here
+            if budget <= 0:
+                raise TableError(f"budget {budget} is not positive")
+        except Exception as err:  # serving never stops because of the table
+            budget = self._cp_fallback(err)
+        stats.lookup_s += time.perf_counter() - t0
+        decodes = state["running_decodes"] if state else 0
+        if budget < decodes:
+            budget = decodes
+            stats.clamps += 1
+            self.chunkpilot_metrics.clamps.inc()
+        budget = min(max(budget, 1), self.chunkpilot_ceiling)
+        stats.steps += 1
+        stats.budgets[budget] += 1
+        self.chunkpilot_metrics.budget.observe(budget)
+        self.chunkpilot_history.append((state or {}, budget))
+        self._cp_last_schedule = now
+        if now >= self._cp_next_summary and self.chunkpilot_settings.summary_interval_s > 0:
+            logger.info("%s", stats.line(now - self._cp_summary_from, self.chunkpilot_table.path))
+            stats.reset()
+            self._cp_summary_from = now
+            self._cp_next_summary = now + self.chunkpilot_settings.summary_interval_s
         return budget
+
+    def _cp_fallback(self, err: Exception) -> int:
+        self.chunkpilot_fallbacks += 1
+        self.chunkpilot_summary.fallbacks += 1
+        self.chunkpilot_metrics.fallbacks.inc()
+        table = self.chunkpilot_table
+        why = f"{type(err).__name__}: {err}"
+        if why not in self._cp_logged:  # once per table and reason: a failure repeats per step
+            self._cp_logged.add(why)
+            logger.warning("chunkpilot: the lookup in %s failed (%s); steps take its default "
+                           "budget %d until it succeeds (counted in "
+                           "chunkpilot:budget_fallbacks_total)", table.path, why,
+                           table.default_budget)
+        return table.default_budget
+
+    # --- reload --------------------------------------------------------------------
+
+    def _cp_maybe_reload(self) -> None:
+        path = self.chunkpilot_settings.table_path
+        seen = _file_signature(path)
+        if seen == self._cp_file:
+            return
+        self._cp_file = seen
+        if seen[0] == "missing":
+            logger.warning("chunkpilot: %s cannot be read (%s); serving on with the table "
+                           "loaded before", path, seen[1])
+            return
+        try:
+            table = BudgetTable.load(path)
+            allowed = check_table(table, self.vllm_config, self.chunkpilot_settings,
+                                  self._cp_hardware)
+        except TableError as err:
+            self.chunkpilot_metrics.reload("rejected")
+            logger.warning("chunkpilot: kept %s [%s]: the replaced file is refused: %s",
+                           self.chunkpilot_table.path, self.chunkpilot_table.digest, err)
+            return
+        old = self.chunkpilot_table
+        self._cp_use(table)
+        self.chunkpilot_reloads += 1
+        self.chunkpilot_metrics.reload("applied")
+        logger.info("chunkpilot: reloaded %s (was [%s])%s", table.describe(), old.digest,
+                    f"; provenance mismatch allowed: {allowed}" if allowed else "")
 
     def schedule(self, *args, **kwargs):
         self.max_num_scheduled_tokens = self.chunkpilot_budget()
         return super().schedule(*args, **kwargs)
 
 
-class TableScheduler(_TableBudget, Scheduler):
+def _file_signature(path: str) -> tuple:
+    """What changes when a file is replaced or rewritten (one stat call)."""
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        return ("missing", err.strerror)
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+class TableScheduler(TableBudget, Scheduler):
     def __init__(self, *args, chunkpilot_table: BudgetTable | str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._chunkpilot_init(chunkpilot_table)
 
 
-class AsyncTableScheduler(_TableBudget, AsyncScheduler):
+class AsyncTableScheduler(TableBudget, AsyncScheduler):
     def __init__(self, *args, chunkpilot_table: BudgetTable | str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._chunkpilot_init(chunkpilot_table)

@@ -105,12 +105,20 @@ def test_static_predict_follows_the_sb3_protocol():
 
 # --- tables ----------------------------------------------------------------------------
 
+H100_LLAMA = {"hardware": {"name": "h100-sxm", "hbm_bytes_per_s": 3.35e12,
+                           "peak_flops_per_s": 989.4e12, "memory_bytes": 80 * 2**30},
+              "model": {"name": "llama-3-8b", "layers": 32, "hidden_size": 4096, "heads": 32,
+                        "kv_heads": 8, "head_dim": 128, "bytes_per_weight": 2.0,
+                        "tensor_parallel": 1},
+              "slo": {"ttft_s": 2.0, "itl_s": 0.1}}
+
+
 def table_dict(**over):
-    d = {"schema_version": 1, "kind": "chunkpilot-budget-table",
+    d = {"schema_version": 2, "kind": "chunkpilot-budget-table", "action": {"kind": "tokens"},
          "features": [{"name": "running_decodes", "edges": [10, 50]},
                       {"name": "kv_usage", "edges": [0.5]}],
          "budgets": [4096, 2048, 2048, 1024, 1024, 512], "visited": [1, 1, 1, 1, 0, 1],
-         "default_budget": 2048}
+         "default_budget": 2048, "provenance": H100_LLAMA}
     d.update(over)
     return d
 
@@ -124,21 +132,34 @@ def test_lookup_by_hand():
     assert t.lookup(running_decodes=49, kv_usage=0.9) == 1024
     assert t.lookup(running_decodes=500, kv_usage=0.9) == 512
     assert t.max_budget == 4096
-    with pytest.raises(TableError, match="needs feature 'kv_usage'"):
+    assert t.needs == {"running_decodes", "kv_usage"}
+    # budget() takes the engine's state mapping; quantities the table does not read are ignored
+    assert t.budget({"running_decodes": 49, "kv_usage": 0.9, "waiting_requests": 3}) == 1024
+    with pytest.raises(TableError, match="lookup needs 'kv_usage'"):
         t.lookup(running_decodes=3)
+    with pytest.raises(KeyError):
+        t.budget({"running_decodes": 3})
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"schema_version": 2}, "schema_version: got 2"),
+    ({"schema_version": 3}, "schema_version: got 3"),
+    ({"schema_version": 1}, "re-export it"),
     ({"kind": "other"}, "kind: got 'other'"),
+    ({"action": {"kind": "itl-fraction"}}, "action.kind: got 'itl-fraction'"),
     ({"budgets": [1, 2, 3]}, "budgets: must list 6 cells"),
     ({"budgets": [1, 2, 3, 4, 5, -6]}, "every cell must be a positive integer"),
     ({"features": [{"name": "running_decodes", "edges": [50, 10]}]}, "must increase strictly"),
     ({"features": [{"name": "gpu_temperature", "edges": [1]}]}, "an engine can provide"),
+    ({"default_budget": 0}, "default_budget: got 0"),
+    ({"provenance": {}}, "provenance.hardware: must be an object"),
+    ({"provenance": {**H100_LLAMA, "model": {**H100_LLAMA["model"], "layers": 3.5}}},
+     "provenance.model.layers: got 3.5"),
+    ({"provenance": {**H100_LLAMA, "slo": {"ttft_s": 2.0}}}, "provenance.slo.itl_s"),
 ])
 def test_corrupt_tables_are_one_line_errors(change, message):
-    with pytest.raises(TableError, match=message):
+    with pytest.raises(TableError, match=message) as err:
         BudgetTable(table_dict(**change))
+    assert "\n" not in str(err.value)
 
 
 def test_save_load_round_trip_and_csv(tmp_path):
@@ -147,6 +168,7 @@ def test_save_load_round_trip_and_csv(tmp_path):
     t.save(str(path))
     again = BudgetTable.load(str(path))
     assert again.budgets == t.budgets and again.edges == t.edges and again.visited == t.visited
+    assert again.provenance == t.provenance and len(again.digest) == 12
     csv = t.to_csv().splitlines()
     assert csv[0] == "running_decodes_from,running_decodes_to,kv_usage_from,kv_usage_to,budget,visited"
     assert csv[1] == "-inf,10,-inf,0.5,4096,1"
@@ -156,9 +178,112 @@ def test_save_load_round_trip_and_csv(tmp_path):
         BudgetTable.load(str(path))
 
 
+def test_provenance_mismatch_names_both_sides():
+    from policies.table import hardware_provenance, model_provenance
+    from envs.profiles import get_model
+
+    t = BudgetTable(table_dict(), path="t.json")
+    hw, model = H100_LLAMA["hardware"], H100_LLAMA["model"]
+    assert t.mismatch(hw, model, {"ttft_s": 2.0, "itl_s": 0.1}) is None
+    assert t.mismatch(hardware_provenance(get_hardware("h100-sxm")),
+                      model_provenance(get_model("mistral-7b"))) is None  # same shape, other name
+    # An engine knows the device's name and memory, not its bandwidth: only those compared.
+    assert t.mismatch({"name": "h100-sxm", "memory_bytes": 79.1 * 2**30}) is None
+    assert t.mismatch({"name": "H100-SXM"}) is None
+    assert t.mismatch({"name": "a100-80g"}) == "t.json: hardware: table h100-sxm, serving a100-80g"
+    assert "memory_bytes" in t.mismatch({"name": "h100-sxm", "memory_bytes": 40e9})  # a MIG slice
+    reason = t.mismatch(model={"name": "tiny", "layers": 2, "hidden_size": 4096, "heads": 32,
+                               "kv_heads": 8, "head_dim": 128, "bytes_per_weight": 4,
+                               "tensor_parallel": 2})
+    assert reason == ("t.json: model: table llama-3-8b (layers 32, tensor_parallel 1, "
+                      "bytes_per_weight 2), serving tiny (layers 2, tensor_parallel 2, "
+                      "bytes_per_weight 4)")
+    assert t.mismatch(model={**model, "bytes_per_weight": 2.1}) is None  # within tolerance
+    assert t.mismatch(slo={"ttft_s": 2.0, "itl_s": 0.05}) == (
+        "t.json: slo: table itl_s 0.1, serving itl_s 0.05")
+    both = t.mismatch({"name": "l40s"}, slo={"ttft_s": 1.0, "itl_s": None})
+    assert both.count(";") == 1 and "hardware" in both and "ttft_s 1" in both
+
+
+@pytest.mark.parametrize("device, name", [
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 PCIe", "h100-pcie"),
+    ("NVIDIA H100 NVL", "h100-nvl"), ("NVIDIA H200", "h200"), ("NVIDIA H200 NVL", "h200"),
+    ("NVIDIA A100-SXM4-80GB", "a100-80g"), ("NVIDIA A100 80GB PCIe", "a100-80g-pcie"),
+    ("NVIDIA A100-SXM4-40GB", "a100-40g"), ("NVIDIA L40S", "l40s"), ("cpu", "cpu"),
+    ("NVIDIA GeForce RTX 4090", "nvidia-geforce-rtx-4090"),
+])
+def test_device_names_map_to_hardware_presets(device, name):
+    from policies.table import device_hardware_name
+    assert device_hardware_name(device) == name
+
+
+def table_cli(*args):
+    return subprocess.run([sys.executable, "-m", "policies.table", *args], capture_output=True,
+                          text=True)
+
+
+def test_check_command_on_matching_and_mismatching_tables(tmp_path):
+    ok = table_cli("check", "tables/h100-sxm__llama-3-8b.json", "--hardware", "h100-sxm",
+                   "--model", "llama-3-8b", "--slo-ttft-s", "2", "--slo-itl-s", "0.1")
+    assert ok.returncode == 0 and ok.stdout.startswith("ok:"), ok.stderr
+    for args, needle in ((["--hardware", "a100-80g"], "hardware: table h100-sxm"),
+                         (["--model", "llama-3-70b"], "model: table llama-3-8b (layers 32"),
+                         (["--slo-itl-s", "0.05"], "slo: table itl_s 0.1")):
+        bad = table_cli("check", "tables/h100-sxm__llama-3-8b.json", *args)
+        assert bad.returncode == 2 and needle in bad.stderr, bad.stderr
+        assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+    # A profile file is compared by its figures: an H100 with half the bandwidth is not one.
+    slow = tmp_path / "slow.toml"
+    slow.write_text('[hardware]\nname = "h100-sxm"\nhbm_bytes_per_s = 1.6e12\n'
+                    'peak_flops_per_s = 989.4e12\nmemory_bytes = 85899345920\n')
+    bad = table_cli("check", "tables/h100-sxm__llama-3-8b.json", "--hardware", str(slow))
+    assert bad.returncode == 2 and "hbm_bytes_per_s" in bad.stderr
+    show = table_cli("show", "tables/a100-80g__llama-3-8b.json")
+    assert show.returncode == 0 and "a100-80g + llama-3-8b" in show.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["check", "/nonexistent.json"], "cannot read"),
+    (["check", "tables/h100-sxm__llama-3-8b.json", "--hardware", "tpu-v9"], "unknown preset"),
+    (["check", "tables/h100-sxm__llama-3-8b.json", "--slo-itl-s", "-1"], "--slo-itl-s"),
+    (["check"], "required"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_check_command_bad_input_is_one_line(args, needle):
+    out = table_cli(*args)
+    assert out.returncode == 2 and needle in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+
+
+def test_shipped_tables_load_with_their_provenance():
+    for hw in ("h100-sxm", "a100-80g"):
+        t = BudgetTable.load(f"tables/{hw}__llama-3-8b.json")
+        assert t.provenance["hardware"]["name"] == hw
+        assert t.mismatch(model=H100_LLAMA["model"], slo=H100_LLAMA["slo"]) is None
+
+
+def test_eval_refuses_a_table_for_another_scenario_unless_allowed(capsys):
+    path = "tables/h100-sxm__llama-3-8b.json"
+    assert make_policy(f"table:{path}", SMALL).name == f"table:{path}"
+    a100 = SMALL.with_fields(hardware="a100-80g")
+    with pytest.raises(ConfigError, match=r"hardware: table h100-sxm \(hbm_bytes_per_s 3.35e12, "
+                                          r".*\), serving a100-80g .*; pass --allow-table-mismatch"):
+        make_policy(f"table:{path}", a100)
+    with pytest.raises(ConfigError, match="slo: table"):
+        make_policy(f"table:{path}", SMALL.with_fields(slo_ttft_s=1.0))
+    make_policies(f"table:{path}", a100, allow_table_mismatch=True)
+    assert "warning: tables/h100-sxm__llama-3-8b.json: hardware" in capsys.readouterr().err
+
+
 def test_runtime_imports_nothing_beyond_the_standard_library():
+    # A fresh interpreter without site-packages: every module loaded is the standard
+    # library's or the table's own package.
     code = ("import sys; import policies.table as t; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('numpy', 'torch', 'envs', 'gymnasium')]; "
+            "t.BudgetTable.load('tables/h100-sxm__llama-3-8b.json').budget("
+            "dict.fromkeys(('running_decodes', 'waiting_requests', 'waiting_prefill_tokens', "
+            "'kv_usage'), 1)); "
+            "bad = sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names) "
+            "- {'policies', '__main__'}); "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-S", "-c", code], check=True)
 
@@ -170,12 +295,14 @@ def test_table_policy_reads_the_scheduler_state():
 
 
 def test_build_table_from_states_fills_unvisited_cells_from_neighbours():
-    from eval.export import build_table
+    from eval.export import build_table, scenario_provenance
     rng = np.random.default_rng(0)
     feats = np.column_stack([rng.integers(0, 100, 500), rng.integers(0, 20, 500),
                              rng.integers(0, 50000, 500), rng.random(500) * 0.5])
     budgets = np.where(feats[:, 0] < 30, 4096, 1024)  # a rule on running decodes only
-    t = build_table(feats, budgets, buckets=4)
+    t = build_table(feats, budgets, buckets=4, provenance=scenario_provenance(SMALL))
+    # The export records the scenario's profiles as the runtime compares them.
+    assert t.provenance == H100_LLAMA
     agree = np.mean([t.lookup_values(f) == b for f, b in zip(feats, budgets)])
     assert agree > 0.9
     assert not all(t.visited) or t.cells == sum(t.visited)

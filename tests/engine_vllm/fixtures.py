@@ -23,6 +23,26 @@ TINY_LLAMA = {
 }
 
 
+# The provenance of a table made for TINY_LLAMA on vLLM's CPU backend (the hardware
+# figures are never compared there: an engine on CPU knows only the name "cpu").
+TINY_CPU_PROVENANCE = {
+    "hardware": {"name": "cpu", "hbm_bytes_per_s": 1e11, "peak_flops_per_s": 1e12,
+                 "memory_bytes": 16e9},
+    "model": {"name": "tiny-llama", "layers": 2, "hidden_size": 128, "heads": 4, "kv_heads": 2,
+              "head_dim": 32, "bytes_per_weight": 4.0, "tensor_parallel": 1},
+    "slo": {"ttft_s": 2.0, "itl_s": 0.1},
+}
+
+
+def table_dict(features: list[tuple[str, list]], budgets: list[int], default_budget: int,
+               **provenance) -> dict:
+    """A table for the tiny Llama on CPU; ``provenance`` overrides blocks of it."""
+    return {"schema_version": 2, "kind": "chunkpilot-budget-table", "action": {"kind": "tokens"},
+            "features": [{"name": n, "edges": e} for n, e in features], "budgets": budgets,
+            "default_budget": default_budget,
+            "provenance": {**TINY_CPU_PROVENANCE, **provenance}}
+
+
 def model_dir(root: Path) -> str:
     """A config.json-only model directory (no weights, no tokenizer)."""
     path = root / "tiny-llama"
@@ -32,7 +52,10 @@ def model_dir(root: Path) -> str:
 
 
 def create_scheduler(cls, model: str, max_num_batched_tokens: int, max_num_seqs: int = 32,
-                     num_blocks: int = 4000, **kwargs):
+                     num_blocks: int = 4000, async_scheduling: bool = False, **kwargs):
+    """vLLM's scheduler ``cls`` over a KV cache of ``num_blocks`` blocks. ``async_scheduling``
+    is set after the config is built: vLLM's CPU platform turns it off, as GPU vLLM would
+    not (the scheduler classes behave the same either way; only start-up checks read it)."""
     sched_config = SchedulerConfig(max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    max_model_len=8192, enable_chunked_prefill=True,
@@ -47,6 +70,7 @@ def create_scheduler(cls, model: str, max_num_batched_tokens: int, max_num_seqs:
         KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1,
                                                       head_size=1, dtype=torch.float32))])
     cache_config.num_gpu_blocks = num_blocks
+    vllm_config.scheduler_config.async_scheduling = async_scheduling
     return cls(vllm_config=vllm_config, kv_cache_config=kv_config,
                structured_output_manager=StructuredOutputManager(vllm_config), block_size=BLOCK,
                log_stats=False, **kwargs)
@@ -59,12 +83,10 @@ def make_request(rid: str, prompt_tokens: int, max_tokens: int) -> Request:
 
 
 def fake_output(scheduler, scheduler_output) -> ModelRunnerOutput:
-    """What a model runner returns: token 5 for each request whose scheduled tokens reach
-    the end of its sequence, nothing for a partial prefill chunk."""
+    """What a model runner returns for a step: token 5 for each request whose scheduled
+    tokens reach the end of its sequence, nothing for a partial prefill chunk. Call it
+    right after ``schedule()``; an async test may deliver it steps later."""
     ids = list(scheduler_output.num_scheduled_tokens)
-    sampled = []
-    for rid in ids:
-        req = scheduler.requests[rid]
-        sampled.append([5] if req.num_computed_tokens >= req.num_tokens else [])
+    sampled = [[] if scheduler.requests[rid].is_prefill_chunk else [5] for rid in ids]
     return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                              sampled_token_ids=sampled)

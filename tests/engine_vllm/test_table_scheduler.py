@@ -10,13 +10,12 @@ pytest.importorskip(
 
 
 from policies.table import BudgetTable, TableError
-from tests.engine_vllm.fixtures import create_scheduler, fake_output, make_request, model_dir
+from tests.engine_vllm.fixtures import (create_scheduler, fake_output, make_request, model_dir,
+                                        table_dict)
 
 # Budget by running decodes: 1,024 with none, 256 with 1-3, 128 with 4 or more.
-TABLE = {"schema_version": 1, "kind": "chunkpilot-budget-table",
-         "features": [{"name": "running_decodes", "edges": [1, 4]},
-                      {"name": "waiting_prefill_tokens", "edges": [1]}],
-         "budgets": [64, 1024, 64, 256, 64, 128], "default_budget": 256}
+TABLE = table_dict([("running_decodes", [1, 4]), ("waiting_prefill_tokens", [1])],
+                   [64, 1024, 64, 256, 64, 128], default_budget=256)
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +59,7 @@ def test_every_step_schedules_what_the_table_says(model, cls_name):
             long_chunks.append(out.num_scheduled_tokens["long"])
         sched.update_from_output(out, fake_output(sched, out))
         assert sched.chunkpilot_history[-1][1] == want
+    assert sched.chunkpilot_fallbacks == 0
     # The long prompt was chunked by the table's budget for 5 running decodes (128),
     # i.e. 123 prompt tokens a step, until its last chunk.
     assert sum(long_chunks[:-1]) + long_chunks[-1] >= 3000 - 1
