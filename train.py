@@ -1,16 +1,19 @@
-"""Train a token-budget policy with stable-baselines3 and compare it with static budgets.
+"""Train a budget policy with stable-baselines3 and compare it with the best fixed budget.
 
-    python train.py                                  # PPO on the default scenario
-    python train.py --algo dqn --total-timesteps 300000 --run-dir runs/dqn
-    python train.py --resume runs/dqn                # continue from the last checkpoint
+    python train.py                                  # PPO, h100-sxm + llama-3-8b
+    python train.py --hardware a100-80g --run-dir runs/a100
+    python train.py --resume runs/a100               # continue from the last checkpoint
     tensorboard --logdir runs
 
-The default scenario: h100-sxm + llama-3-8b serving DESIGN.md's mix (70% short
-prompts, 30% 4K-16K) in bursts at about 8 requests/s, under a 2 s TTFT / 100 ms
-ITL SLO; training episodes randomise the load between 0.6x and 1.2x. The run
-directory holds the model, the config, TensorBoard logs, checkpoints and a
-summary comparing the learned policy with static budgets (vLLM's default among
-them) on the same held-out arrivals.
+The policy acts in time: each pass's budget is a fraction of the ITL target, turned
+into tokens with the cost model and that pass's decodes. It trains across conditions
+of one hardware and model (prompt mixes, bursts, per-pass overheads of 0-5 ms, tight
+and ample KV caches, SLO pairs), each loaded at 0.5-1.5 times its capacity, with the SLO
+itself as reward. Before training, it checks that the reward ranks fixed choices as
+their capacity does and that a reference controller finds room beyond the best fixed
+choice; it starts from that choice. Afterwards it measures the policy's capacity under
+the SLO on held-out arrivals against the best fixed budget on a fine ladder, the
+time-budget rule and vLLM's default, and says which of DESIGN.md's two jobs it shows.
 """
 
 from __future__ import annotations
@@ -19,10 +22,9 @@ import json
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from envs.actions import STATIC_LADDER
 from envs.cli import parse
 from envs.errors import ConfigError, positive, positive_int, require, run_cli
 from envs.scenario import Scenario, named_workload
@@ -30,17 +32,17 @@ from envs.scenario import Scenario, named_workload
 
 @dataclass(frozen=True)
 class Args:
-    """Train a budget policy on a simulated serving scenario."""
+    """Train a budget policy on simulated serving conditions."""
 
     exp_name: str = "chunkpilot"
     """Name of the experiment (part of the run directory's name)."""
     algo: str = field(default="ppo", metadata={"choices": ["ppo", "dqn", "a2c", "sac"]})
-    """stable-baselines3 algorithm; sac trains on the continuous log-budget action."""
+    """stable-baselines3 algorithm; sac trains on a continuous log-scale action."""
     seed: int = 1
-    """Seed of the model and of the training episodes."""
-    total_timesteps: int = 150_000
-    """Budget decisions to train on (all environments together)."""
-    n_envs: int = 4
+    """Seed of the model, the conditions and the training episodes."""
+    total_timesteps: int = 500_000
+    """Decision intervals to train on (all environments together)."""
+    n_envs: int = 8
     """Parallel environments (vectorised)."""
     vec_env: str = field(default="dummy", metadata={"choices": ["dummy", "subproc"]})
     """Run the environments in this process (dummy) or in worker processes (subproc)."""
@@ -49,366 +51,370 @@ class Args:
     model: str = "llama-3-8b"
     """Model preset or profile file."""
     workload: str = "mixed-bursty"
-    """Named workload (mixed-bursty, mixed-poisson, mixed-onoff, azure-conv, mooncake)."""
+    """The serving scenario's named workload (mixed-bursty, mixed-poisson, mixed-onoff,
+    azure-conv, mooncake): the final comparison's, and training's with --conditions 0."""
     trace: str | None = None
-    """A trace to train on instead (bundled name or CSV path); the last 20% is held out."""
+    """Train and compare on a trace instead (bundled name or CSV path; the last 20% is held out)."""
     rate: float | None = None
-    """Override the workload's mean arrival rate, requests per second."""
+    """Override the serving workload's arrival rate, requests per second."""
     per_pass_overhead_s: float | None = None
-    """Fixed cost per pass in seconds (default: the hardware profile's)."""
+    """The serving scenario's fixed cost per pass in seconds (default: the hardware's)."""
     num_kv_blocks: int | None = None
-    """KV-cache capacity in 16-token blocks (default: from memory)."""
+    """The serving scenario's KV capacity in 16-token blocks (default: from memory)."""
     slo_ttft_s: float = 2.0
-    """TTFT target, seconds."""
+    """The serving scenario's TTFT target, seconds."""
     slo_itl_s: float = 0.1
-    """ITL target, seconds."""
-    episode_requests: int = 300
-    """Requests per synthetic training episode."""
-    rate_low: float = 0.6
-    """Lowest load factor drawn per training episode."""
-    rate_high: float = 1.2
-    """Highest load factor drawn per training episode."""
-    overhead_high_s: float = 0.0
-    """Randomise each training episode's per-pass overhead in [0, this] seconds (0: off)."""
-    kv_blocks_low: int | None = None
-    """Randomise each training episode's KV capacity between this many 16-token blocks and
-    the device's (log-uniform; unset: off)."""
+    """The serving scenario's ITL target, seconds."""
+    conditions: int = 32
+    """Training conditions drawn for this hardware and model (agents/conditions.py); 0 trains
+    on the serving scenario alone."""
+    load_low: float = 0.5
+    """Lowest load drawn per episode, as a multiple of the condition's capacity."""
+    load_high: float = 1.5
+    """Highest load drawn per episode, as a multiple of the condition's capacity."""
+    episode_s: float = 60.0
+    """Simulated seconds of arrivals per training episode."""
+    actions: str = field(default="time", metadata={"choices": ["time", "tokens"]})
+    """Act in time (a fraction of the ITL target per pass) or in tokens (a budget ladder)."""
+    decision_interval_s: float | None = None
+    """Simulated seconds an action holds (default: a twentieth of the TTFT target)."""
     learning_rate: float | None = None
     """Learning rate (default: the algorithm's setup in agents/setup.py)."""
     n_steps: int | None = None
     """Rollout length per environment for PPO/A2C (default: agents/setup.py's)."""
-    gamma: float = 0.99
-    """Discount factor per decision."""
+    gamma: float = 0.975
+    """Discount per decision interval: 0.975 looks about 40 intervals (two TTFT targets) ahead."""
     net_arch: str = "64,64"
     """Hidden layer sizes of the policy and value networks."""
-    eval_every: int = 25_000
-    """Evaluate on held-out arrivals every this many steps (TensorBoard eval/*)."""
-    eval_requests: int = 1000
-    """Requests per periodic evaluation stream."""
-    eval_seeds: int = 2
-    """Streams per periodic evaluation."""
-    final_eval_requests: int = 2000
-    """Requests per stream of the final comparison."""
-    final_eval_seeds: int = 3
-    """Streams of the final comparison (disjoint from training and periodic evaluation)."""
-    static_budgets: str = ",".join(map(str, STATIC_LADDER))
-    """Static budgets to compare against."""
-    checkpoint_every: int = 25_000
+    checks: bool = True
+    """Before training, check the reward's ranking of fixed choices and the room beyond them."""
+    eval_every: int = 100_000
+    """Evaluate on held-out episodes every this many steps (TensorBoard eval/*)."""
+    eval_episodes: int = 16
+    """Held-out episodes per periodic evaluation (the model selection's yardstick)."""
+    final_seeds: int = 3
+    """Streams per capacity in the final comparison."""
+    final_requests: int = 600
+    """Requests per stream in the final comparison."""
+    workers: int | None = None
+    """Sweeps (capacities, checks, the final comparison) on a local Ray instance with this many
+    CPUs (default: all cores; 1: in this process)."""
+    ray_address: str | None = None
+    """Run the sweeps on an existing Ray cluster instead."""
+    checkpoint_every: int = 100_000
     """Save a checkpoint every this many steps."""
     run_dir: str | None = None
-    """Run directory (default: runs/<exp>__<algo>__<workload>__<seed>__<time>)."""
+    """Run directory (default: runs/<exp>__<algo>__<hardware>__<model>__<seed>__<time>)."""
     resume: str | None = None
-    """Continue from a checkpoint (.zip) or from the latest checkpoint of a run directory."""
+    """Continue a run directory from its latest loadable checkpoint (its config decides the
+    scenario and algorithm)."""
     progress_bar: bool = True
     """Show a progress bar while training."""
     torch_threads: int = 1
     """Threads for torch (small networks run fastest on one)."""
 
     def validate(self) -> None:
-        positive_int("total_timesteps", self.total_timesteps)
-        positive_int("n_envs", self.n_envs)
-        positive_int("episode_requests", self.episode_requests)
-        positive_int("eval_every", self.eval_every)
-        positive_int("eval_requests", self.eval_requests)
-        positive_int("eval_seeds", self.eval_seeds)
-        positive_int("final_eval_requests", self.final_eval_requests)
-        positive_int("final_eval_seeds", self.final_eval_seeds)
-        positive_int("checkpoint_every", self.checkpoint_every)
-        positive_int("torch_threads", self.torch_threads)
+        for f in ("total_timesteps", "n_envs", "eval_every", "eval_episodes", "final_seeds",
+                  "final_requests", "checkpoint_every", "torch_threads"):
+            positive_int(f, getattr(self, f))
+        require(0 <= self.seed < 2**31, "seed", self.seed, "must be an integer in [0, 2^31)")
+        require(0 <= self.conditions <= 1000, "conditions", self.conditions,
+                "must be an integer in [0, 1000]")
+        require(self.n_envs <= 256, "n_envs", self.n_envs, "must be at most 256")
         if self.n_steps is not None:
             positive_int("n_steps", self.n_steps)
-        require(self.overhead_high_s >= 0, "overhead_high_s", self.overhead_high_s, "must be >= 0")
-        if self.kv_blocks_low is not None:
-            positive_int("kv_blocks_low", self.kv_blocks_low)
-        positive("rate_low", self.rate_low)
-        require(self.rate_high >= self.rate_low, "rate_high", self.rate_high,
-                f"must be >= rate_low ({self.rate_low})")
+        if self.learning_rate is not None:
+            positive("learning_rate", self.learning_rate)
+        positive("load_low", self.load_low)
+        positive("episode_s", self.episode_s)
+        require(self.load_high >= self.load_low, "load_high", self.load_high,
+                f"must be >= load_low ({self.load_low})")
         require(0 < self.gamma <= 1, "gamma", self.gamma, "must lie in (0, 1]")
         self.layers()
-        self.statics()
 
     def layers(self) -> tuple[int, ...]:
         try:
             sizes = tuple(int(x) for x in self.net_arch.split(","))
         except ValueError:
             sizes = ()
-        require(bool(sizes) and all(s > 0 for s in sizes), "net_arch", self.net_arch,
-                "must be comma-separated positive layer sizes, e.g. 64,64")
+        require(bool(sizes) and all(0 < s <= 4096 for s in sizes) and len(sizes) <= 8, "net_arch",
+                self.net_arch, "must be 1-8 comma-separated layer sizes in [1, 4096], e.g. 64,64")
         return sizes
 
-    def statics(self) -> list[int]:
-        try:
-            budgets = [int(x) for x in self.static_budgets.split(",")]
-        except ValueError:
-            budgets = []
-        require(bool(budgets) and all(b > 0 for b in budgets), "static_budgets", self.static_budgets,
-                "must be comma-separated positive integers")
-        return budgets
-
     def scenario(self) -> Scenario:
-        fields = named_workload(self.workload)
+        fields_ = named_workload(self.workload)
         if self.trace:
-            fields["trace"] = self.trace
+            fields_["trace"] = self.trace
         if self.rate is not None:
             positive("rate", self.rate)
-            fields["rate"] = self.rate
+            fields_["rate"] = self.rate
         return Scenario(hardware=self.hardware, model=self.model,
                         per_pass_overhead_s=self.per_pass_overhead_s,
                         num_kv_blocks=self.num_kv_blocks, slo_ttft_s=self.slo_ttft_s,
-                        slo_itl_s=self.slo_itl_s, **fields)
+                        slo_itl_s=self.slo_itl_s, **fields_)
 
 
-def prepare_run_dir(args: Args) -> tuple[Path, Path | None]:
-    """(the run directory, the checkpoint to resume from or None)."""
-    from agents.runs import latest_checkpoint
-
-    if not args.resume:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        return Path(args.run_dir or f"runs/{args.exp_name}__{args.algo}__{args.workload}__"
-                                    f"{args.seed}__{stamp}"), None
-    resume_from = latest_checkpoint(Path(args.resume))
-    if resume_from is None:
-        raise ConfigError(f"resume: no checkpoint (ckpt_*_steps.zip) found in {args.resume!r}")
-    run_dir = Path(args.run_dir) if args.run_dir else (
-        resume_from.parent.parent if resume_from.parent.name == "checkpoints" else resume_from.parent)
-    return run_dir, resume_from
+# A resumed run takes these from its config.json; anything else given differently is refused.
+RUN_FIELDS_ON_RESUME = ("total_timesteps", "resume", "run_dir", "progress_bar", "workers",
+                        "ray_address", "torch_threads", "vec_env", "eval_every", "checkpoint_every")
 
 
-def write_config(run_dir: Path, args: Args, scenario: Scenario, action_type: str) -> dict:
-    from envs.actions import DEFAULT_LADDER
+def resumed_args(args: Args, argv: list[str] | None) -> tuple[Args, dict]:
+    """The run's own arguments (from its config.json), with only the run-control flags of
+    this command line applied; a conflicting flag is refused, naming it."""
+    from agents.runs import read_config
+
+    config = read_config(args.resume)
+    saved = config["args"]
+    defaults = Args()
+    for f in fields(Args):
+        given, default = getattr(args, f.name), getattr(defaults, f.name)
+        if f.name in RUN_FIELDS_ON_RESUME or given == default:
+            continue
+        if f.name in saved and given != saved[f.name]:
+            raise ConfigError(f"{f.name}: got {given!r}, but the run being resumed was trained with "
+                              f"{saved[f.name]!r}; drop the flag or start a new run")
+    merged = {**{k: v for k, v in saved.items() if k in Args.__dataclass_fields__},
+              **{k: getattr(args, k) for k in RUN_FIELDS_ON_RESUME}}
+    return Args(**merged), config
+
+
+def prepare_run(args: Args) -> Path:
+    """The run directory, created; refused when it is a file or already holds another run."""
+    if args.resume:
+        return Path(args.resume)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(args.run_dir or f"runs/{args.exp_name}__{args.algo}__{Path(args.hardware).stem}__"
+                                   f"{Path(args.model).stem}__{args.seed}__{stamp}")
+    require(not run_dir.is_file(), "run_dir", str(run_dir), "must be a directory, not a file")
+    require(not (run_dir / "config.json").exists(), "run_dir", str(run_dir),
+            "already holds a run: continue it with --resume, or pick another --run-dir")
+    try:
+        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"run_dir: cannot create {str(run_dir)!r} ({err.strerror})") from None
+    return run_dir
+
+
+def draw_training_conditions(args: Args, scenario: Scenario, executor) -> list[dict]:
+    from agents.conditions import draw_conditions, with_capacities
+    from eval.parallel import progress_bar
+
+    if not args.conditions or scenario.trace:
+        return []
+    drawn = draw_conditions(scenario, args.conditions, args.seed)
+    print(f"measuring the capacity of {len(drawn)} training conditions ...", flush=True)
+    with progress_bar(len(drawn) * 2, "conditions") as bar:
+        return with_capacities(scenario, drawn, executor=executor, progress=bar)
+
+
+def make_sampler(args: Args, conditions: list[dict], stream_seed_base: int = 0):
+    from agents.training import sampler_of
+
+    return sampler_of(args, conditions, stream_seed_base)
+
+
+CHECK_FRACTIONS = (0.25, 0.3536, 0.5, 0.7071, 0.8409, 0.917, 1.0)
+CHECK_KV_RULES = (0.917, 1.0)
+"""Fixed choices the checks compare: fractions of the ITL target, the same shrinking as the
+KV cache fills (k), and static budgets; the best of them is the policy's teacher."""
+CHECK_STATICS = (256, 512, 1024, 2048, 4096, 8192)
+
+
+def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], executor) -> dict:
+    """The reward's ranking of fixed choices against their capacity, and the room a
+    reference controller finds beyond the best of them (see agents/checks.py)."""
+    from agents.checks import constant_costs, draw_episodes, ranking_check, room_check
+    from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS
+    from eval.parallel import progress_bar
+
+    sampler = make_sampler(args, conditions, EVAL_SEED_BASE)
+    episodes = draw_episodes(scenario, sampler, 24, PERIODIC_EVAL_SEEDS + 500)
+    names = ([f"f{f:g}" for f in CHECK_FRACTIONS] + [f"k{f:g}" for f in CHECK_KV_RULES]
+             if args.actions == "time" else []) + [
+        f"s{b}" for b in CHECK_STATICS if b >= scenario.max_num_seqs]
+    with progress_bar(len(names) * len(episodes), "checks: returns") as bar:
+        costs = constant_costs(episodes, names, executor=executor, progress=bar)
+    best = min(costs, key=lambda n: costs[n].mean())
+    out = {"costs": {n: float(c.mean()) for n, c in costs.items()}, "best_constant": best}
+    if not args.checks or not conditions:
+        return out
+    with progress_bar(5 * len(names) * 2, "checks: capacity ranking") as bar:
+        out["ranking"] = ranking_check(scenario, conditions, costs, executor=executor, progress=bar)
+    if best[0] in "fk":
+        with progress_bar(6, "checks: room") as bar:
+            out["room"] = room_check(episodes[:6], best, costs[best], executor=executor, progress=bar)
+    return out
+
+
+def print_checks(checks: dict) -> None:
+    print(f"best constant choice on held-out training episodes: {checks['best_constant']} (cost "
+          f"{checks['costs'][checks['best_constant']]:.2f}, SLO violations in % of requests)")
+    rk, room = checks.get("ranking"), checks.get("room")
+    if rk:
+        warn = "" if rk["spearman"] >= 0.7 else "  WARNING: the reward does not rank choices as capacity does"
+        print(f"check: return vs capacity ranking of {len(rk['rows'])} constants, Spearman "
+              f"{rk['spearman']:.2f}{warn}")
+    if room:
+        print(f"check: reference controller gain over the best constant {room['gain']:+.2f} ± "
+              f"{room['gain_ci95']:.2f} ({room['episodes']} episodes)")
+
+
+def write_config(run_dir: Path, args: Args, scenario: Scenario, conditions: list[dict],
+                 checks: dict) -> dict:
+    from agents.setup import ACTION_TYPES
+    from agents.training import write_json_atomic
+    from envs.actions import DEFAULT_LADDER, FRACTION_LADDER
     from envs.seeds import EVAL_SEED_BASE
     from eval.report import git_commit
 
-    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     config = {"args": asdict(args), "scenario": scenario.fields_dict(), "commit": git_commit(),
-              "python": platform.python_version(), "action_type": action_type,
-              "ladder": list(DEFAULT_LADDER), "eval_seed_base": EVAL_SEED_BASE}
-    (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
+              "python": platform.python_version(), "actions": args.actions,
+              "action_type": ACTION_TYPES[args.algo],
+              "ladder": list(FRACTION_LADDER if args.actions == "time" else DEFAULT_LADDER),
+              "eval_seed_base": EVAL_SEED_BASE, "conditions": conditions, "checks": checks}
+    write_json_atomic(run_dir / "config.json", config)
     return config
 
 
-def held_out_workloads(args: Args, scenario: Scenario):
-    """(periodic evaluation streams, final comparison streams): different seeds, both
-    disjoint from every training episode's."""
-    from envs.seeds import FINAL_EVAL_SEEDS
-    from eval.harness import evaluation_workloads
-
-    periodic = evaluation_workloads(scenario, args.eval_seeds, args.eval_requests)
-    if scenario.trace:
-        return periodic, evaluation_workloads(scenario, 1)
-    return periodic, evaluation_workloads(scenario, args.final_eval_seeds, args.final_eval_requests,
-                                          seed_base=FINAL_EVAL_SEEDS)
-
-
-def best_static_baseline(scenario: Scenario, statics, workloads) -> dict:
-    """The best static budget's figures on the periodic evaluation's arrivals (the
-    TensorBoard ``baseline/*`` curves)."""
-    from eval.harness import best_of, run_policies
-
-    runs = run_policies(scenario, statics, workloads)
-    best = best_of(runs)
-    baseline = {k: runs[best].mean(k) for k in ("goodput", "ttft_p99_s", "itl_p99_s", "itl_max_s")}
-    baseline["budget"] = next(p.tokens for p in statics if p.name == best)
-    print(f"best static budget on the evaluation arrivals: {best} (goodput {baseline['goodput']:.3f})")
-    return baseline
-
-
-def make_vec_env(args: Args, scenario: Scenario, action_type: str):
-    import gymnasium as gym
-    from stable_baselines3.common.monitor import Monitor
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
-
-    import envs
-    from envs.episodes import EpisodeSampler
-
-    kv_range = None
-    if args.kv_blocks_low:
-        kv_range = (args.kv_blocks_low, scenario.engine_config().kv_blocks(
-            scenario.hardware_profile(), scenario.model_profile()))
-    sampler = EpisodeSampler(rate_range=(args.rate_low, args.rate_high),
-                             episode_requests=args.episode_requests,
-                             overhead_range_s=(0.0, args.overhead_high_s) if args.overhead_high_s else None,
-                             kv_blocks_range=kv_range)
-
-    def factory(rank: int):
-        def make():
-            env = gym.make(envs.ENV_ID, scenario=scenario, sampler=sampler, action_type=action_type)
-            env.reset(seed=args.seed * 1000 + rank)
-            return Monitor(env)
-        return make
-
-    cls = SubprocVecEnv if args.vec_env == "subproc" else DummyVecEnv
-    return cls([factory(i) for i in range(args.n_envs)])
-
-
-def build_or_resume_model(args: Args, scenario: Scenario, action_type: str, run_dir: Path,
-                          resume_from: Path | None):
-    """(model, its VecNormalize-wrapped environments), fresh or from a checkpoint."""
+def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
+    """(model, its environments, whether it was resumed): fresh, started at the best
+    constant action, or from the run's newest loadable checkpoint."""
     from stable_baselines3.common.vec_env import VecNormalize
 
-    from agents.setup import load_model, make_model
+    from agents.setup import imitate, make_model
+    from agents.training import attach_env, make_vec_env, resumable_checkpoint
 
-    venv = make_vec_env(args, scenario, action_type)
+    sampler = make_sampler(args, config["conditions"])
+    venv = make_vec_env(scenario, sampler, config["actions"], config["action_type"], args.n_envs,
+                        args.seed, args.vec_env, args.decision_interval_s)
     tb_dir = str(run_dir / "tensorboard")
-    if resume_from is None:
-        venv = VecNormalize(venv, norm_obs=False, norm_reward=True, gamma=args.gamma)
-        return make_model(args.algo, venv, args.seed, tb_dir, args.learning_rate, args.gamma,
-                          args.layers(), args.n_steps), venv
-    norm_path = resume_from.with_name(resume_from.name.replace("ckpt_", "ckpt_vecnormalize_")
-                                      .replace(".zip", ".pkl"))
-    venv = VecNormalize.load(str(norm_path), venv) if norm_path.exists() else VecNormalize(
-        venv, norm_obs=False, norm_reward=True, gamma=args.gamma)
-    model = load_model(args.algo, resume_from, env=venv)
-    model.tensorboard_log = tb_dir
-    print(f"resuming from {resume_from} at {model.num_timesteps} timesteps")
-    return model, venv
+    if args.resume:
+        ckpt, model = resumable_checkpoint(run_dir, args.algo)
+        model, venv = attach_env(model, venv, ckpt, args.gamma, tb_dir)
+        print(f"resuming from {ckpt} at {model.num_timesteps} timesteps")
+        return model, venv, True
+    venv = VecNormalize(venv, norm_obs=True, norm_reward=True, gamma=args.gamma)
+    model = make_model(args.algo, venv, args.seed, tb_dir, args.learning_rate, args.gamma,
+                       args.layers(), args.n_steps)
+    best = config["checks"].get("best_constant", "")
+    if args.actions == "time" and best[:1] in ("f", "k") and config["action_type"] == "discrete" \
+            and hasattr(model.policy, "get_distribution"):
+        agree = imitate(model, best, config["ladder"], seed=args.seed)
+        print(f"starting from the best fixed choice, {best}: cloned on 20,000 decisions "
+              f"({agree:.1%} agreement)")
+    return model, venv, False
 
 
-def train_model(args: Args, model, venv, evaluator, run_dir: Path, resumed: bool) -> tuple[float, bool]:
-    """Learn the remaining timesteps with checkpoints; (training seconds, interrupted).
-    Saves a checkpoint where a resume finds it, whether training finished or not."""
-    from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
+def evaluator(args: Args, config: dict, scenario: Scenario, run_dir: Path):
+    from agents.callbacks import SimEvalCallback
+    from agents.checks import draw_episodes
+    from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS
 
-    ckpt_dir = run_dir / "checkpoints"
-    remaining = max(args.total_timesteps - model.num_timesteps, 0)
-    checkpoints = CheckpointCallback(save_freq=max(args.checkpoint_every // args.n_envs, 1),
-                                     save_path=str(ckpt_dir), name_prefix="ckpt",
-                                     save_vecnormalize=True)
-    t0 = time.perf_counter()
-    interrupted = False
-    if remaining:
-        try:
-            model.learn(remaining, callback=CallbackList([evaluator, checkpoints]),
-                        reset_num_timesteps=not resumed, tb_log_name="run",
-                        progress_bar=args.progress_bar)
-        except KeyboardInterrupt:
-            interrupted = True
-    train_s = time.perf_counter() - t0
-    model.save(str(ckpt_dir / f"ckpt_{model.num_timesteps}_steps.zip"))
-    venv.save(str(ckpt_dir / f"ckpt_vecnormalize_{model.num_timesteps}_steps.pkl"))
-    return train_s, interrupted
+    from agents.checks import constant_costs
+
+    episodes = draw_episodes(scenario, make_sampler(args, config["conditions"], EVAL_SEED_BASE),
+                             args.eval_episodes, PERIODIC_EVAL_SEEDS)
+    best_constant = config["checks"]["best_constant"]
+    baseline = float(constant_costs(episodes, [best_constant])[best_constant].mean())
+    best_file = run_dir / "best.json"
+    best = json.loads(best_file.read_text()) if best_file.exists() else {}
+    return SimEvalCallback(episodes, baseline, tuple(config["ladder"]), config["actions"],
+                           config["action_type"], args.eval_every, run_dir,
+                           best_cost=best.get("cost", float("inf")), last_eval=best.get("last_eval", 0))
 
 
-def final_comparison(args: Args, scenario: Scenario, run_dir: Path, model, action_type: str,
-                     statics, workloads) -> tuple[tuple[str, str], str, dict]:
-    """The learned policy, vLLM's default and the statics on arrivals neither training nor
-    model selection saw; ((learned policy's name, the default's), policy file used,
-    summaries)."""
-    from agents.setup import load_model
-    from envs.actions import DEFAULT_LADDER
-    from eval.harness import run_policies
-    from policies.baselines import VllmDefaultPolicy
-    from policies.learned import ModelPolicy
+def train(args: Args, model, venv, callback, run_dir: Path, resumed: bool) -> tuple[float, bool]:
+    """Learn with checkpoints; save the final model (or a checkpoint when interrupted)."""
+    from agents.callbacks import save_model
+    from agents.training import Checkpoints, TrainedSteps, learn, write_checkpoint, write_json_atomic
 
-    chosen, learned_model = "model.zip", model
-    best_path = run_dir / "best_model.zip"
-    if best_path.exists():
-        learned_model = load_model(args.algo, best_path)
-        chosen = "best_model.zip (best periodic evaluation)"
-    learned = ModelPolicy(learned_model, scenario.slo(), DEFAULT_LADDER, action_type,
-                          name=f"learned ({args.algo})")
-    default = VllmDefaultPolicy(scenario.hardware_profile())
-    results = run_policies(scenario, [learned, default, *statics], workloads)
-    return (learned.name, default.name), chosen, {name: r.summary() for name, r in results.items()}
+    trained = TrainedSteps()
+    ckpts = Checkpoints(run_dir / "checkpoints", args.checkpoint_every, trained)
+    seconds, interrupted = learn(model, args.total_timesteps, [callback, ckpts], args.progress_bar,
+                                 resumed, trained)
+    write_checkpoint(model, run_dir / "checkpoints", model.num_timesteps)
+    write_json_atomic(run_dir / "best.json", {"cost": callback.best, "last_eval": callback._last})
+    if not interrupted:
+        save_model(model, run_dir / "model.zip", run_dir / "vecnormalize.pkl")
+    return seconds, interrupted
 
 
-def verdict(learned: dict, best_name: str, best: dict, default_name: str, default: dict) -> str:
-    """Say which of DESIGN.md's two jobs the result shows, plainly."""
-    from eval.harness import against_best
-    from eval.report import verdict_sentence
+def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, callback,
+           train_s: float, executor) -> str:
+    """The final comparison on held-out arrivals and the run's summary."""
+    from agents.runs import load_run
+    from agents.summary import final_comparison, summary_text
+    from agents.training import write_json_atomic
+    from eval.parallel import progress_bar
 
-    g, d = learned["goodput"], default["goodput"]
-    kind, rel = against_best(g, best["goodput"])
-    first = f"It {verdict_sentence(kind, rel, best_name)}."
-    if kind == "short":
-        first += " Train longer or check the reward weights."
-    return first + (f" Against vLLM's default ({default_name}): {g - d:+.3f} goodput "
-                    f"({g:.3f} vs {d:.3f}).")
+    if not callback.history or callback.history[-1]["timesteps"] != model.num_timesteps:
+        callback.init_callback(model)
+        callback.evaluate()
+    learned = load_run(run_dir, scenario.slo(), name=f"learned ({args.algo})")
+    with progress_bar(3 * 18 * args.final_seeds, "final comparison") as bar:
+        studies = final_comparison(learned, scenario, args.final_seeds, args.final_requests,
+                                   executor, bar)
+    from agents.callbacks import evaluate_model
 
-
-def write_summary(args: Args, scenario: Scenario, run_dir: Path, config: dict, timesteps: int,
-                  train_s: float, names: tuple[str, str], chosen: str, summaries: dict, statics,
-                  n_streams: int, history: list) -> str:
-    from envs.seeds import FINAL_EVAL_SEEDS
-    from eval.harness import PolicyResult, best_of
-    from eval.report import short_table
-
-    static_names = [p.name for p in statics]
-    ranked = {n: PolicyResult(n, runs=[summaries[n]]) for n in static_names}
-    best_name = best_of(ranked)
-    learned_name, default_name = names
-    rows = [(learned_name, summaries[learned_name]),
-            (f"{default_name} (vLLM's default)", summaries[default_name])]
-    rows += [(n + (" (best static)" if n == best_name else ""), summaries[n]) for n in static_names]
-    text = verdict(summaries[learned_name], best_name, summaries[best_name], default_name,
-                   summaries[default_name])
-    desc = (f"{scenario.hardware} + {scenario.model}, workload {args.trace or args.workload}"
-            f"{'' if args.rate is None else f' at {args.rate} req/s'}, SLO TTFT {args.slo_ttft_s:g} s / "
-            f"ITL {args.slo_itl_s * 1e3:g} ms")
-    where = (f"{n_streams} held-out streams of {args.final_eval_requests} requests "
-             f"(seeds {FINAL_EVAL_SEEDS}+, never used in training)" if not scenario.trace
-             else "the last 20% of the trace, held out of training")
-    report = "\n".join([
-        f"# chunkpilot training run: {run_dir.name}", "",
-        f"- scenario: {desc}",
-        f"- algorithm: {args.algo}, {timesteps:,} timesteps, {train_s:.0f} s of training",
-        f"- evaluated on {where}; policy file: {chosen}",
-        f"- commit: {config['commit']}", "",
-        short_table(rows), "", text, "",
-        "Goodput: share of requests with TTFT and TPOT within the SLO (vLLM bench's definition); "
-        "± is a 95% interval over streams. Smooth share: requests whose worst gap stays within "
-        "twice the ITL target.", ""])
-    (run_dir / "summary.md").write_text(report)
-    (run_dir / "summary.json").write_text(json.dumps(
-        {"scenario": desc, "timesteps": timesteps, "train_s": train_s, "policy_file": chosen,
-         "best_static": best_name, "results": summaries, "verdict": text,
-         "eval_history": history}, indent=2, default=float))
-    return report
+    _, _, actions = evaluate_model(learned.model, learned.obs_norm, callback.episodes,
+                                   learned.ladder, learned.actions, learned.action_type)
+    desc = (f"{scenario.hardware} + {scenario.model}; serving {args.trace or args.workload}"
+            f"{'' if args.rate is None else f' at {args.rate} req/s'}, SLO TTFT {scenario.slo_ttft_s:g} s "
+            f"/ ITL {scenario.slo_itl_s * 1e3:g} ms; trained on {len(config['conditions'])} conditions")
+    checks = config["checks"]
+    facts = {"algorithm": f"{args.algo}, {model.num_timesteps:,} timesteps trained in {train_s:.0f} s "
+                          f"({model.num_timesteps / max(train_s, 1e-9):,.0f} steps/s)",
+             "policy file": "best_model.zip (lowest held-out cost)" if (run_dir / "best_model.zip").exists()
+             else "model.zip",
+             "best constant cost on them": f"{callback.baseline_cost:.2f}",
+             "commit": config["commit"]}
+    text = summary_text(run_dir.name, desc, facts, checks, callback.history, studies, learned.name,
+                        actions)
+    (run_dir / "summary.md").write_text(text)
+    write_json_atomic(run_dir / "summary.json", {
+        "scenario": desc, "timesteps": model.num_timesteps, "train_s": train_s,
+        "capacity": {n: st.as_json() for n, st in studies.items()}, "actions": actions,
+        "eval_history": callback.history, "checks": checks})
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(Args, argv, prog="python train.py")
+    config = None
+    if args.resume:
+        args, config = resumed_args(args, argv)
     args.validate()
     scenario = args.scenario()
     scenario.hardware_profile(), scenario.model_profile(), scenario.engine_config(), scenario.slo()
+    run_dir = prepare_run(args)
+    print(f"run directory: {run_dir}")
 
     import torch
 
-    from agents.callbacks import SimEvalCallback
-    from agents.setup import ACTION_TYPES
-    from envs.actions import DEFAULT_LADDER
-    from policies.baselines import StaticPolicy
+    from eval.parallel import make_executor
 
     torch.set_num_threads(args.torch_threads)
-    action_type = ACTION_TYPES[args.algo]
-    run_dir, resume_from = prepare_run_dir(args)
-    config = write_config(run_dir, args, scenario, action_type)
-    print(f"run directory: {run_dir}")
-    periodic, final_workloads = held_out_workloads(args, scenario)
-    statics = [StaticPolicy(b) for b in args.statics()]
-    baseline = best_static_baseline(scenario, statics, periodic)
-    model, venv = build_or_resume_model(args, scenario, action_type, run_dir, resume_from)
-    evaluator = SimEvalCallback(scenario, periodic, baseline, DEFAULT_LADDER, action_type,
-                                args.eval_every, best_path=run_dir / "best_model.zip")
-    train_s, interrupted = train_model(args, model, venv, evaluator, run_dir, resume_from is not None)
+    executor = make_executor(args.workers, args.ray_address)
+    if config is None:
+        conditions = draw_training_conditions(args, scenario, executor)
+        checks = pretraining_checks(args, scenario, conditions, executor)
+        print_checks(checks)
+        config = write_config(run_dir, args, scenario, conditions, checks)
+    model, venv, resumed = build_model(args, config, scenario, run_dir)
+    callback = evaluator(args, config, scenario, run_dir)
+    if resumed and model.num_timesteps >= args.total_timesteps and (run_dir / "summary.md").exists():
+        print(f"{run_dir} has already trained {model.num_timesteps:,} of {args.total_timesteps:,} "
+              "timesteps; raise --total-timesteps to train on")
+        return 0
+    train_s, interrupted = train(args, model, venv, callback, run_dir, resumed)
     if interrupted:
-        print(f"interrupted at {model.num_timesteps} timesteps; checkpoint saved in "
+        print(f"interrupted after {model.num_timesteps} trained timesteps; checkpoint saved in "
               f"{run_dir / 'checkpoints'}; continue with: python train.py --resume {run_dir}",
               file=sys.stderr)
         return 130
-    model.save(str(run_dir / "model.zip"))
-    venv.save(str(run_dir / "vecnormalize.pkl"))
-    if not evaluator.history or evaluator.history[-1]["timesteps"] != model.num_timesteps:
-        if evaluator.model is None:  # learn() did not run: nothing was left to train
-            evaluator.init_callback(model)
-        evaluator.evaluate()
-    names, chosen, summaries = final_comparison(args, scenario, run_dir, model, action_type,
-                                                       statics, final_workloads)
-    report = write_summary(args, scenario, run_dir, config, model.num_timesteps, train_s,
-                           names, chosen, summaries, statics, len(final_workloads),
-                           evaluator.history)
     print()
-    print(report)
+    print(finish(args, config, scenario, run_dir, model, callback, train_s, executor))
     print(f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
     return 0
 

@@ -1,76 +1,105 @@
-"""Callbacks (SB3's ``BaseCallback._on_step`` hook): evaluate on held-out arrivals."""
+"""Callbacks (SB3's ``BaseCallback._on_step`` hook): evaluate on held-out episodes and keep
+the best model."""
 
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
-from envs.scenario import Scenario
-from envs.workload import Workload
-from eval.harness import run_policy
-from policies.learned import ModelPolicy
+from agents.checks import action_histogram, episode_cost
+from envs.actions import clamp_budget
+from policies.learned import ModelPolicy, ObsNorm
 
 
-def evaluate_model(model, scenario: Scenario, workloads: list[Workload], ladder, action_type: str):
-    """Mean summary of ``model`` over ``workloads`` and every budget it applied."""
-    policy = ModelPolicy(model, scenario.slo(), ladder, action_type)
-    budgets = []
+class Recorder:
+    """Wraps a policy and keeps every action value it chose (for the action histogram)."""
 
-    def keep_budgets(_policy, _index, result):
-        budgets.append(result.pass_budget[result.pass_budget >= 0])
+    def __init__(self, policy: ModelPolicy):
+        self.policy, self.name, self.kind = policy, policy.name, policy.kind
+        self.values: list[float] = []
 
-    runs = run_policy(scenario, policy, workloads, on_result=keep_budgets).runs
-    mean = {k: float(np.nanmean([r[k] for r in runs])) for k in
-            ("goodput", "ttft_p99_s", "itl_p99_s", "itl_max_s", "budget_mean")}
-    return mean, np.concatenate(budgets) if budgets else np.zeros(0)
+    def reset(self) -> None:
+        self.policy.reset()
+
+    def __call__(self, state) -> int:
+        v = self.policy.action_value(state)
+        self.values.append(v)
+        return clamp_budget(self.policy.budget_for_value(state, v), state.num_decodes)
+
+
+def evaluate_model(model, obs_norm, episodes, ladder, actions: str, action_type: str,
+                   weights=None) -> tuple[float, list[float], dict]:
+    """(mean cost, per-episode costs, action histogram) of ``model`` on ``episodes``, each
+    pass decided by the model (as a table or an engine would)."""
+    costs, values = [], []
+    for sc, w in episodes:
+        rec = Recorder(ModelPolicy(model, sc.slo(), ladder, action_type, actions=actions,
+                                   obs_norm=obs_norm))
+        costs.append(episode_cost(sc, w, rec, weights))
+        values += rec.values
+    return float(np.mean(costs)), costs, action_histogram(values, ladder)
 
 
 class SimEvalCallback(BaseCallback):
-    """Every ``eval_every`` steps, score the model on fixed held-out arrivals and log
-    ``eval/*`` next to ``baseline/*`` (the best static budget on the same arrivals), so
-    the curves show whether learning is winning. Keeps the best model by goodput."""
+    """Every ``eval_every`` steps, score the model on fixed held-out episodes of the
+    training distribution (their streams are seeded apart from training's), log
+    ``eval/cost`` next to ``baseline/cost`` (the best constant action on the same
+    episodes) and the share of each action, and keep the best model (lowest cost; the
+    latest on ties) with its observation statistics."""
 
-    def __init__(self, scenario: Scenario, workloads: list[Workload], baseline: dict,
-                 ladder, action_type: str, eval_every: int, best_path: Path | None = None):
+    def __init__(self, episodes, baseline_cost: float, ladder, actions: str, action_type: str,
+                 eval_every: int, run_dir: Path | None = None, weights=None,
+                 best_cost: float = math.inf, last_eval: int = 0):
         super().__init__()
-        self.scenario = scenario
-        self.workloads = workloads
-        self.baseline = baseline
-        self.ladder = ladder
-        self.action_type = action_type
-        self.eval_every = eval_every
-        self.best_path = best_path
-        self.best = (-math.inf, -math.inf)
-        self._last = 0
+        self.episodes, self.baseline_cost = episodes, baseline_cost
+        self.ladder, self.actions, self.action_type = ladder, actions, action_type
+        self.eval_every, self.run_dir, self.weights = eval_every, run_dir, weights
+        self.best = best_cost
+        self._last = last_eval
         self.history: list[dict] = []
 
+    def _on_training_start(self) -> None:
+        if not self.history and self._last == 0:
+            self.evaluate()  # the starting policy (a cloned teacher) is a candidate too
+
     def _on_step(self) -> bool:
-        if self.num_timesteps - self._last < self.eval_every:
-            return True
-        self._last = self.num_timesteps
-        self.evaluate()
+        if self.num_timesteps - self._last >= self.eval_every:
+            self._last = self.num_timesteps
+            self.evaluate()
         return True
 
     def evaluate(self) -> dict:
-        mean, budgets = evaluate_model(self.model, self.scenario, self.workloads, self.ladder,
-                                       self.action_type)
-        for k, v in mean.items():
-            self.logger.record(f"eval/{k}", v)
-        for k in ("goodput", "ttft_p99_s", "itl_p99_s", "itl_max_s"):
-            self.logger.record(f"baseline/{k}", self.baseline[k])
-        self.logger.record("baseline/budget", self.baseline["budget"])
-        if len(budgets):
-            import torch
-
-            self.logger.record("eval/budget_log2_hist", torch.as_tensor(np.log2(budgets)))
+        venv = self.model.get_vec_normalize_env()
+        cost, costs, hist = evaluate_model(self.model, ObsNorm.of(venv), self.episodes, self.ladder,
+                                           self.actions, self.action_type, self.weights)
+        self.logger.record("eval/cost", cost)
+        self.logger.record("baseline/cost", self.baseline_cost)
+        self.logger.record("eval/actions_used_5pct", hist["used_5pct"])
+        for v, share in hist["shares"].items():
+            self.logger.record(f"eval/action_share/{v}", share)
         self.logger.dump(self.num_timesteps)
-        mean["timesteps"] = self.num_timesteps
-        self.history.append(mean)
-        score = (mean["goodput"], -mean["ttft_p99_s"])
-        if self.best_path is not None and score > self.best:
-            self.best = score
-            self.model.save(str(self.best_path))
-        return mean
+        entry = {"timesteps": self.num_timesteps, "cost": cost, "cost_ci95": float(
+            1.96 * np.std(costs, ddof=1) / math.sqrt(len(costs))) if len(costs) > 1 else 0.0,
+            "actions_used_5pct": hist["used_5pct"]}
+        self.history.append(entry)
+        if self.run_dir is not None and cost <= self.best:
+            self.best = cost
+            save_model(self.model, self.run_dir / "best_model.zip", self.run_dir / "best_vecnormalize.pkl")
+        return entry
+
+
+def save_model(model, path: Path, norm_path: Path) -> None:
+    """The model and its VecNormalize statistics, each written whole or not at all (a
+    reader or a crash never sees half a file)."""
+    tmp = path.with_name(path.stem + ".tmp.zip")
+    model.save(str(tmp))
+    venv = model.get_vec_normalize_env()
+    if venv is not None:
+        ntmp = norm_path.with_name(norm_path.name + ".tmp")
+        venv.save(str(ntmp))
+        shutil.move(str(ntmp), norm_path)
+    shutil.move(str(tmp), path)

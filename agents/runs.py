@@ -8,13 +8,25 @@ from pathlib import Path
 from envs.errors import ConfigError
 
 
+def checkpoints(path: Path) -> list[Path]:
+    """Checkpoints in ``path``/checkpoints (or ``path`` itself), oldest first."""
+    if path.suffix == ".zip":
+        return [path] if path.exists() else []
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    found = [p for p in folder.glob("ckpt_*_steps.zip") if p.stem.split("_")[-2].isdigit()]
+    return sorted(found, key=lambda p: int(p.stem.split("_")[-2]))
+
+
 def latest_checkpoint(path: Path) -> Path | None:
     """The checkpoint with the most timesteps in ``path``/checkpoints (or ``path`` itself)."""
-    if path.suffix == ".zip":
-        return path if path.exists() else None
-    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    found = sorted(folder.glob("ckpt_*_steps.zip"), key=lambda p: int(p.stem.split("_")[-2]))
+    found = checkpoints(path)
     return found[-1] if found else None
+
+
+def norm_path_of(checkpoint: Path) -> Path:
+    """The VecNormalize statistics saved with a checkpoint."""
+    return checkpoint.with_name(checkpoint.name.replace("ckpt_", "ckpt_vecnormalize_")
+                                .replace(".zip", ".pkl"))
 
 
 def read_config(run_dir: str | Path) -> dict:
@@ -25,21 +37,37 @@ def read_config(run_dir: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
+def load_obs_norm(path: Path):
+    """The observation statistics a VecNormalize pickle holds (None if it has none)."""
+    import pickle
+
+    from policies.learned import ObsNorm
+
+    if not path.exists():
+        return None
+    with open(path, "rb") as fh:
+        return ObsNorm.of(pickle.load(fh))
+
+
 def load_run(run_dir: str | Path, slo=None, name: str | None = None):
-    """The policy of a train.py run directory (its best model when it kept one)."""
+    """The policy of a train.py run directory: its best model when it kept one (with the
+    observation statistics saved with it), else its final model."""
     from agents.setup import load_model
     from envs.metrics import SLO
     from policies.learned import ModelPolicy
 
     run = Path(run_dir)
     config = read_config(run)
-    model_path = run / "best_model.zip" if (run / "best_model.zip").exists() else run / "model.zip"
+    best = run / "best_model.zip"
+    model_path, norm = (best, run / "best_vecnormalize.pkl") if best.exists() else (
+        run / "model.zip", run / "vecnormalize.pkl")
     if not model_path.exists():
         raise ConfigError(f"model: no model.zip in {str(run)!r}; is training finished?")
     if slo is None:
         sc = config["scenario"]
         slo = SLO(sc["slo_ttft_s"], sc["slo_itl_s"])
     policy = ModelPolicy(load_model(config["args"]["algo"], model_path), slo, tuple(config["ladder"]),
-                         config["action_type"], name=name or f"model:{run}")
+                         config["action_type"], name=name or f"model:{run}",
+                         actions=config.get("actions", "tokens"), obs_norm=load_obs_norm(norm))
     policy.config = config
     return policy

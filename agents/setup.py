@@ -25,12 +25,14 @@ def algorithm_class(algo: str):
 
 def hyperparameters(algo: str, n_envs: int, learning_rate: float | None, gamma: float,
                     net_arch: tuple[int, ...], n_steps: int | None = None) -> dict:
-    """Defaults tuned for this environment: short decisions (tens of ms of simulated
-    time each) whose consequences play out over a few hundred passes."""
+    """Defaults for this environment: one step is a decision interval (a twentieth of the
+    TTFT target), whose consequences play out over a few TTFT targets. PPO's entropy
+    bonus is small: it starts from the best fixed choice (:func:`imitate`) and should
+    explore around it, not wander into the p99 cliff."""
     kw: dict = {"gamma": gamma, "policy_kwargs": {"net_arch": list(net_arch)}}
     if algo == "ppo":
         kw.update(n_steps=n_steps or max(2048 // n_envs, 64), batch_size=256, n_epochs=5, gae_lambda=0.95,
-                  ent_coef=0.01, clip_range=0.2, learning_rate=learning_rate or 3e-4)
+                  ent_coef=0.003, clip_range=0.2, learning_rate=learning_rate or 3e-4)
     elif algo == "a2c":
         kw.update(n_steps=n_steps or 32, ent_coef=0.01, learning_rate=learning_rate or 7e-4)
     elif algo == "dqn":
@@ -52,3 +54,55 @@ def make_model(algo: str, env, seed: int, tensorboard_log: str | None, learning_
 
 def load_model(algo: str, path: str | Path, env=None):
     return algorithm_class(algo).load(str(path), env=env)
+
+
+def teacher_actions(name: str, ladder, raw_obs):
+    """The ladder index a fixed-choice teacher (``f0.917`` or ``k1``, see
+    agents.checks.constant_policy) takes for raw observations (kv usage is entry 3)."""
+    import numpy as np
+
+    from policies.baselines import TimeBudgetKVPolicy
+
+    top = float(name[1:])
+    if name.startswith("k"):
+        rule = TimeBudgetKVPolicy(1.0, top)
+        fractions = np.array([rule.fraction_at(float(kv)) for kv in raw_obs[:, 3]])
+    else:
+        fractions = np.full(len(raw_obs), top)
+    logs = np.log(np.asarray(ladder, dtype=float))
+    return np.argmin(np.abs(np.log(fractions)[:, None] - logs[None, :]), axis=1)
+
+
+def imitate(model, teacher: str, ladder, steps: int = 20_000, epochs: int = 8,
+            batch: int = 256, seed: int = 0) -> float:
+    """Behaviour cloning of a teacher rule before reinforcement learning (the pretraining
+    SB3's documentation describes: the policy's own distribution trained by maximum
+    likelihood on the teacher's actions). The teacher drives the model's environments for
+    ``steps`` decisions, which also warms up their observation statistics. Returns the
+    share of those decisions on which the cloned policy agrees with the teacher."""
+    import numpy as np
+    import torch
+
+    venv = model.get_env()
+    obs_norm, acts = [], []
+    venv.reset()
+    for _ in range(max(steps // venv.num_envs, 1)):
+        raw = venv.get_original_obs()
+        a = teacher_actions(teacher, ladder, raw)
+        obs_norm.append(venv.normalize_obs(raw))
+        acts.append(a)
+        venv.step(a)
+    x = torch.as_tensor(np.concatenate(obs_norm), dtype=torch.float32)
+    y = torch.as_tensor(np.concatenate(acts), dtype=torch.long)
+    policy = model.policy
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        for idx in torch.randperm(len(y), generator=gen).split(batch):
+            loss = -policy.get_distribution(x[idx]).log_prob(y[idx]).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        pred = policy.get_distribution(x).distribution.probs.argmax(dim=1)
+    return float((pred == y).float().mean())

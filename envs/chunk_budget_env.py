@@ -1,9 +1,10 @@
-"""Gymnasium environment: choose the token budget of each scheduler pass.
+"""Gymnasium environment: choose the budget of the scheduler's passes.
 
 A thin adapter over :class:`envs.engine.Simulator`; it owns no physics. The pure
 parts it wires together live in gym-free modules: the observation
-(:mod:`envs.observation`), the reward (:mod:`envs.reward`), the budget ladder
-(:mod:`envs.actions`) and the episode draw (:mod:`envs.episodes`).
+(:mod:`envs.observation`), the reward (:mod:`envs.reward`), the action ladders and
+the time-budget conversion (:mod:`envs.actions`) and the episode draw
+(:mod:`envs.episodes`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from envs.actions import DEFAULT_LADDER, budget_from_action, clamp_budget
+from envs.actions import DEFAULT_LADDER, FRACTION_LADDER, action_value, pass_budget
 from envs.engine import Simulator
 from envs.episodes import EpisodeSampler, draw_episode
 from envs.errors import ConfigError, require
@@ -31,7 +32,7 @@ __all__ = ["ChunkBudgetEnv", "EpisodeMetrics", "EpisodeSampler", "RewardWeights"
 
 
 class ChunkBudgetEnv(gym.Env):
-    """Pick the token budget of every scheduler pass that has prefill work to place.
+    """Pick the budget of the scheduler's passes: a time budget, or a token budget.
 
     ## Description
 
@@ -41,64 +42,66 @@ class ChunkBudgetEnv(gym.Env):
     users' inter-token latency (ITL) low and delay new prompts' first token (TTFT);
     large budgets do the opposite.
 
-    **One step is one pass that has a decision to make**: passes with no prefill work
-    waiting are simulated inside the step (their ITL and rewards are accounted), so an
-    episode is not padded with decisions that change nothing.
+    **One step is one decision interval**: the action holds for every pass with prefill
+    work in the next ``decision_interval_s`` seconds of simulated time (by default a
+    twentieth of the TTFT target), then the environment runs on to the next pass that
+    has a decision to make. Steps therefore span about the same simulated time whatever
+    the budget, so a per-step discount is a discount per second of serving (a budget
+    that makes more, shorter passes does not see the future discounted harder), and the
+    default ``gamma`` 0.975 of ``train.py`` looks about forty intervals, twice the TTFT
+    target, ahead. With ``decision_interval_s=0`` a step is one pass.
 
     ## Action Space
 
-    ``Discrete(len(budgets))``: index into a log-spaced ladder of budgets (default
-    64 ... 16,384). With ``action_type="continuous"``, ``Box(-1, 1, (1,))`` maps
-    linearly to log2 of the budget between the ladder's ends. The budget applied is
-    never below the running decodes (each must get its token); ``info["budget_applied"]``
-    and ``info["budget_clipped"]`` say what was used.
+    ``actions="time"`` (the default): ``Discrete(len(fractions))``, the pass's time
+    budget as a fraction of the ITL target (``FRACTION_LADDER``: 0.25 to 2, steps of
+    2^(1/4)). Each pass turns it into tokens with the cost model and that pass's decodes:
+    the decodes plus the largest chunk after the head request's prefix whose priced pass
+    fits in the fraction of the target (``envs.actions.time_budget``; the cap, 16,384,
+    with nothing decoding). One policy thereby carries across hardware, per-pass
+    overheads and SLOs. ``actions="tokens"``: an index into a log-spaced ladder of token
+    budgets (``DEFAULT_LADDER``, 64 to 16,384). With ``action_type="continuous"``,
+    ``Box(-1, 1, (1,))`` maps linearly to the log of either ladder between its ends. A
+    budget is never below the running decodes (each must get its token).
 
     ## Observation Space
 
-    ``Box(0, 1, (12,), float32)``, every entry scaled to [0, 1] and clipped:
+    ``Box(0, 1, (13,), float32)``, every entry scaled to [0, 1] and clipped:
 
     | idx | observation | scaling |
     |-----|-------------|---------|
-    | 0 | waiting requests (vLLM ``num_requests_waiting``) | log1p(x)/log1p(512) |
-    | 1 | prompt tokens still to prefill, waiting + partial | log1p(x)/log1p(131072) |
-    | 2 | running decodes | x / max_num_seqs |
+    | 0 | running decodes | x / max_num_seqs |
+    | 1 | waiting requests (vLLM ``num_requests_waiting``) | log1p(x)/log1p(512) |
+    | 2 | prompt tokens still to prefill, waiting + partial | log1p(x)/log1p(131072) |
     | 3 | KV-cache usage (vLLM ``kv_cache_usage_perc``) | fraction |
     | 4 | oldest waiting request's age | age / TTFT target / 4 |
-    | 5 | last pass's duration | duration / ITL target / 4 |
-    | 6 | free-ride capacity of this pass, tokens | log1p(x)/log1p(16384) |
-    | 7 | share of the head request's prompt already prefilled | fraction |
-    | 8 | head request's prompt tokens still to prefill | log1p(x)/log1p(131072) |
-    | 9 | mean decode context, tokens | log1p(x)/log1p(131072) |
-    | 10 | TTFT target | log1p(s)/log1p(30) |
-    | 11 | ITL target | log1p(1000 s)/log1p(1000) |
+    | 5 | price of a decode-only pass at the current decodes | seconds / ITL target / 4 |
+    | 6 | chunk a pass can carry within the ITL target | log1p(x)/log1p(16384) |
+    | 7 | head request's prompt tokens still to prefill | log1p(x)/log1p(131072) |
+    | 8 | share of the head request's prompt already prefilled | fraction |
+    | 9 | last pass's duration | duration / ITL target / 4 |
+    | 10 | mean decode context, tokens | log1p(x)/log1p(131072) |
+    | 11 | TTFT target | log1p(s)/log1p(30) |
+    | 12 | ITL target | log1p(1000 s)/log1p(1000) |
 
-    All of them are cheap for a real engine to read each pass (counts, KV usage, the
-    head request's computed tokens, running requests' context lengths).
+    All of them are cheap for a real engine to read or compute each pass (counts, KV
+    usage, the head request's computed tokens, running requests' context lengths and the
+    cost model's coefficients). ``train.py`` normalises them further with SB3's
+    ``VecNormalize``.
 
     ## Rewards
 
-    The episode's objective is goodput under an SLO pair (TTFT target, ITL target),
-    i.e. few requests late for their first token and few slow tokens. p99 and
-    per-request TPOT are episode statistics, so the reward charges, per step, what the
-    passes it covered cost:
-
-    - ``ttft_miss``: -1 for each request whose wait crosses the TTFT target without a
-      first token (charged when the deadline passes, so the charge lands on the steps
-      that caused it, not on the one that finally serves the request);
-    - ``ttft_wait``: -(waiting time accrued by requests without a first token) / TTFT
-      target; summed over an episode this is total TTFT / target (Little's law), a dense
-      signal towards throughput;
-    - ``itl_excess``: -sum over decode tokens of max(0, gap - ITL target) / ITL target,
-      divided by the episode's mean output length; a request all of whose gaps are
-      twice the target costs about 1, like a TTFT miss, and tokens inside the target
-      cost nothing.
-
-    The weights are ``RewardWeights``; ``info`` carries each charge.
+    The SLO itself (``envs.reward``): each step is charged ``ttft_miss`` (1) per request
+    whose TTFT deadline passed in it without a first token, and ``slow_tokens`` (10) per
+    request's worth (the episode's mean output length) of decode tokens whose gap
+    exceeded the ITL target, both in percent of the episode's requests. A p99 target is
+    a count of such events, so a budget just past the cliff costs much more than one
+    just under it. ``info`` carries both charges.
 
     ## Starting State
 
     An idle engine; the first request of a freshly drawn stream arrives at time 0.
-    Episode streams are drawn from ``self.np_random`` (rate randomised per episode).
+    Episode streams (their condition and load) are drawn from ``self.np_random``.
 
     ## Episode End
 
@@ -106,13 +109,14 @@ class ChunkBudgetEnv(gym.Env):
     - Truncation: ``max_episode_steps`` decisions (``register``; default 4096).
 
     When an episode terminates, ``info["episode_metrics"]`` holds its TTFT p50/p99, ITL
-    p99/max, goodput, and the budgets applied (each decision's, and their mean).
+    p99/max, goodput, and the budgets applied (each pass's, and their mean).
 
     ## Arguments
 
-    ``gymnasium.make("chunkpilot/ChunkBudget-v0", hardware="h100-sxm",
-    model="llama-3-8b", workload="mixed-bursty", slo=(2.0, 0.1), budgets=DEFAULT_LADDER,
-    action_type="discrete", sampler=EpisodeSampler(), reward=RewardWeights(),
+    ``gymnasium.make("chunkpilot/ChunkBudget-v1", hardware="h100-sxm",
+    model="llama-3-8b", workload="mixed-bursty", slo=(2.0, 0.1), actions="time",
+    action_type="discrete", budgets=DEFAULT_LADDER, fractions=FRACTION_LADDER,
+    decision_interval_s=None, sampler=EpisodeSampler(), reward=RewardWeights(),
     scenario=None)``. ``workload`` is a name from ``envs.scenario.WORKLOADS``, a trace
     name or path, a dict of Scenario fields, or a fixed :class:`Workload` (replayed
     as is every episode). ``scenario`` (a :class:`Scenario`) replaces hardware, model,
@@ -120,17 +124,20 @@ class ChunkBudgetEnv(gym.Env):
 
     ## Version History
 
-    - v0: initial version.
+    - v1: time-budget actions, the SLO as reward, decision intervals of simulated time,
+      condition-identifying observations.
+    - v0: token-ladder actions, a reward with an accrued-wait term, one step per pass.
     """
 
     metadata = {"render_modes": []}
 
     def __init__(self, hardware: str = "h100-sxm", model: str = "llama-3-8b",
                  workload: str | dict | Workload = "mixed-bursty",
-                 slo: tuple[float, float] | SLO | None = None,
-                 budgets: Sequence[int] = DEFAULT_LADDER, action_type: str = "discrete",
-                 sampler: EpisodeSampler | None = None, reward: RewardWeights | None = None,
-                 scenario: Scenario | None = None):
+                 slo: tuple[float, float] | SLO | None = None, actions: str = "time",
+                 action_type: str = "discrete", budgets: Sequence[int] = DEFAULT_LADDER,
+                 fractions: Sequence[float] = FRACTION_LADDER,
+                 decision_interval_s: float | None = None, sampler: EpisodeSampler | None = None,
+                 reward: RewardWeights | None = None, scenario: Scenario | None = None):
         super().__init__()
         self.fixed_workload: Workload | None = workload if (
             scenario is None and isinstance(workload, Workload)) else None
@@ -138,17 +145,22 @@ class ChunkBudgetEnv(gym.Env):
             scenario = _scenario_of(hardware, model, workload, slo)
         self.scenario = scenario
         scenario.slo()  # validate
-        self.budgets = tuple(int(b) for b in budgets)
-        require(len(self.budgets) >= 2 and all(b >= 1 for b in self.budgets)
-                and list(self.budgets) == sorted(set(self.budgets)), "budgets", self.budgets,
-                "must be at least two distinct positive integers in increasing order")
+        require(actions in ("time", "tokens"), "actions", actions, "must be 'time' or 'tokens'")
         require(action_type in ("discrete", "continuous"), "action_type", action_type,
                 "must be 'discrete' or 'continuous'")
-        self.action_type = action_type
+        self.actions, self.action_type = actions, action_type
+        self.budgets = _ladder(budgets, "budgets", int)
+        self.fractions = _ladder(fractions, "fractions", float)
+        if decision_interval_s is not None:
+            require(isinstance(decision_interval_s, (int, float)) and math.isfinite(decision_interval_s)
+                    and decision_interval_s >= 0, "decision_interval_s", decision_interval_s,
+                    "must be a finite number of seconds >= 0 (0: one step per pass)")
+        self.decision_interval_s = decision_interval_s
         self.sampler = sampler or EpisodeSampler()
         self.weights = reward or RewardWeights()
+        ladder = self.fractions if actions == "time" else self.budgets
         if action_type == "discrete":
-            self.action_space = spaces.Discrete(len(self.budgets))
+            self.action_space = spaces.Discrete(len(ladder))
         else:
             self.action_space = spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
         self.observation_space = spaces.Box(0.0, 1.0, shape=(len(OBSERVATION_FIELDS),),
@@ -168,16 +180,23 @@ class ChunkBudgetEnv(gym.Env):
         self.episode_scenario = sc
         self.sim = sc.simulator(workload)
         self._slo = sc.slo()
-        self._mean_output = float(workload.output_tokens.mean())
-        self.meter = RewardMeter(self.sim, self._slo, self._mean_output, self.weights)
+        self._interval = (sc.slo_ttft_s / 20 if self.decision_interval_s is None
+                          else self.decision_interval_s)
+        self.meter = RewardMeter(self.sim, self._slo, float(workload.output_tokens.mean()),
+                                 self.weights, len(workload))
         self._budgets: list[int] = []
-        self._steps = 0
         self._slo_obs = slo_features(self._slo)
         self._done = not self.sim.advance()
         return self._observe(), {}
 
-    def budget_for(self, action) -> int:
-        return budget_from_action(action, self.budgets, self.action_type)
+    def action_value(self, action) -> float:
+        """The action's fraction of the ITL target (``actions="time"``) or token budget."""
+        return action_value(action, self.fractions if self.actions == "time" else self.budgets,
+                            self.action_type)
+
+    def budget_for(self, value: float) -> int:
+        """This pass's budget for an action's value, from the simulator's current state."""
+        return pass_budget(self.sim, self.actions, value, self._slo.itl_s)
 
     def step(self, action):
         if self.sim is None:
@@ -185,26 +204,37 @@ class ChunkBudgetEnv(gym.Env):
         if self._done:
             raise RuntimeError("the episode has ended; call reset()")
         sim = self.sim
-        budget = self.budget_for(action)
-        applied = clamp_budget(budget, sim.num_decodes)
-        sim.step(applied)
-        self._budgets.append(applied)
-        self._steps += 1
-        self._done = not sim.advance()
-        miss, wait, itl = self.meter.charges(final=self._done)
-        reward = self.meter.reward(miss, wait, itl)
-        info: dict[str, Any] = {"budget": budget, "budget_applied": applied,
-                                "budget_clipped": applied != budget, "ttft_miss": miss,
-                                "ttft_wait": wait, "itl_excess": itl, "sim_time_s": sim.now}
+        value = self.action_value(action)
+        end = sim.now + self._interval
+        passes = 0
+        while True:  # every pass with a decision in the interval gets the action's budget
+            budget = self.budget_for(value)
+            sim.step(budget)
+            self._budgets.append(budget)
+            passes += 1
+            pending = sim.advance(until_s=end)
+            if not pending or sim.now >= end:
+                break
+        self._done = not (pending or sim.advance())
+        missed, slow = self.meter.charges(final=self._done)
+        info: dict[str, Any] = {"action_value": value, "budget": budget, "passes": passes,
+                                "ttft_miss": missed, "slow_tokens": slow, "sim_time_s": sim.now}
         if self._done:
             info["episode_metrics"] = self.episode_metrics()
-        return self._observe(), float(reward), self._done, False, info
+        return self._observe(), float(self.meter.reward(missed, slow)), self._done, False, info
 
     def episode_metrics(self) -> "EpisodeMetrics":
         return EpisodeMetrics(self.sim, self._slo, list(self._budgets))
 
     def _observe(self) -> np.ndarray:
         return observe(self.sim, self._slo, self._slo_obs)
+
+
+def _ladder(values: Sequence, field: str, kind) -> tuple:
+    out = tuple(kind(v) for v in values)
+    require(len(out) >= 2 and all(v > 0 for v in out) and list(out) == sorted(set(out)), field,
+            out, "must be at least two distinct positive numbers in increasing order")
+    return out
 
 
 def _scenario_of(hardware: str, model: str, workload, slo) -> Scenario:

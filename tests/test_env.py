@@ -1,4 +1,5 @@
-"""The Gymnasium environment: API conformance, determinism, hand-computed rewards."""
+"""The Gymnasium environment: API conformance, determinism, time-budget actions, decision
+intervals, and the SLO reward on hand-computed cases."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 import envs
+from envs.actions import FRACTION_LADDER, time_budget
 from envs.chunk_budget_env import ChunkBudgetEnv, EpisodeSampler, RewardWeights
 from envs.cost import price_pass
 from envs.scenario import Scenario
@@ -16,16 +18,19 @@ from tests.conftest import TOY_HW, TOY_MODEL
 SMALL = EpisodeSampler(episode_requests=40)
 
 
-@pytest.mark.parametrize("action_type", ["discrete", "continuous"])
-def test_gymnasium_and_sb3_env_checkers(action_type):
+@pytest.mark.parametrize("actions, action_type", [("time", "discrete"), ("tokens", "discrete"),
+                                                  ("time", "continuous")])
+def test_gymnasium_and_sb3_env_checkers(actions, action_type):
     from gymnasium.utils.env_checker import check_env
     from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
-    check_env(ChunkBudgetEnv(action_type=action_type, sampler=SMALL), skip_render_check=True)
-    sb3_check_env(ChunkBudgetEnv(action_type=action_type, sampler=SMALL), warn=True)
+    env = ChunkBudgetEnv(actions=actions, action_type=action_type, sampler=SMALL)
+    check_env(env, skip_render_check=True)
+    sb3_check_env(ChunkBudgetEnv(actions=actions, action_type=action_type, sampler=SMALL), warn=True)
 
 
 def test_registered_with_time_limit():
+    assert envs.ENV_ID == "chunkpilot/ChunkBudget-v1"
     env = gym.make(envs.ENV_ID, hardware="a100-80g", model="llama-3-8b", workload="mixed-poisson",
                    slo=(1.0, 0.05))
     assert env.spec.max_episode_steps == 4096
@@ -33,9 +38,10 @@ def test_registered_with_time_limit():
     assert env.observation_space.contains(obs)
     assert env.unwrapped.scenario.hardware == "a100-80g"
     assert env.unwrapped.scenario.slo_itl_s == 0.05
+    assert env.action_space.n == len(FRACTION_LADDER)
 
 
-def rollout(env, seed, steps=300):
+def rollout(env, seed, steps=200):
     obs, _ = env.reset(seed=seed)
     out = [obs]
     rng = np.random.default_rng(123)
@@ -55,84 +61,97 @@ def test_same_seed_same_trajectory():
     assert not np.array_equal(a, c)
 
 
-def toy_env(requests, ttft, itl, weights=None):
+def toy_env(requests, ttft, itl, **kwargs):
     arr, prm, out = zip(*requests)
-    sc = Scenario(hardware=TOY_HW, model=TOY_MODEL, slo_ttft_s=ttft, slo_itl_s=itl)
-    env = ChunkBudgetEnv(workload=Workload.from_arrays(arr, prm, out), budgets=(256, 512, 4096),
-                         reward=weights or RewardWeights())
-    env.scenario = sc  # toy profiles are objects, not preset names
+    env = ChunkBudgetEnv(workload=Workload.from_arrays(arr, prm, out), slo=(ttft, itl), **kwargs)
+    env.scenario = Scenario(hardware=TOY_HW, model=TOY_MODEL, slo_ttft_s=ttft, slo_itl_s=itl)
     return env
 
 
-def test_reward_charges_by_hand():
-    # One 1,000-token prompt, output 3, budget 512: two prefill passes (one decision
-    # each), then two decode passes simulated inside the last step.
-    env = toy_env([(0.0, 1000, 3)], ttft=0.01, itl=0.001)
+def test_reward_counts_slo_violations_by_hand():
+    # One 1,000-token prompt (output 3) with a 512-token budget: two prefill passes,
+    # then two decode passes. TTFT target 10 ms: missed in the first pass. ITL target
+    # 1 ms: both decode gaps (d2, d3 > 1 ms) are slow tokens.
+    env = toy_env([(0.0, 1000, 3)], ttft=0.01, itl=0.001, actions="tokens",
+                  budgets=(256, 512, 4096), decision_interval_s=0)
     env.reset(seed=0)
     d0 = price_pass(TOY_HW, TOY_MODEL, [], [(512, 0)]).total_s
-    d1 = price_pass(TOY_HW, TOY_MODEL, [], [(488, 512)]).total_s
     d2 = price_pass(TOY_HW, TOY_MODEL, [1000]).total_s
-    d3 = price_pass(TOY_HW, TOY_MODEL, [1001]).total_s
-    assert d0 > 0.01  # the TTFT deadline passes during the first pass
-
+    assert d0 > 0.01 and d2 > 0.001
     _, r, term, _, info = env.step(1)
-    assert not term
-    assert info["ttft_miss"] == 1
-    assert info["ttft_wait"] == pytest.approx(d0 / 0.01)
-    assert info["itl_excess"] == 0
-    assert r == pytest.approx(-(1 + 0.05 * d0 / 0.01))
-
+    assert not term and info["ttft_miss"] == 100.0  # one request in one: 100% of requests
+    assert info["slow_tokens"] == 0 and r == pytest.approx(-100.0)
     _, r, term, _, info = env.step(1)
-    assert term
-    assert info["ttft_miss"] == 0  # charged once, when the deadline passed
-    assert info["ttft_wait"] == pytest.approx(d1 / 0.01)
-    excess = ((d2 - 0.001) + (d3 - 0.001)) / 0.001 / 3  # per mean output length (3)
-    assert info["itl_excess"] == pytest.approx(excess)
-    assert r == pytest.approx(-(0.05 * d1 / 0.01 + excess))
+    assert term and info["ttft_miss"] == 0  # charged once, when the deadline passed
+    # Two slow tokens, in requests' worth (mean output 3), in % of the one request; x10.
+    assert info["slow_tokens"] == pytest.approx(2 / 3 * 100)
+    assert r == pytest.approx(-10 * 2 / 3 * 100)
     assert info["episode_metrics"]["goodput"] == 0.0
-    assert info["episode_metrics"]["budget_mean"] == 512
     assert info["episode_metrics"]["budgets"].tolist() == [512, 512]
 
 
 def test_no_charge_when_the_slo_is_met():
-    env = toy_env([(0.0, 100, 5), (1.0, 100, 5)], ttft=10.0, itl=1.0,
-                  weights=RewardWeights(ttft_wait=0.0))
+    env = toy_env([(0.0, 100, 5), (1.0, 100, 5)], ttft=10.0, itl=1.0)
     env.reset(seed=0)
-    total = 0.0
-    term = False
+    total, term = 0.0, False
     while not term:
-        _, r, term, _, info = env.step(2)
+        _, r, term, _, info = env.step(len(FRACTION_LADDER) - 1)
         total += r
     assert total == 0.0
     assert info["episode_metrics"]["goodput"] == 1.0
 
 
-def test_budget_below_decodes_is_raised_and_reported():
-    env = ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=300, rate_range=(2.0, 2.0)))
-    env.reset(seed=1)
-    clipped = 0
-    for i in range(3000):
-        decodes = env.sim.num_decodes
-        _, _, term, _, info = env.step(8 if i % 2 else 0)  # alternate 16,384 and 64
-        if info["budget"] == 64:
-            assert info["budget_applied"] == max(64, decodes)
-            assert info["budget_clipped"] == (decodes > 64)
-            clipped += info["budget_clipped"]
+def test_time_action_turns_into_the_time_budget_of_each_pass():
+    env = ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=200, load_range=(1.5, 1.5)),
+                         decision_interval_s=0)
+    env.reset(seed=2)
+    checked = 0
+    for i in range(300):
+        sim = env.sim
+        a = i % len(FRACTION_LADDER)
+        head = sim.head()
+        want = time_budget(sim.roofline, sim.num_decodes, sim.decode_context_tokens,
+                           head.computed if head else 0, FRACTION_LADDER[a] * env._slo.itl_s)
+        _, _, term, _, info = env.step(a)
+        assert info["budget"] == want and info["passes"] == 1
+        checked += sim.num_decodes > 0
         if term:
             env.reset()
-    assert clipped > 0
+    assert checked > 50
+
+
+def test_a_step_spans_a_decision_interval_whatever_the_budget():
+    """One step holds its action for the interval, so the steps an episode takes (and the
+    discount per step) do not depend on how small the budgets are."""
+    steps = {}
+    for action in (0, len(FRACTION_LADDER) - 1):
+        env = ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=150, load_range=(1.0, 1.0)),
+                             decision_interval_s=0.1)
+        env.reset(seed=4)
+        t, n, term, spans = 0.0, 0, False, []
+        while not term:
+            _, _, term, _, info = env.step(action)
+            spans.append(info["sim_time_s"] - t)
+            t = info["sim_time_s"]
+            n += 1
+        steps[action] = (n, t)
+        assert min(spans[:-1]) >= 0.1 - 1e-9  # every step but the last covers the interval
+    (n_small, t_small), (n_large, t_large) = steps.values()
+    assert n_small / t_small <= 10.0 + 1e-9 and n_large / t_large <= 10.0 + 1e-9
 
 
 def test_continuous_actions_map_to_the_ladder_ends():
     env = ChunkBudgetEnv(action_type="continuous")
-    assert env.budget_for(np.array([-1.0])) == 64
-    assert env.budget_for(np.array([1.0])) == 16384
-    assert env.budget_for(np.array([0.0])) == 1024
+    assert env.action_value(np.array([-1.0])) == pytest.approx(FRACTION_LADDER[0])
+    assert env.action_value(np.array([1.0])) == pytest.approx(FRACTION_LADDER[-1])
+    tokens = ChunkBudgetEnv(actions="tokens", action_type="continuous")
+    assert tokens.action_value(np.array([-1.0])) == pytest.approx(64)
+    assert tokens.action_value(np.array([1.0])) == pytest.approx(16384)
 
 
 def test_trace_episodes_stay_in_the_training_span():
     env = ChunkBudgetEnv(workload="azure_conv_2023",
-                         sampler=EpisodeSampler(window_s=60, trace_span=(0.0, 0.5), rate_range=(1, 1)))
+                         sampler=EpisodeSampler(window_s=60, trace_span=(0.0, 0.5), load_range=(1, 1)))
     for seed in range(5):
         env.reset(seed=seed)
         assert 0 < len(env.sim.workload) < 19366 * 0.1
@@ -144,8 +163,27 @@ def test_bad_arguments():
         ChunkBudgetEnv(budgets=(512, 256))
     with pytest.raises(ConfigError, match="action_type"):
         ChunkBudgetEnv(action_type="beta")
+    with pytest.raises(ConfigError, match="actions"):
+        ChunkBudgetEnv(actions="bytes")
+    with pytest.raises(ConfigError, match="decision_interval_s"):
+        ChunkBudgetEnv(decision_interval_s=-1.0)
     with pytest.raises(ConfigError, match="trace"):
         ChunkBudgetEnv(workload="no-such-workload")
+
+
+def test_conditions_load_each_episode_relative_to_its_capacity():
+    conds = ({"prompt": "fixed:500", "output": "fixed:20", "capacity_rps": 10.0},
+             {"prompt": "fixed:4000", "output": "fixed:20", "slo_itl_s": 0.05, "capacity_rps": 2.0})
+    env = ChunkBudgetEnv(sampler=EpisodeSampler(conditions=conds, load_range=(0.5, 1.5), episode_s=30))
+    seen = set()
+    for seed in range(12):
+        env.reset(seed=seed)
+        sc = env.episode_scenario
+        cap = 10.0 if sc.prompt == "fixed:500" else 2.0
+        assert 0.5 * cap <= sc.rate <= 1.5 * cap
+        assert sc.num_requests == int(max(min(sc.rate * 30, 2000), 50))
+        seen.add(sc.prompt)
+    assert seen == {"fixed:500", "fixed:4000"}
 
 
 def test_sampler_randomises_overhead_and_kv_capacity():
@@ -159,3 +197,29 @@ def test_sampler_randomises_overhead_and_kv_capacity():
         assert 2000 <= env.sim.total_blocks <= 8000
         seen.add((round(oh, 6), env.sim.total_blocks))
     assert len(seen) == 6
+
+
+def test_reward_ranks_two_statics_as_their_slo_outcomes(tmp_path):
+    """On a scenario built with a p99 ITL cliff between 362 and 512 tokens, the episode
+    cost ranks the two as their capacities do (362 serves ~50x more)."""
+    from agents.checks import episode_cost
+    from envs.profiles import profile_to_toml
+    from policies.baselines import StaticPolicy
+
+    hw, model = tmp_path / "hw.toml", tmp_path / "m.toml"
+    hw.write_text(profile_to_toml(TOY_HW))
+    model.write_text(profile_to_toml(TOY_MODEL))
+    sc = Scenario(hardware=str(hw), model=str(model), rate=20.0, num_requests=80,
+                  prompt="fixed:3000", output="fixed:40", slo_ttft_s=3.0, slo_itl_s=0.0095,
+                  max_num_seqs=64, num_kv_blocks=4000)
+    w = sc.workload(1)
+    assert episode_cost(sc, w, StaticPolicy(362)) < episode_cost(sc, w, StaticPolicy(512))
+
+
+def test_weights_scale_the_charges():
+    env = toy_env([(0.0, 1000, 3)], ttft=0.01, itl=0.001, actions="tokens",
+                  budgets=(256, 512, 4096), decision_interval_s=0,
+                  reward=RewardWeights(ttft_miss=2.0, slow_tokens=0.0))
+    env.reset(seed=0)
+    _, r, *_ = env.step(1)
+    assert r == pytest.approx(-200.0)

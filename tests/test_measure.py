@@ -85,16 +85,20 @@ def test_time_budget_fills_the_target_exactly():
     assert cost(x) <= rule.target_s < cost(x + 1)
 
 
-def test_kv_variant_shrinks_its_chunk_as_the_cache_fills():
-    class State:
-        def __init__(self, usage):
-            self.num_decodes, self.kv_usage = 10, usage
-
-    rule = TimeBudgetKVPolicy(itl_s=0.1, floor=512)
-    rule.chunk = lambda state: 4000  # the time budget's chunk, fixed for the test
-    assert rule.budget(State(0.3)) == 10 + 4000
-    assert rule.budget(State(0.7)) == 10 + 512 + (4000 - 512) // 2
-    assert rule.budget(State(0.95)) == 10 + 512
+def test_kv_variant_shrinks_its_time_budget_as_the_cache_fills():
+    rule = TimeBudgetKVPolicy(itl_s=0.1, fraction=0.9, kv_low=0.6, kv_high=0.95, floor=0.25)
+    assert rule.fraction_at(0.3) == pytest.approx(0.9)
+    assert rule.fraction_at(0.775) == pytest.approx((0.9 + 0.25) / 2)
+    assert rule.fraction_at(0.99) == pytest.approx(0.25)
+    sim = make_sim([(0.0, 60, 200)] * 6 + [(0.01, 4000, 10)], budget_blocks=600)
+    while sim.advance():
+        state = sim.state()
+        if state.num_decodes and state.waiting_prefill_tokens:
+            break
+        sim.step(4096)
+    full = TimeBudgetPolicy(itl_s=0.1, fraction=0.9).budget(state)
+    assert rule.budget(state) <= full
+    assert rule.budget(state) == TimeBudgetPolicy(0.1, rule.fraction_at(state.kv_usage)).budget(state)
 
 
 def test_reference_is_at_least_as_good_as_the_best_static(cliff):

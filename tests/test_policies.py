@@ -300,7 +300,9 @@ def test_build_table_from_states_fills_unvisited_cells_from_neighbours():
     feats = np.column_stack([rng.integers(0, 100, 500), rng.integers(0, 20, 500),
                              rng.integers(0, 50000, 500), rng.random(500) * 0.5])
     budgets = np.where(feats[:, 0] < 30, 4096, 1024)  # a rule on running decodes only
-    t = build_table(feats, budgets, buckets=4, provenance=scenario_provenance(SMALL))
+    names = ("running_decodes", "waiting_requests", "waiting_prefill_tokens", "kv_usage")
+    t = build_table({n: feats[:, j] for j, n in enumerate(names)}, budgets, buckets=4,
+                    provenance=scenario_provenance(SMALL))
     # The export records the scenario's profiles as the runtime compares them.
     assert t.provenance == H100_LLAMA
     agree = np.mean([t.lookup_values(f) == b for f, b in zip(feats, budgets)])
@@ -316,7 +318,9 @@ def test_every_rule_answers_sb3_predict_on_env_observations():
     from envs.observation import ObservedState, observe
     from policies.table_policy import TablePolicy
 
-    env = ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=30))
+    # Rules that read the scheduler's counts answer over the token-ladder actions.
+    env = ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=30), actions="tokens",
+                         decision_interval_s=0)
     obs, _ = env.reset(seed=0)
     for _ in range(15):
         obs, *_ = env.step(5)
@@ -325,8 +329,8 @@ def test_every_rule_answers_sb3_predict_on_env_observations():
     assert seen.num_decodes == state.num_decodes
     assert seen.num_waiting == state.num_waiting
     assert abs(seen.waiting_prefill_tokens - state.waiting_prefill_tokens) <= 1 + 1e-5 * state.waiting_prefill_tokens
-    assert abs(seen.free_ride_tokens - state.free_ride_tokens) <= 1
-    policies = [StaticPolicy(2048), QueueDepthPolicy(), NoDecodeBoostPolicy(), FreeRidePolicy(),
+    assert seen.kv_usage == pytest.approx(state.kv_usage, abs=1e-6)
+    policies = [StaticPolicy(2048), QueueDepthPolicy(), NoDecodeBoostPolicy(),
                 TablePolicy(BudgetTable(table_dict()))]
     for p in policies:
         action, _ = p.predict(obs)
@@ -335,6 +339,7 @@ def test_every_rule_answers_sb3_predict_on_env_observations():
         assert batch.shape == (2,)
     from stable_baselines3.common.monitor import Monitor
     mean, _ = evaluate_policy(QueueDepthPolicy(),
-                              Monitor(ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=20))),
+                              Monitor(ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=20),
+                                                     actions="tokens")),
                               n_eval_episodes=1)
     assert np.isfinite(mean)

@@ -1,0 +1,126 @@
+"""Checks before training that the learning problem is worth solving, and the figures
+that say afterwards what the policy does.
+
+- :func:`ranking_check`: the episode return must rank fixed choices the way their
+  capacity under the SLO does (otherwise the reward teaches something else);
+- :func:`room_check`: a reference controller (model-predictive, it sees the future)
+  must beat the best fixed choice on the training distribution (otherwise there is no
+  room for a state-dependent policy, and a constant is the honest answer);
+- :func:`action_histogram`: which actions a policy takes, over which states.
+
+Episodes are run as independent tasks of an executor (Ray or in-process).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from envs.episodes import EpisodeSampler, draw_episode
+from envs.reward import RewardMeter, RewardWeights
+from envs.scenario import Scenario
+
+
+def episode_cost(scenario: Scenario, workload, policy, weights: RewardWeights | None = None) -> float:
+    """The cost (minus the return) of one episode served by ``policy``, by the
+    environment's reward."""
+    sim = scenario.simulator(workload)
+    meter = RewardMeter(sim, scenario.slo(), float(workload.output_tokens.mean()), weights,
+                        len(workload))
+    policy.reset()
+    sim.run(policy)
+    return -meter.reward(*meter.charges(final=True))
+
+
+def draw_episodes(base: Scenario, sampler: EpisodeSampler, count: int, seed: int):
+    """``count`` episodes (scenario, arrivals) of the training distribution."""
+    return [draw_episode(np.random.default_rng(seed + i), sampler, base) for i in range(count)]
+
+
+def constant_policy(name: str, scenario: Scenario):
+    """A fixed choice: ``f0.917`` (a fixed fraction of the ITL target), ``k1`` (the fraction
+    shrinking as the KV cache fills, from 1; the time-budget-kv rule) or ``s2048`` (a
+    static budget)."""
+    from policies.baselines import StaticPolicy, TimeBudgetKVPolicy, TimeBudgetPolicy
+
+    if name.startswith("f"):
+        return TimeBudgetPolicy(scenario.slo_itl_s, float(name[1:]))
+    if name.startswith("k"):
+        return TimeBudgetKVPolicy(scenario.slo_itl_s, float(name[1:]))
+    return StaticPolicy(int(name[1:]))
+
+
+def _cost_task(scenario, workload, name, weights):
+    return episode_cost(scenario, workload, constant_policy(name, scenario), weights)
+
+
+def constant_costs(episodes, names: list[str], weights=None, executor=None, progress=None) -> dict:
+    """Each constant's cost on each episode (the same episodes for all: paired)."""
+    from eval.parallel import LocalExecutor
+
+    tasks = [(sc, w, n, weights) for n in names for sc, w in episodes]
+    found = (executor or LocalExecutor()).map(_cost_task, tasks, progress)
+    k = len(episodes)
+    return {n: np.asarray(found[i * k:(i + 1) * k]) for i, n in enumerate(names)}
+
+
+def _spearman(a, b) -> float:
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def ranking_check(base: Scenario, conditions: list[dict], costs: dict, probe_conditions: int = 5,
+                  seeds: int = 2, executor=None, progress=None) -> dict:
+    """Spearman correlation between the constants' mean return and their mean capacity
+    relative to the best of them, over ``probe_conditions`` of the training conditions."""
+    from eval.capacity import capacity_sweep
+
+    names = list(costs)
+    picks = [conditions[i] for i in np.linspace(0, len(conditions) - 1, probe_conditions).astype(int)]
+    rel = {n: [] for n in names}
+    for cond in picks:
+        sc = base.with_fields(**{k: v for k, v in cond.items() if k != "capacity_rps"})
+        found = capacity_sweep([(sc, constant_policy(n, sc)) for n in names], seeds, 200,
+                               executor=executor, progress=progress, min_duration_s=10 * sc.slo_ttft_s)
+        top = max(r.capacity for r in found) or 1.0
+        for n, r in zip(names, found):
+            rel[n].append(r.capacity / top)
+    mean_cost = np.array([costs[n].mean() for n in names])
+    mean_cap = np.array([np.mean(rel[n]) for n in names])
+    return {"spearman": _spearman(-mean_cost, mean_cap), "conditions": len(picks),
+            "rows": [{"policy": n, "cost": float(c), "relative_capacity": float(r)}
+                     for n, c, r in zip(names, mean_cost, mean_cap)]}
+
+
+def _room_task(scenario, workload, best, weights):
+    from policies.baselines import TimeBudgetKVPolicy, TimeBudgetPolicy
+    from policies.reference import ReferencePolicy
+    from envs.actions import FRACTION_LADDER
+
+    base = constant_policy(best, scenario)
+    cands = [TimeBudgetPolicy(scenario.slo_itl_s, f) for f in FRACTION_LADDER]
+    cands.append(TimeBudgetKVPolicy(scenario.slo_itl_s))
+    ref = ReferencePolicy(scenario.slo(), base, cands)
+    return episode_cost(scenario, workload, ref, weights)
+
+
+def room_check(episodes, best: str, best_costs: np.ndarray, weights=None, executor=None,
+               progress=None) -> dict:
+    """The reference controller (MPC over the best constant, the fraction ladder and the
+    KV-aware rule among its candidates) against the best constant, episode by episode."""
+    from eval.parallel import LocalExecutor
+
+    tasks = [(sc, w, best, weights) for sc, w in episodes]
+    ref = np.asarray((executor or LocalExecutor()).map(_room_task, tasks, progress))
+    d = best_costs[:len(ref)] - ref
+    half = float(1.96 * d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
+    return {"best_constant": best, "best_cost": float(best_costs[:len(ref)].mean()),
+            "reference_cost": float(ref.mean()), "gain": float(d.mean()), "gain_ci95": half,
+            "episodes": len(ref)}
+
+
+def action_histogram(values, ladder) -> dict:
+    """Share of passes per action value, and how many values are each used in >= 5%."""
+    values = np.asarray(values, dtype=float)
+    shares = {f"{v:g}": float(np.mean(np.isclose(values, v))) for v in ladder} if len(values) else {}
+    return {"shares": shares, "used_5pct": int(sum(s >= 0.05 for s in shares.values())),
+            "passes": int(len(values))}

@@ -1,0 +1,145 @@
+"""The training loop's parts: environments, the model (fresh or resumed), checkpoints that
+count only trained steps, and the run directory on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from stable_baselines3.common.callbacks import BaseCallback
+
+from agents.callbacks import save_model
+from agents.runs import checkpoints, norm_path_of
+from envs.errors import ConfigError
+
+
+def sampler_of(train_args, conditions, stream_seed_base: int = 0):
+    """A run's episode sampler: its conditions, loaded at ``load_low``-``load_high`` times
+    their capacity for ``episode_s`` seconds (``train_args``: the run's Args or its dict)."""
+    from envs.episodes import EpisodeSampler
+
+    get = train_args.get if isinstance(train_args, dict) else (lambda k: getattr(train_args, k))
+    return EpisodeSampler(load_range=(get("load_low"), get("load_high")), episode_s=get("episode_s"),
+                          conditions=tuple(conditions), stream_seed_base=stream_seed_base)
+
+
+def make_vec_env(scenario, sampler, actions: str, action_type: str, n_envs: int, seed: int,
+                 vec_env: str = "dummy", decision_interval_s: float | None = None):
+    import gymnasium as gym
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    import envs
+
+    def factory(rank: int):
+        def make():
+            env = gym.make(envs.ENV_ID, scenario=scenario, sampler=sampler, actions=actions,
+                           action_type=action_type, decision_interval_s=decision_interval_s)
+            env.reset(seed=seed * 1000 + rank)
+            return Monitor(env)
+        return make
+
+    cls = SubprocVecEnv if vec_env == "subproc" else DummyVecEnv
+    return cls([factory(i) for i in range(n_envs)])
+
+
+class TrainedSteps(BaseCallback):
+    """Steps whose experience has been learned from: the count at the start of each
+    rollout (PPO and A2C learn between rollouts; DQN and SAC every few steps, so for them
+    the count at the latest rollout start is within one ``train_freq``). A checkpoint
+    written after an interruption carries this count, not the steps collected since."""
+
+    def __init__(self):
+        super().__init__()
+        self.trained = 0
+
+    def _on_rollout_start(self) -> None:
+        self.trained = self.num_timesteps
+
+    def _on_step(self) -> bool:
+        return True
+
+
+class Checkpoints(BaseCallback):
+    """A checkpoint (model + VecNormalize statistics) every ``every`` steps, each file
+    written whole or not at all, at the start of a rollout (when everything collected so
+    far has been learned from)."""
+
+    def __init__(self, folder: Path, every: int, trained: TrainedSteps):
+        super().__init__()
+        self.folder, self.every, self.trained = folder, every, trained
+        self._last = 0
+
+    def _on_training_start(self) -> None:
+        self._last = self.num_timesteps
+
+    def _on_rollout_start(self) -> None:
+        if self.num_timesteps - self._last >= self.every:
+            self._last = self.num_timesteps
+            write_checkpoint(self.model, self.folder, self.num_timesteps)
+
+    def _on_step(self) -> bool:
+        return True
+
+
+def write_checkpoint(model, folder: Path, steps: int) -> Path:
+    path = folder / f"ckpt_{steps}_steps.zip"
+    save_model(model, path, norm_path_of(path))
+    return path
+
+
+def resumable_checkpoint(run: Path, algo: str):
+    """(the newest checkpoint that loads, the model loaded from it): a checkpoint cut short
+    by a kill is skipped with a warning for the one before it."""
+    from agents.setup import load_model
+
+    found = checkpoints(run)
+    for ckpt in reversed(found):
+        try:
+            return ckpt, load_model(algo, ckpt)
+        except Exception as err:  # a truncated or foreign zip: any of zipfile's or SB3's errors
+            print(f"warning: checkpoint {ckpt} cannot be loaded ({type(err).__name__}); trying "
+                  "the one before it", file=sys.stderr)
+    raise ConfigError(f"resume: no loadable checkpoint (ckpt_*_steps.zip) in {str(run)!r}")
+
+
+def attach_env(model, venv, checkpoint: Path, gamma: float, tb_dir: str):
+    """A resumed model on fresh environments, with the statistics saved next to its
+    checkpoint."""
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    norm = norm_path_of(checkpoint)
+    venv = VecNormalize.load(str(norm), venv) if norm.exists() else VecNormalize(
+        venv, norm_obs=True, norm_reward=True, gamma=gamma)
+    model.set_env(venv)
+    model.tensorboard_log = tb_dir
+    return model, venv
+
+
+def learn(model, total: int, callbacks, progress_bar: bool, resumed: bool,
+          trained: TrainedSteps) -> tuple[float, bool]:
+    """Learn up to ``total`` timesteps; (seconds, interrupted). On an interruption the
+    model's count is set back to the steps actually learned from."""
+    from stable_baselines3.common.callbacks import CallbackList
+
+    remaining = max(total - model.num_timesteps, 0)
+    t0 = time.perf_counter()
+    if not remaining:
+        return 0.0, False
+    trained.trained = model.num_timesteps
+    try:
+        model.learn(remaining, callback=CallbackList([trained, *callbacks]),
+                    reset_num_timesteps=not resumed, tb_log_name="run", progress_bar=progress_bar)
+    except KeyboardInterrupt:
+        model.num_timesteps = trained.trained
+        return time.perf_counter() - t0, True
+    return time.perf_counter() - t0, False
+
+
+def write_json_atomic(path: Path, data) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
