@@ -149,6 +149,10 @@ WORKLOADS: dict[str, dict] = {
                         prompt="short-long", output="lognormal:128:0.8:1024"),
     "azure-conv": dict(trace="azure_conv_2023"),
     "mooncake": dict(trace="mooncake_synthetic"),
+    # DESIGN.md's laptop part: short chats and 4K-8K documents, a few users at a time.
+    "laptop": dict(trace=None, rate=0.05, arrival="poisson",
+                   prompt="mix:0.7*uniform:32:512+0.3*uniform:4000:8000",
+                   output="lognormal:200:0.5:800"),
 }
 
 

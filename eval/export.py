@@ -71,7 +71,7 @@ class ExportArgs:
     """Episodes of the training conditions whose decisions build the table."""
     held_episodes: int = 8
     """Held-out episodes for the agreement figure."""
-    fidelity_seeds: int = 3
+    fidelity_seeds: int = 5
     """Streams per capacity in the fidelity check (0: skip it)."""
     fidelity_requests: int = 600
     """Requests per stream of the fidelity check."""
@@ -137,6 +137,38 @@ def quantile_edges(values: np.ndarray, buckets: int) -> list[float]:
     return [float(e) for e in edges if len(values) and e > values.min()]
 
 
+def feature_edges(values: np.ndarray, actions: np.ndarray, buckets: int, fine: int = 64) -> list[float]:
+    """Edges where the policy's choice changes along this feature, then quantiles: the
+    feature is cut into ``fine`` quantile slices, and an edge is kept wherever the most
+    frequent action changes between neighbouring slices (most decisions first); the
+    remaining of ``buckets - 1`` edges are plain quantiles. Quantiles alone put most edges
+    where the states are, which is not where the choice changes (the KV cache is mostly
+    far from full, and the choice changes near full)."""
+    cands = quantile_edges(values, fine)
+    if not cands:
+        return []
+    idx = np.searchsorted(cands, values, side="right")
+    modes, weight = [], []
+    for i in range(len(cands) + 1):
+        a = actions[idx == i]
+        if len(a):
+            vals, n = np.unique(a, return_counts=True)
+            modes.append(vals[np.argmax(n)])
+            weight.append(len(a))
+        else:
+            modes.append(None)
+            weight.append(0)
+    changes = [(weight[i] + weight[i + 1], cands[i]) for i in range(len(cands))
+               if modes[i] is not None and modes[i + 1] is not None and modes[i] != modes[i + 1]]
+    chosen = sorted(e for _, e in sorted(changes, reverse=True)[:buckets - 1])
+    for e in quantile_edges(values, buckets):
+        if len(chosen) >= buckets - 1:
+            break
+        if e not in chosen:
+            chosen.append(e)
+    return sorted(chosen)
+
+
 def cell_modes(cells: np.ndarray, values: np.ndarray, n_cells: int, shape: list[int]):
     """Per cell, the value chosen most often (unvisited cells: the nearest visited one's),
     and the visit counts."""
@@ -160,7 +192,7 @@ def build_table(feats: dict[str, np.ndarray], values: np.ndarray, buckets: int, 
     the most frequent action value: token budgets, or fractions with ``action`` (the
     time-fraction spec with its cost coefficients)."""
     names = list(feats)
-    edges = [quantile_edges(feats[n], buckets) for n in names]
+    edges = [feature_edges(feats[n], values, buckets) for n in names]
     shape = [len(e) + 1 for e in edges]
     n_cells = int(np.prod(shape))
     time_kind = action is not None and action.get("kind") == "time_fraction"
@@ -272,8 +304,23 @@ def export_episodes(model, serving: Scenario, args: ExportArgs):
     def at_slo(eps):
         return [(sc.with_fields(**slo), w) for sc, w in eps]
 
-    return (at_slo(draw_episodes(serving, sampler, args.build_episodes, TABLE_BUILD_SEEDS)),
+    return (at_slo(draw_episodes(serving, sampler, args.build_episodes, TABLE_BUILD_SEEDS))
+            + serving_episodes(serving, TABLE_BUILD_SEEDS),
             at_slo(draw_episodes(serving, sampler, args.held_episodes, TABLE_FIDELITY_SEEDS)))
+
+
+def serving_episodes(serving: Scenario, seed_base: int, loads=(0.8, 1.0, 1.2, 1.4)):
+    """Streams of the serving scenario and its variants (agents.summary.final_scenarios) at
+    loads around its own: the states the table is meant to serve, on arrivals of their own
+    seeds (the fidelity check replays others)."""
+    from agents.summary import final_scenarios
+
+    out = []
+    for k, sc in enumerate(final_scenarios(serving).values()):
+        for i, f in enumerate(loads):
+            at = sc.at_load(f)
+            out.append((at, at.stream(0, 1, seed_base + 100 * k + i)))
+    return out
 
 
 def fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs) -> dict:
@@ -291,10 +338,13 @@ def fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs) -> 
     with progress_bar(len(pairs) * args.fidelity_seeds, "fidelity") as bar:
         found = capacity_sweep(pairs, args.fidelity_seeds, args.fidelity_requests,
                                executor=make_executor(args.workers), progress=bar)
+    from eval.harness import paired_verdict
+
     out = {}
     for name, (m, t) in zip(final_scenarios(serving), zip(found[0::2], found[1::2])):
+        v = paired_verdict(t.per_stream, m.per_stream)
         out[name] = {"model_capacity_rps": m.capacity, "table_capacity_rps": t.capacity,
-                     "loss": 1 - t.capacity / m.capacity if m.capacity > 0 else 0.0}
+                     "loss": -v.rel, "loss_ci95": v.half, "verdict": v.kind}
     return out
 
 
@@ -359,7 +409,8 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
     for name, f in fid.get("capacity", {}).items():
         worst = max(worst, f["loss"])
         print(f"capacity on {name}: model {f['model_capacity_rps']:.3f}, table "
-              f"{f['table_capacity_rps']:.3f} req/s ({-f['loss']:+.1%})")
+              f"{f['table_capacity_rps']:.3f} req/s ({-f['loss']:+.1%} ± {f['loss_ci95']:.1%}, "
+              f"table {f['verdict']} model)")
     if worst > LOUD_CAPACITY_LOSS:
         print(f"WARNING: the table loses {worst:.1%} of the model's capacity somewhere (more than "
               f"{LOUD_CAPACITY_LOSS:.0%}); use more buckets or features, or serve the model",

@@ -24,8 +24,9 @@ _BASE: dict[str, Scenario] = {
     "azure-conv": Scenario(hardware="h100-sxm", model="llama-3-8b", trace="azure_conv_2023",
                            window_start_s=2800.0),
     # Prompts up to 191K tokens: no budget prefills the longest in 2 s on any part, so this
-    # scenario's TTFT target is 30 s.
-    "mooncake": Scenario(hardware="h100-sxm", model="llama-3-70b-tp8", trace="mooncake_synthetic",
+    # scenario's TTFT target is 30 s. Llama-3-70B on four H100s (the deployment a table
+    # ships for).
+    "mooncake": Scenario(hardware="h100-sxm", model="llama-3-70b-tp4", trace="mooncake_synthetic",
                          rate_scale=0.15, window_start_s=800.0, slo_ttft_s=30.0),
     # One user at a time: chunking can only cost here.
     "idle": Scenario(hardware="h100-sxm", model="llama-3-8b", rate=0.2, num_requests=100,
@@ -33,6 +34,8 @@ _BASE: dict[str, Scenario] = {
     "kv-pressure": Scenario(hardware="h100-sxm", model="llama-3-8b", rate=6.0, num_kv_blocks=10000,
                             **MIX),
     "a100-mixed": Scenario(hardware="a100-80g", model="llama-3-8b", rate=2.0, **MIX),
+    "h200-mixed": Scenario(hardware="h200", model="llama-3-8b", rate=8.0, **MIX),
+    "l40s-mixed": Scenario(hardware="l40s", model="llama-3-8b", rate=1.5, **MIX),
     "laptop": Scenario(hardware="m5-max", model="llama-3-8b-q4", rate=0.05, num_requests=60,
                        prompt="mix:0.7*uniform:32:512+0.3*uniform:4000:8000",
                        output="lognormal:200:0.5:800", slo_ttft_s=10.0, slo_itl_s=0.2),

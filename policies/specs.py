@@ -15,6 +15,8 @@
                                   the future), horizon H s (2x TTFT), re-plan every R s
 ``model:RUN_DIR``                 a model trained by train.py
 ``table:PATH``                    an exported lookup table
+``table:auto``                    the shipped table of the scenario's hardware and model
+                                  (``tables/HARDWARE__MODEL.json``)
 ================================  ==========================================================
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 
 from envs.engine import check_static_budget
 from envs.errors import ConfigError
@@ -31,7 +34,7 @@ from policies.base import BudgetPolicy
 KNOWN = ("static:N", "vllm-default[:offline]", "queue-depth[:BASE]", "no-decode-boost[:LOW:HIGH]",
          "sarathi-slo", "free-ride[:FLOOR:CAP]", "time-budget[:FRACTION]",
          "time-budget-kv[:FRACTION]", "reference:BUDGET[:HORIZON_S[:REPLAN_S]]", "model:RUN_DIR",
-         "table:PATH")
+         "table:PATH", "table:auto")
 
 
 def _ints(spec: str, args: list[str], count: tuple[int, ...]) -> list[int]:
@@ -94,6 +97,19 @@ def load_table_policy(path: str, scenario: Scenario | None = None, name: str | N
     return TablePolicy(table, name=name or f"table:{path}")
 
 
+TABLES = Path(__file__).resolve().parent.parent / "tables"
+
+
+def shipped_table(scenario: Scenario) -> Path:
+    """The table shipped for a scenario's hardware and model."""
+    path = TABLES / f"{Path(scenario.hardware).stem}__{Path(scenario.model).stem}.json"
+    if not path.exists():
+        shipped = sorted(p.stem for p in TABLES.glob("*.json"))
+        raise ConfigError(f"policy: table:auto has no table for {scenario.hardware} + {scenario.model} "
+                          f"(tables/: {', '.join(shipped) or 'none'})")
+    return path
+
+
 def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = False) -> BudgetPolicy:
     """Build the policy a spec names, for a scenario (some rules read its profiles)."""
     from policies.baselines import (FreeRidePolicy, NoDecodeBoostPolicy, QueueDepthPolicy,
@@ -138,6 +154,9 @@ def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = Fals
         from agents.runs import load_run  # training's packages, only when a model is named
 
         return load_run(rest, scenario.slo(), name=spec)
+    if kind == "table" and rest == "auto":
+        return load_table_policy(str(shipped_table(scenario)), scenario, name="table:auto",
+                                 allow_mismatch=allow_table_mismatch)
     if kind == "table" and rest:
         return load_table_policy(rest, scenario, name=spec, allow_mismatch=allow_table_mismatch)
     raise ConfigError(f"policy: unknown spec {spec!r}; known: {', '.join(KNOWN)}")
