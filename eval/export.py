@@ -88,6 +88,7 @@ class Recorder:
         self.names = [n for n in names if n in FEATURE_GETTERS]
         self.rows: list[list[float]] = []
         self.values: list[float] = []
+        self.budgets: list[int] = []
 
     def reset(self) -> None:
         self.policy.reset()
@@ -96,20 +97,25 @@ class Recorder:
         v = self.policy.action_value(state)
         self.rows.append([g(state) for g in self.getters])
         self.values.append(v)
-        return max(self.policy.budget_for_value(state, v), state.num_decodes, 1)
+        b = max(self.policy.budget_for_value(state, v), state.num_decodes, 1)
+        self.budgets.append(b)
+        return b
 
 
 def collect(policy, episodes) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """(every engine-readable quantity by name, the action value) of every decision."""
+    """(every engine-readable quantity by name, with the token budget applied as
+    ``"budget"``; the action value) of every decision."""
     names = list(STATE)
-    rows, values = [], []
+    rows, values, budgets = [], [], []
     for sc, w in episodes:
         rec = Recorder(policy_for(policy, sc), names)
         run_policy(sc, rec, [w])
         rows += rec.rows
         values += rec.values
+        budgets += rec.budgets
     arr = np.asarray(rows, dtype=np.float64).reshape(-1, len(names))
     state = {n: arr[:, j] for j, n in enumerate(names)}
+    state["budget"] = np.asarray(budgets, dtype=np.float64)
     return state, np.asarray(values, dtype=np.float64)
 
 
@@ -187,7 +193,7 @@ def cell_modes(cells: np.ndarray, values: np.ndarray, n_cells: int, shape: list[
 
 
 def build_table(feats: dict[str, np.ndarray], values: np.ndarray, buckets: int, provenance: dict,
-                action: dict | None = None) -> BudgetTable:
+                action: dict | None = None, budgets: np.ndarray | None = None) -> BudgetTable:
     """A table over the features in ``feats`` (name -> values per decision) whose cells hold
     the most frequent action value: token budgets, or fractions with ``action`` (the
     time-fraction spec with its cost coefficients)."""
@@ -206,17 +212,18 @@ def build_table(feats: dict[str, np.ndarray], values: np.ndarray, buckets: int, 
     table, counts = cell_modes(cells, values, n_cells, shape)
     data[cells_key] = [float(v) for v in table] if time_kind else [int(v) for v in table]
     data["visited"] = [int(v > 0) for v in counts]
-    data["default_budget"] = default_budget(values, action)
+    data["default_budget"] = default_budget(values if budgets is None else budgets)
     return BudgetTable(data)
 
 
-def default_budget(values: np.ndarray, action: dict | None) -> int:
-    """The budget an engine falls back to when a lookup fails: the most frequent budget, or
-    for a time-fraction table the largest that is always safe to ask for (its cap)."""
-    if action is not None and action.get("kind") == "time_fraction":
-        return int(action["cap"])
-    vals, n = np.unique(values, return_counts=True)
-    return int(vals[np.argmax(n)]) if len(vals) else 1
+DEFAULT_BUDGET_CAP = 8192
+"""A fallback budget stays within vLLM's own default ceiling on any part."""
+
+
+def default_budget(budgets: np.ndarray) -> int:
+    """The budget an engine falls back to when a lookup fails: the median budget the policy
+    applied (never above ``DEFAULT_BUDGET_CAP``)."""
+    return int(min(np.median(budgets), DEFAULT_BUDGET_CAP)) if len(budgets) else 2048
 
 
 def agreement(table: BudgetTable, feats: dict, values: np.ndarray) -> float:
@@ -231,7 +238,7 @@ def pick_features(build: tuple, held: tuple, buckets: int, max_features: int, pr
     while it raises it by at least half a point."""
     (bstate, bvals), (hstate, hvals) = build, held
     cost = action.get("cost") if action else None
-    candidates = [n for n in CANDIDATES if action or n not in DERIVED]
+    candidates = [n for n in CANDIDATES if (n in DERIVED and action) or n in bstate]
     chosen, best = [], -1.0
     while len(chosen) < max_features:
         scores = {}
@@ -369,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         names, _ = pick_features(build, held, args.buckets, args.max_features, prov, action)
     cost = action.get("cost") if action else None
     table = build_table({n: feature_values(n, build[0], cost) for n in names}, build[1],
-                        args.buckets, prov, action)
+                        args.buckets, prov, action, budgets=build[0]["budget"])
     data = table.to_dict()
     data["fidelity"] = {"held_out_decisions": int(len(held[1])), "build_decisions": int(len(build[1])),
                         "agreement": agreement(table, {n: feature_values(n, held[0], cost) for n in names},
@@ -415,6 +422,9 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
         print(f"WARNING: the table loses {worst:.1%} of the model's capacity somewhere (more than "
               f"{LOUD_CAPACITY_LOSS:.0%}); use more buckets or features, or serve the model",
               file=sys.stderr)
-    ceiling = table.max_budget
-    print(f"serve it in vLLM with --max-num-batched-tokens {ceiling} (the table's largest budget); "
-          "see docs/serving.md")
+    if table.max_budget is None:
+        print(f"serve it in vLLM with --max-num-batched-tokens {table.action.cap} (its budgets' cap; "
+              "a lower ceiling clamps them); see docs/serving.md")
+    else:
+        print(f"serve it in vLLM with --max-num-batched-tokens {table.max_budget} (the table's "
+              "largest budget); see docs/serving.md")

@@ -214,7 +214,7 @@ class TimeFractionAction:
         for name in table.features:
             needs.update(DERIVED.get(name, (name,)))
         self.needs = frozenset(needs)
-        self.max_budget = cap
+        self.max_budget = None  # a budget per pass, up to the cap: the engine clamps it
         self.min_budget = 1
         self._axes = tuple(zip(table.features, table.edges, table.strides))
 
@@ -343,6 +343,17 @@ class BudgetTable:
     def budget(self, state: Mapping[str, float]) -> int:
         """The token budget for a pass in ``state`` (a mapping holding ``needs``)."""
         return self._budget(state)
+
+    def with_step_overhead(self, seconds: float) -> "BudgetTable":
+        """This table, turning its time fractions into tokens for an engine that adds
+        ``seconds`` to every step beyond the stored cost model (measured with ``python -m
+        envs.calibrate --steps``); a token table is returned unchanged."""
+        if self.action.kind != TimeFractionAction.kind or not seconds:
+            return self
+        cost = {**self.action.cost, "fixed_s": self.action.cost["fixed_s"] + seconds}
+        action = self.action
+        self._budget = lambda state: action.budget(state, cost)
+        return self
 
     @property
     def max_budget(self) -> int | None:

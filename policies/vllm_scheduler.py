@@ -97,8 +97,8 @@ class TableBudget:
 
     def _cp_use(self, table: BudgetTable) -> None:
         """Make ``table`` the one every step reads from now on."""
-        self.chunkpilot_table = table
-        self._cp_budget = table.budget
+        self.chunkpilot_table = table.with_step_overhead(self.chunkpilot_settings.step_overhead_s)
+        self._cp_budget = self.chunkpilot_table.budget
         self._cp_needs = table.needs
         self._cp_waiting = bool(table.needs & _NEEDS_WAITING)
         self.chunkpilot_metrics.table(table)

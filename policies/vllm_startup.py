@@ -41,6 +41,7 @@ SLO_TTFT_ENV = "CHUNKPILOT_SLO_TTFT_S"
 SLO_ITL_ENV = "CHUNKPILOT_SLO_ITL_S"
 RELOAD_ENV = "CHUNKPILOT_RELOAD_INTERVAL_S"
 SUMMARY_ENV = "CHUNKPILOT_SUMMARY_INTERVAL_S"
+STEP_OVERHEAD_ENV = "CHUNKPILOT_STEP_OVERHEAD_S"
 
 # vLLM configures the "vllm" logger tree (handlers, format, VLLM_LOGGING_LEVEL) and lets
 # nothing propagate to the root; a child of it lands in the server's log like vLLM's own.
@@ -64,6 +65,9 @@ class Settings:
     step)."""
     summary_interval_s: float = 60.0
     """CHUNKPILOT_SUMMARY_INTERVAL_S: seconds between summary log lines (0: none)."""
+    step_overhead_s: float = 0.0
+    """CHUNKPILOT_STEP_OVERHEAD_S: the engine's own cost per step beyond the table's cost
+    model (a time-fraction table turns fractions into tokens with it)."""
 
     @classmethod
     def from_env(cls, table_path: str | None = None) -> "Settings":
@@ -78,7 +82,8 @@ class Settings:
                    slo_ttft_s=_env_number(SLO_TTFT_ENV, None, positive=True),
                    slo_itl_s=_env_number(SLO_ITL_ENV, None, positive=True),
                    reload_interval_s=_env_number(RELOAD_ENV, cls.reload_interval_s),
-                   summary_interval_s=_env_number(SUMMARY_ENV, cls.summary_interval_s))
+                   summary_interval_s=_env_number(SUMMARY_ENV, cls.summary_interval_s),
+                   step_overhead_s=_env_number(STEP_OVERHEAD_ENV, 0.0))
 
     @property
     def slo(self) -> dict | None:

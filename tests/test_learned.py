@@ -137,3 +137,20 @@ def test_numpy_actor_and_normalisation_match_the_model(tmp_path):
         obs, _, term, _, _ = env.step(want)
         if term:
             obs, _ = env.reset()
+
+
+def test_step_overhead_shortens_the_chunk_a_time_fraction_allows():
+    from envs.scenario import Scenario
+
+    sc = Scenario()
+    t = time_table([1.0, 0.5, 0.25], sc)
+    state = dict(running_decodes=40, decode_context_tokens=40 * 1500, head_prefilled_tokens=0,
+                 kv_usage=0.1)
+    plain = t.budget(state)
+    slower = BudgetTable(t.to_dict()).with_step_overhead(0.01).budget(state)
+    cost = dict(t.action.cost, fixed_s=t.action.cost["fixed_s"] + 0.01)
+    assert slower == 40 + runtime.chunk_within(cost, 40, 60000, 0.1, 0, 16384 - 40) < plain
+    data = {k: v for k, v in t.to_dict().items() if k != "fractions"}
+    tokens = BudgetTable({**data, "action": {"kind": "tokens"}, "budgets": [1, 2, 3],
+                          "default_budget": 1})
+    assert tokens.with_step_overhead(0.01) is tokens
