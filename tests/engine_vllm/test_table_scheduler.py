@@ -81,3 +81,42 @@ def test_missing_table_is_a_clear_error(model, monkeypatch):
     monkeypatch.delenv("CHUNKPILOT_TABLE", raising=False)
     with pytest.raises(TableError, match="CHUNKPILOT_TABLE"):
         create_scheduler(TableScheduler, model, max_num_batched_tokens=1024)
+
+
+def test_time_fraction_table_turns_its_fraction_into_tokens_each_step(model):
+    """A time-fraction table in vLLM's scheduler: each step's budget is the running decodes
+    plus the chunk the stored cost model fits in the cell's fraction of the ITL target,
+    computed from the scheduler's own queues (decode contexts, the head's prefix)."""
+    import policies.vllm_scheduler as vs
+    from policies.table import chunk_within
+
+    data = table_dict([("kv_usage", [0.5])], [1, 1], default_budget=256)
+    del data["budgets"]
+    cost = {"weights_s": 0.004, "kv_s_per_token": 2e-8, "token_s": 4e-5, "pair_s": 1e-9,
+            "exposed": 0.2, "fixed_s": 0.001, "serial_s_per_token": 0.0}
+    data.update(action={"kind": "time_fraction", "itl_s": 0.02, "cap": 1024, "cost": cost},
+                fractions=[1.0, 0.5])
+    table = BudgetTable(data)
+    sched = create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=1024,
+                             chunkpilot_table=table)
+    for i in range(4):
+        sched.add_request(make_request(f"short{i}", 20, 60))
+    checked = 0
+    for step in range(40):
+        if step == 3:
+            sched.add_request(make_request("long", 3000, 4))
+        decodes = [r.num_computed_tokens for r in sched.running
+                   if r.num_computed_tokens >= r.num_prompt_tokens]
+        heads = [r.num_computed_tokens for r in sched.running
+                 if r.num_computed_tokens < r.num_prompt_tokens] + [r.num_computed_tokens
+                                                                      for r in sched.waiting]
+        fraction = 1.0 if sched.kv_cache_manager.usage < 0.5 else 0.5
+        out = sched.schedule()
+        got = sched.chunkpilot_history[-1][1]
+        if decodes and heads:
+            n, ctx = len(decodes), sum(decodes)
+            chunk = chunk_within(cost, n, ctx, fraction * 0.02, heads[0], 1024 - n)
+            assert got == min(n + chunk, 1024), (step, got)
+            checked += 1
+        sched.update_from_output(out, fake_output(sched, out))
+    assert checked >= 5
