@@ -103,6 +103,8 @@ class SuiteArgs(SweepArgs):
     goodput at each scenario's base load)."""
     reference: bool = False
     """Also find the reference controller's capacity per scenario (slow)."""
+    reference_scenarios: str | None = None
+    """With --reference: only these comma-separated scenarios (default: all)."""
     out: str = "reports/suite"
     """Report folder."""
 

@@ -35,8 +35,10 @@ def run_suite(names: list[str], specs: list[str], args, executor) -> str:
             studies = capacity_studies(list(zip(scenarios, policies)), args.seeds, args.requests,
                                        executor, bar)
         if args.reference:
-            with progress_bar(len(names) * args.seeds, "suite: reference") as bar:
-                add_references(studies, args.seeds, args.requests, executor, bar)
+            wanted = set(args.reference_scenarios.split(",")) if args.reference_scenarios else set(names)
+            chosen = [st for n, st in zip(names, studies) if n in wanted]
+            with progress_bar(len(chosen) * args.seeds, "suite: reference") as bar:
+                add_references(chosen, args.seeds, args.requests, executor, bar)
     data = {}
     for name, cmp, st in zip(names, comparisons, studies):
         comparison_report(cmp, out / name, args.seeds, title=f"Scenario {name}")
@@ -69,7 +71,7 @@ def capacity_table(names, specs, comparisons, studies) -> list[str]:
         for col in cols:
             n = by_spec.get(col)
             if n is None or n not in st.policies:
-                cells.append("n/a")
+                cells.append("not run")
                 continue
             r, v = st.policies[n], st.verdict(n)
             cells.append(f"{r.capacity:.2f} ± {r.ci95:.2f} ({v.rel:+.1%} ± {v.half:.1%}, {v.kind})")
