@@ -37,30 +37,28 @@ KNOWN = ("static:N", "vllm-default[:offline]", "queue-depth[:BASE]", "no-decode-
          "table:PATH", "table:auto")
 
 
-def _ints(spec: str, args: list[str], count: tuple[int, ...]) -> list[int]:
+def _numbers(spec: str, args: list[str], count: tuple[int, ...], kind=int) -> list:
+    """The spec's arguments as ``kind`` (int or float), each finite and > 0."""
     if len(args) not in count:
         raise ConfigError(f"policy: got {spec!r}, wrong number of arguments; known specs: "
                           f"{', '.join(KNOWN)}")
     try:
-        vals = [int(a) for a in args]
+        vals = [kind(a) for a in args]
     except ValueError:
-        raise ConfigError(f"policy: got {spec!r}, arguments must be integers") from None
-    if any(v <= 0 for v in vals):
-        raise ConfigError(f"policy: got {spec!r}, arguments must be > 0")
+        raise ConfigError(f"policy: got {spec!r}, arguments must be "
+                          f"{'integers' if kind is int else 'numbers'}") from None
+    if not all(math.isfinite(v) and v > 0 for v in vals):
+        raise ConfigError(f"policy: got {spec!r}, arguments must be "
+                          f"{'> 0' if kind is int else 'finite and > 0'}")
     return vals
+
+
+def _ints(spec: str, args: list[str], count: tuple[int, ...]) -> list[int]:
+    return _numbers(spec, args, count, int)
 
 
 def _floats(spec: str, args: list[str], count: tuple[int, ...]) -> list[float]:
-    if len(args) not in count:
-        raise ConfigError(f"policy: got {spec!r}, wrong number of arguments; known specs: "
-                          f"{', '.join(KNOWN)}")
-    try:
-        vals = [float(a) for a in args]
-    except ValueError:
-        raise ConfigError(f"policy: got {spec!r}, arguments must be numbers") from None
-    if not all(math.isfinite(v) and v > 0 for v in vals):
-        raise ConfigError(f"policy: got {spec!r}, arguments must be finite and > 0")
-    return vals
+    return _numbers(spec, args, count, float)
 
 
 def _fraction(spec: str, args: list[str]) -> float:

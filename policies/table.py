@@ -88,17 +88,23 @@ class TableError(ValueError):
 
 # --- actions: what a cell holds and how it becomes a token budget --------------------
 
+def _cells(data: dict, key: str, table: "BudgetTable", path: str) -> list:
+    """The table's cell values under ``key``: one per cell."""
+    cells = data.get(key)
+    if not isinstance(cells, list) or len(cells) != table.cells:
+        got = len(cells) if isinstance(cells, list) else cells
+        raise TableError(f"{path}: {key}: must list {table.cells} cells (the product of "
+                         f"the bucket counts), got {got!r}")
+    return cells
+
+
 class TokensAction:
     """Each cell holds a token budget; the budget of a pass is its cell's value."""
 
     kind = "tokens"
 
     def __init__(self, table: "BudgetTable", spec: dict, data: dict, path: str):
-        budgets = data.get("budgets")
-        if not isinstance(budgets, list) or len(budgets) != table.cells:
-            got = len(budgets) if isinstance(budgets, list) else budgets
-            raise TableError(f"{path}: budgets: must list {table.cells} cells (the product of "
-                             f"the bucket counts), got {got!r}")
+        budgets = _cells(data, "budgets", table, path)
         if not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in budgets):
             raise TableError(f"{path}: budgets: every cell must be a positive integer")
         derived = [f for f in table.features if f in DERIVED]
@@ -188,11 +194,7 @@ class TimeFractionAction:
     kind = "time_fraction"
 
     def __init__(self, table: "BudgetTable", spec: dict, data: dict, path: str):
-        fractions = data.get("fractions")
-        if not isinstance(fractions, list) or len(fractions) != table.cells:
-            got = len(fractions) if isinstance(fractions, list) else fractions
-            raise TableError(f"{path}: fractions: must list {table.cells} cells (the product of "
-                             f"the bucket counts), got {got!r}")
+        fractions = _cells(data, "fractions", table, path)
         if not all(_is_positive(f) and f <= 2 for f in fractions):
             raise TableError(f"{path}: fractions: every cell must be a number in (0, 2]")
         cost = spec.get("cost")
