@@ -215,9 +215,10 @@ def make_sampler(args: Args, conditions: list[dict], stream_seed_base: int = 0):
 
 
 CHECK_FRACTIONS = (0.25, 0.3536, 0.5, 0.7071, 0.8409, 0.917, 1.0)
-CHECK_KV_RULES = (0.917, 1.0)
-"""Fixed choices the checks compare: fractions of the ITL target, the same shrinking as the
-KV cache fills (k), and static budgets; the best of them is the policy's teacher."""
+CHECK_RULES = ("k0.917", "k1", "d1")
+"""Fixed choices the checks compare: fractions of the ITL target (f), the same shrinking as
+the KV cache fills (k) or growing when few decodes run (d), and static budgets (s); the
+best of them is the policy's teacher."""
 CHECK_STATICS = (256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -230,7 +231,7 @@ def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], e
 
     sampler = make_sampler(args, conditions, EVAL_SEED_BASE)
     episodes = draw_episodes(scenario, sampler, 24, PERIODIC_EVAL_SEEDS + 500)
-    names = ([f"f{f:g}" for f in CHECK_FRACTIONS] + [f"k{f:g}" for f in CHECK_KV_RULES]
+    names = ([f"f{f:g}" for f in CHECK_FRACTIONS] + list(CHECK_RULES)
              if args.actions == "time" else []) + [
         f"s{b}" for b in CHECK_STATICS if b >= scenario.max_num_seqs]
     with progress_bar(len(names) * len(episodes), "checks: returns") as bar:
@@ -241,7 +242,7 @@ def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], e
         return out
     with progress_bar(5 * len(names) * 2, "checks: capacity ranking") as bar:
         out["ranking"] = ranking_check(scenario, conditions, costs, executor=executor, progress=bar)
-    if best[0] in "fk":
+    if best[0] in "fkd":
         with progress_bar(6, "checks: room") as bar:
             out["room"] = room_check(episodes[:6], best, costs[best], executor=executor, progress=bar)
     return out
@@ -298,7 +299,7 @@ def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
     model = make_model(args.algo, venv, args.seed, tb_dir, args.learning_rate, args.gamma,
                        args.layers(), args.n_steps)
     best = config["checks"].get("best_constant", "")
-    if args.actions == "time" and best[:1] in ("f", "k") and config["action_type"] == "discrete" \
+    if args.actions == "time" and best[:1] in ("f", "k", "d") and config["action_type"] == "discrete" \
             and hasattr(model.policy, "get_distribution"):
         agree = imitate(model, best, config["ladder"], seed=args.seed)
         print(f"starting from the best fixed choice, {best}: cloned on 20,000 decisions "

@@ -38,14 +38,14 @@ def draw_episodes(base: Scenario, sampler: EpisodeSampler, count: int, seed: int
 
 def constant_policy(name: str, scenario: Scenario):
     """A fixed choice: ``f0.917`` (a fixed fraction of the ITL target), ``k1`` (the fraction
-    shrinking as the KV cache fills, from 1; the time-budget-kv rule) or ``s2048`` (a
-    static budget)."""
-    from policies.baselines import StaticPolicy, TimeBudgetKVPolicy, TimeBudgetPolicy
+    shrinking as the KV cache fills, from 1; the time-budget-kv rule), ``d1`` (the fraction
+    growing when few decodes run; the time-budget-few rule) or ``s2048`` (a static budget)."""
+    from policies.baselines import (StaticPolicy, TimeBudgetFewPolicy, TimeBudgetKVPolicy,
+                                    TimeBudgetPolicy)
 
-    if name.startswith("f"):
-        return TimeBudgetPolicy(scenario.slo_itl_s, float(name[1:]))
-    if name.startswith("k"):
-        return TimeBudgetKVPolicy(scenario.slo_itl_s, float(name[1:]))
+    rules = {"f": TimeBudgetPolicy, "k": TimeBudgetKVPolicy, "d": TimeBudgetFewPolicy}
+    if name[0] in rules:
+        return rules[name[0]](scenario.slo_itl_s, float(name[1:]))
     return StaticPolicy(int(name[1:]))
 
 
@@ -92,13 +92,13 @@ def ranking_check(base: Scenario, conditions: list[dict], costs: dict, probe_con
 
 
 def _room_task(scenario, workload, best, weights):
-    from policies.baselines import TimeBudgetKVPolicy, TimeBudgetPolicy
-    from policies.reference import ReferencePolicy
     from envs.actions import FRACTION_LADDER
+    from policies.baselines import TimeBudgetFewPolicy, TimeBudgetKVPolicy, TimeBudgetPolicy
+    from policies.reference import ReferencePolicy
 
     base = constant_policy(best, scenario)
     cands = [TimeBudgetPolicy(scenario.slo_itl_s, f) for f in FRACTION_LADDER]
-    cands.append(TimeBudgetKVPolicy(scenario.slo_itl_s))
+    cands += [TimeBudgetKVPolicy(scenario.slo_itl_s, 1.0), TimeBudgetFewPolicy(scenario.slo_itl_s, 1.0)]
     ref = ReferencePolicy(scenario.slo(), base, cands)
     return episode_cost(scenario, workload, ref, weights)
 

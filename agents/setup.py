@@ -56,17 +56,21 @@ def load_model(algo: str, path: str | Path, env=None):
     return algorithm_class(algo).load(str(path), env=env)
 
 
-def teacher_actions(name: str, ladder, raw_obs):
-    """The ladder index a fixed-choice teacher (``f0.917`` or ``k1``, see
-    agents.checks.constant_policy) takes for raw observations (kv usage is entry 3)."""
+def teacher_actions(name: str, ladder, raw_obs, max_num_seqs: int = 256):
+    """The ladder index a fixed-choice teacher (``f0.917``, ``k1`` or ``d1``, see
+    agents.checks.constant_policy) takes for raw observations (running decodes over
+    max_num_seqs are entry 0, kv usage entry 3)."""
     import numpy as np
 
-    from policies.baselines import TimeBudgetKVPolicy
+    from policies.baselines import TimeBudgetFewPolicy, TimeBudgetKVPolicy
 
     top = float(name[1:])
     if name.startswith("k"):
         rule = TimeBudgetKVPolicy(1.0, top)
         fractions = np.array([rule.fraction_at(float(kv)) for kv in raw_obs[:, 3]])
+    elif name.startswith("d"):
+        few = TimeBudgetFewPolicy(1.0, top)
+        fractions = np.array([few.fraction_at(int(round(n * max_num_seqs))) for n in raw_obs[:, 0]])
     else:
         fractions = np.full(len(raw_obs), top)
     logs = np.log(np.asarray(ladder, dtype=float))

@@ -80,11 +80,13 @@ def reference_for(scenario, base_budget: int, horizon_s: float | None = None,
     """The reference over a scenario's hindsight-best static budget: candidates are the
     fine ladder's rungs within an octave of it and the per-pass time-budget rules."""
     from eval.capacity import FINE_LADDER
-    from policies.baselines import StaticPolicy, TimeBudgetKVPolicy, TimeBudgetPolicy
+    from policies.baselines import (StaticPolicy, TimeBudgetFewPolicy, TimeBudgetKVPolicy,
+                                    TimeBudgetPolicy)
 
     k = FINE_LADDER.index(base_budget) if base_budget in FINE_LADDER else None
     rungs = FINE_LADDER[max(k - 4, 0):k + 5] if k is not None else ()
     statics = [StaticPolicy(b) for b in rungs if b >= scenario.max_num_seqs]
-    rules = [TimeBudgetPolicy(scenario.slo_itl_s), TimeBudgetKVPolicy(scenario.slo_itl_s)]
+    itl = scenario.slo_itl_s
+    rules = [TimeBudgetPolicy(itl, 1.0), TimeBudgetKVPolicy(itl, 1.0), TimeBudgetFewPolicy(itl, 1.0)]
     return ReferencePolicy(scenario.slo(), StaticPolicy(base_budget), statics + rules, horizon_s,
                            replan_s, name=f"reference (MPC over static:{base_budget})")

@@ -10,7 +10,8 @@
 ``free-ride[:FLOOR:CAP]``         running decodes + this pass's free ride (256:16384)
 ``time-budget[:FRACTION]``        each pass, the largest budget priced within FRACTION of the
                                   ITL target (0.9; FRACTION in (0, 2])
-``time-budget-kv[:FRACTION]``     the same, its chunk shrinking as the KV cache fills
+``time-budget-kv[:FRACTION]``     the same, its fraction shrinking as the KV cache fills
+``time-budget-few[:FRACTION]``    the same, its fraction growing when few decodes run
 ``reference:BUDGET[:H[:R]]``      the MPC reference over static BUDGET (not deployable: sees
                                   the future), horizon H s (2x TTFT), re-plan every R s
 ``model:RUN_DIR``                 a model trained by train.py
@@ -33,7 +34,7 @@ from policies.base import BudgetPolicy
 
 KNOWN = ("static:N", "vllm-default[:offline]", "queue-depth[:BASE]", "no-decode-boost[:LOW:HIGH]",
          "sarathi-slo", "free-ride[:FLOOR:CAP]", "time-budget[:FRACTION]",
-         "time-budget-kv[:FRACTION]", "reference:BUDGET[:HORIZON_S[:REPLAN_S]]", "model:RUN_DIR",
+         "time-budget-kv[:FRACTION]", "time-budget-few[:FRACTION]", "reference:BUDGET[:HORIZON_S[:REPLAN_S]]", "model:RUN_DIR",
          "table:PATH", "table:auto")
 
 
@@ -111,8 +112,8 @@ def shipped_table(scenario: Scenario) -> Path:
 def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = False) -> BudgetPolicy:
     """Build the policy a spec names, for a scenario (some rules read its profiles)."""
     from policies.baselines import (FreeRidePolicy, NoDecodeBoostPolicy, QueueDepthPolicy,
-                                    SarathiSLOPolicy, StaticPolicy, TimeBudgetKVPolicy,
-                                    TimeBudgetPolicy, VllmDefaultPolicy)
+                                    SarathiSLOPolicy, StaticPolicy, TimeBudgetFewPolicy,
+                                    TimeBudgetKVPolicy, TimeBudgetPolicy, VllmDefaultPolicy)
 
     spec = spec.strip()
     kind, _, rest = spec.partition(":")
@@ -141,6 +142,8 @@ def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = Fals
         return TimeBudgetPolicy(scenario.slo_itl_s, _fraction(spec, args))
     if kind == "time-budget-kv":
         return TimeBudgetKVPolicy(scenario.slo_itl_s, _fraction(spec, args))
+    if kind == "time-budget-few":
+        return TimeBudgetFewPolicy(scenario.slo_itl_s, _fraction(spec, args))
     if kind == "reference" and args:
         from policies.reference import reference_for
 

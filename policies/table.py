@@ -185,6 +185,10 @@ DERIVED = {
 }
 
 
+MAX_FRACTION = 16.0
+"""The largest time budget a cell may hold, in ITL targets."""
+
+
 class TimeFractionAction:
     """Each cell holds a fraction of the ITL target: the pass's time budget. The budget is
     the running decodes plus the largest chunk after the head request's prefix whose
@@ -195,8 +199,8 @@ class TimeFractionAction:
 
     def __init__(self, table: "BudgetTable", spec: dict, data: dict, path: str):
         fractions = _cells(data, "fractions", table, path)
-        if not all(_is_positive(f) and f <= 2 for f in fractions):
-            raise TableError(f"{path}: fractions: every cell must be a number in (0, 2]")
+        if not all(_is_positive(f) and f <= MAX_FRACTION for f in fractions):
+            raise TableError(f"{path}: fractions: every cell must be a number in (0, {MAX_FRACTION:g}]")
         cost = spec.get("cost")
         if not isinstance(cost, dict) or not all(
                 isinstance(cost.get(f), (int, float)) and not isinstance(cost.get(f), bool)

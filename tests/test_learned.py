@@ -63,7 +63,7 @@ def test_time_fraction_table_looks_up_then_converts():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"fractions": [1.0, 3.0, 0.5]}, "fractions: every cell must be a number in (0, 2]"),
+    ({"fractions": [1.0, 30.0, 0.5]}, "fractions: every cell must be a number in (0, 16]"),
     ({"fractions": [1.0, 0.5]}, "fractions: must list 3 cells"),
     ({"action": {"kind": "time_fraction", "itl_s": 0.1, "cap": 16384, "cost": {"weights_s": 1}}},
      "action.cost: must hold"),

@@ -101,6 +101,16 @@ def test_kv_variant_shrinks_its_time_budget_as_the_cache_fills():
     assert rule.budget(state) == TimeBudgetPolicy(0.1, rule.fraction_at(state.kv_usage)).budget(state)
 
 
+def test_few_decodes_variant_spends_the_itl_slack():
+    from policies.baselines import TimeBudgetFewPolicy
+
+    rule = TimeBudgetFewPolicy(itl_s=0.1, fraction=1.0, decodes=4, top=8.0)
+    assert rule.fraction_at(0) == 1.0  # nothing decoding: the cap applies anyway
+    assert rule.fraction_at(1) == 4.0 and rule.fraction_at(2) == 2.0
+    assert rule.fraction_at(4) == 1.0 and rule.fraction_at(40) == 1.0
+    assert TimeBudgetFewPolicy(0.1, 1.0, decodes=64, top=8.0).fraction_at(2) == 8.0
+
+
 def test_reference_is_at_least_as_good_as_the_best_static(cliff):
     """On a stream loaded past the best static's capacity, the reference controller over
     that budget misses the SLO no more often than the budget itself."""
