@@ -122,7 +122,7 @@ def test_command_runs_as_a_module(module):
 def test_argparse_errors_are_one_line():
     out = cli("envs.probe", "--budget", "x")
     assert out.returncode == 2 and out.stderr.count("\n") == 1
-    assert "argument --budget: invalid int value: 'x'" in out.stderr
+    assert "budget: got 'x', must be an integer" in out.stderr
 
 
 @pytest.mark.parametrize("budget, ttft_s, worst_s", [(16384, 3.1, 3.1), (1024, 3.5, 0.5), (256, 4.6, 0.2)])
