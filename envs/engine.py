@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 import numpy as np
 
 from envs.cost import PassShape, Roofline, free_ride_root, pass_seconds
-from envs.errors import ConfigError, fraction, positive_int, require
+from envs.errors import MAX_TOKENS, ConfigError, fraction, integer, require, show
 from envs.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
 from envs.workload import Workload
 
@@ -59,6 +59,11 @@ if TYPE_CHECKING:  # imported lazily at run time: metrics imports nothing from h
     from envs.metrics import SimResult
 
 INF = math.inf
+MAX_KV_BLOCKS = 2**40
+"""Largest KV cache in blocks (16 PiB of 16-token blocks at 1 KiB a token): far above any
+device, and small enough that block counts and their token totals stay int64."""
+MAX_BLOCK_SIZE = 1024
+"""Largest KV block in tokens (vLLM's are 8 to 256)."""
 
 
 @dataclass(frozen=True)
@@ -77,15 +82,13 @@ class EngineConfig:
     """Override the KV capacity in blocks (None: derive it from memory)."""
 
     def __post_init__(self) -> None:
-        positive_int("max_num_seqs", self.max_num_seqs)
-        require(isinstance(self.long_prefill_token_threshold, int)
-                and self.long_prefill_token_threshold >= 0,
-                "long_prefill_token_threshold", self.long_prefill_token_threshold,
-                "must be an integer >= 0 (0 = no cap)")
-        positive_int("block_size", self.block_size)
+        integer("max_num_seqs", self.max_num_seqs, 1, MAX_TOKENS)
+        integer("long_prefill_token_threshold", self.long_prefill_token_threshold, 0, MAX_TOKENS,
+                "0 = no cap")
+        integer("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
         fraction("gpu_memory_utilization", self.gpu_memory_utilization)
         if self.num_kv_blocks is not None:
-            positive_int("num_kv_blocks", self.num_kv_blocks)
+            integer("num_kv_blocks", self.num_kv_blocks, 1, MAX_KV_BLOCKS)
 
     def kv_blocks(self, hardware: HardwareProfile, model: ModelProfile) -> int:
         """Blocks that fit in the memory left after the weights (vLLM's profile run,
@@ -100,15 +103,22 @@ class EngineConfig:
                 f"{hardware.name} x{model.tensor_parallel} at gpu_memory_utilization="
                 f"{self.gpu_memory_utilization} offers {usable / 2**30:.1f} GiB; "
                 "use a larger part, more tensor parallelism, or a smaller model")
-        return int(free // (model.kv_bytes_per_token * self.block_size))
+        blocks = free // (model.kv_bytes_per_token * self.block_size)
+        if blocks > MAX_KV_BLOCKS:
+            raise ConfigError(
+                f"hardware.memory_bytes: {hardware.name} x{model.tensor_parallel} holds {blocks:.3g} "
+                f"KV blocks of {model.name}, must hold <= {MAX_KV_BLOCKS} (check the profiles' "
+                "memory_bytes and bytes_per_kv_element, or set num_kv_blocks)")
+        return int(blocks)
 
 
 def check_static_budget(budget: int, config: EngineConfig) -> None:
     """vLLM refuses ``max_num_batched_tokens < max_num_seqs`` at start-up: a full batch of
     decodes would leave no room for any prompt, ever."""
-    require(isinstance(budget, (int, np.integer)) and budget >= config.max_num_seqs, "budget",
-            budget, f"must be an integer >= max_num_seqs ({config.max_num_seqs}) for a static "
-            "budget, or lower max_num_seqs")
+    require(isinstance(budget, (int, np.integer)) and not isinstance(budget, bool)
+            and config.max_num_seqs <= budget <= MAX_TOKENS, "budget", budget,
+            f"must be an integer >= max_num_seqs ({config.max_num_seqs}) and <= {MAX_TOKENS} for a "
+            "static budget, or lower max_num_seqs")
 
 
 class Request:
@@ -414,11 +424,13 @@ class Simulator:
         blocks = (w.prompt_tokens + w.output_tokens + bs - 1) // bs
         if int(blocks.max()) > self.total_blocks:
             i = int(blocks.argmax())
+            cache = (f"num_kv_blocks={self.total_blocks} blocks of {bs} tokens"
+                     if self.config.num_kv_blocks is not None else
+                     f"the whole cache of {self.model.name} on {self.hardware.name}")
             raise ConfigError(
                 f"prompt_tokens+output_tokens: request {i} needs "
                 f"{int(w.prompt_tokens[i] + w.output_tokens[i])} tokens of KV cache, must be <= "
-                f"{self.total_blocks * bs} (the whole cache of {self.model.name} on "
-                f"{self.hardware.name})")
+                f"{self.total_blocks * bs} ({cache})")
 
     # Fields a fork shares (never mutated after construction), copies (live state;
     # requests are cloned) and starts afresh (records). A test checks that every field
@@ -469,8 +481,8 @@ class Simulator:
     def add_running(self, context_tokens: int, output_tokens: int) -> None:
         """Start a request already decoding with ``context_tokens`` in its KV cache and
         ``output_tokens`` still to generate (a warm start; excluded from the metrics)."""
-        positive_int("context_tokens", context_tokens)
-        positive_int("output_tokens", output_tokens)
+        integer("context_tokens", context_tokens, 1, MAX_TOKENS)
+        integer("output_tokens", output_tokens, 1, MAX_TOKENS - 1)
         require(self._n + len(self.prefilling) < self.config.max_num_seqs, "running", self._n + 1,
                 f"must be <= max_num_seqs ({self.config.max_num_seqs})")
         blocks = -(-context_tokens // self._bs)
@@ -583,9 +595,10 @@ class Simulator:
         """Run the pass that :meth:`advance` stopped at, with ``budget`` tokens."""
         if not self._pending_decision:
             raise RuntimeError("step() called without a pending decision; call advance() first")
-        if not isinstance(budget, (int, np.integer)) or budget < max(self._n, 1):
-            raise ConfigError(f"budget: got {budget!r}, must be an integer >= {max(self._n, 1)} "
-                              "(the running decodes each take one token)")
+        if (not isinstance(budget, (int, np.integer)) or isinstance(budget, bool)
+                or not max(self._n, 1) <= budget <= MAX_TOKENS):
+            raise ConfigError(f"budget: got {show(budget)}, must be an integer >= {max(self._n, 1)} "
+                              f"(the running decodes each take one token) and <= {MAX_TOKENS}")
         self._pending_decision = False
         self._execute(self._schedule(int(budget)))
 

@@ -26,6 +26,10 @@ class SimulateArgs(Scenario):
     json: bool = False
     """Print one JSON object instead of the table."""
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_static_budget(self.budget, self.engine_config())
+
 
 _ROWS = [
     ("requests", "requests_finished", "{:.0f}"), ("passes", "passes", "{:.0f}"),
@@ -64,7 +68,6 @@ def format_summary(summary: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse(SimulateArgs, argv, prog="python -m envs.simulate")
     sim = args.simulator()
-    check_static_budget(args.budget, sim.config)
     t0 = time.perf_counter()
     result = sim.run(lambda state: args.budget)
     wall = time.perf_counter() - t0

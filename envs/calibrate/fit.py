@@ -14,7 +14,7 @@ import numpy as np
 
 from envs.cost import Roofline, pass_parts
 from envs.errors import ConfigError
-from envs.profiles import HardwareProfile
+from envs.profiles import MAX_BYTES_PER_S, HardwareProfile
 
 PART_COLUMNS = ("weight_bytes", "kv_bytes", "product_flops", "attention_flops", "elementwise_bytes",
                 "allreduce_bytes", "allreduce_calls", "layers")
@@ -55,7 +55,8 @@ class Fit:
 
     def profile(self, name: str, memory_bytes: float, overhead_s: float | None = None) -> HardwareProfile:
         def finite(rate: float) -> float | None:
-            return float(rate) if math.isfinite(rate) else None
+            # A rate beyond any device's is a term the fit found no cost in: left out.
+            return float(rate) if math.isfinite(rate) and rate <= MAX_BYTES_PER_S else None
 
         return HardwareProfile(
             name=name, hbm_bytes_per_s=float(self.bytes_per_s), peak_flops_per_s=float(self.flops_per_s),
