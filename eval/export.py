@@ -25,11 +25,14 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from envs.cli import parse
-from envs.errors import ConfigError, positive_int
+from envs.errors import ConfigError, integer, show
+from envs.files import check_distinct, check_output
+from envs.workload import check_num_requests
 from envs.scenario import Scenario
 from envs.seeds import TABLE_BUILD_SEEDS, TABLE_FIDELITY_SEEDS
 from eval.harness import evaluation_workloads, run_policies, run_policy
@@ -39,6 +42,9 @@ from policies.table_policy import FEATURE_GETTERS
 
 FEATURES = ("running_decodes", "waiting_requests", "waiting_prefill_tokens", "kv_usage")
 LOUD_GOODPUT_LOSS = 0.03
+MAX_BUCKETS = 32
+"""Buckets per feature: 32 over four features is a million cells (a few MB of JSON)."""
+MAX_RUNS = 1000
 
 
 @dataclass(frozen=True)
@@ -142,8 +148,21 @@ def parse_args(argv: list[str]) -> ExportArgs:
         args = ExportArgs(**{**args.__dict__, "run_dir": positional[0]})
     if not args.run_dir:
         raise ConfigError("run_dir: missing; usage: python -m eval export RUN_DIR --out PATH")
-    for f in ("buckets", "build_runs", "build_requests", "fidelity_runs", "fidelity_requests"):
-        positive_int(f, getattr(args, f))
+    integer("buckets", args.buckets, 1, MAX_BUCKETS, f"{MAX_BUCKETS}^4 cells is a million")
+    for f in ("build_runs", "fidelity_runs"):
+        integer(f, getattr(args, f), 1, MAX_RUNS)
+    for f in ("build_requests", "fidelity_requests"):
+        check_num_requests(f, getattr(args, f))
+    # The outputs before the run: an export is minutes of simulation.
+    check_output("out", args.out)
+    if args.csv is not None:
+        check_output("csv", args.csv)
+    check_distinct(out=args.out, csv=args.csv)
+    run = Path(args.run_dir)
+    if not run.is_dir() or not (run / "config.json").is_file():
+        what = "does not exist" if not run.exists() else (
+            "is not a folder" if not run.is_dir() else "holds no config.json")
+        raise ConfigError(f"run_dir: {show(args.run_dir, 200)} {what}; must be a train.py run directory")
     return args
 
 
