@@ -44,6 +44,7 @@ from __future__ import annotations
 import gc
 import heapq
 import math
+from array import array
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NamedTuple
@@ -53,6 +54,7 @@ import numpy as np
 from envs.cost import PassShape, Roofline, free_ride_root, pass_seconds
 from envs.errors import MAX_TOKENS, ConfigError, fraction, integer, require, show
 from envs.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
+from envs.records import FLUSH_VALUES, PassLog, RequestBook
 from envs.workload import Workload
 
 if TYPE_CHECKING:  # imported lazily at run time: metrics imports nothing from here
@@ -131,13 +133,14 @@ class Request:
     decoded in; ``resume_gaps`` the whole waits after each preemption.
     """
 
-    __slots__ = ("rid", "arrival", "prompt", "output", "warm", "computed", "generated",
+    __slots__ = ("rid", "pos", "arrival", "prompt", "output", "warm", "computed", "generated",
                  "blocks", "admit_seq", "offset", "dec_start", "dec_g0", "finish_pass",
                  "first_token_s", "last_token_s", "finish_s", "preemptions", "segments",
                  "resume_gaps", "recomputed")
 
     def __init__(self, rid: int, arrival: float, prompt: int, output: int, warm: bool = False):
         self.rid = rid
+        self.pos = -1  # its index in Simulator.requests
         self.arrival = arrival
         self.prompt = prompt
         self.output = output
@@ -171,104 +174,6 @@ class Request:
         c.segments = []
         c.resume_gaps = list(self.resume_gaps)
         return c
-
-
-class PassLog:
-    """What every pass of a simulator did, in append-only flat lists of fixed-width
-    records (cheap to append on the hot path; numpy reads them back in one go).
-
-    - runs of passes, ``(first pass, count, A, B, decodes)``: pass ``first + i`` took
-      ``A + B * i`` seconds and carried ``decodes`` decode tokens (decode-only stretches
-      are arithmetic sequences; a pass with prefill is a run of one);
-    - prefill passes, ``(pass, prefill tokens, budget, chunks)``;
-    - idle gaps, ``(pass, idle seconds before it)``;
-    - KV usage, ``(pass, blocks in use after it)``, at every pass with prefill.
-
-    Only the simulator writes; everyone else reads through the methods below.
-    """
-
-    __slots__ = ("runs", "prefill", "idle", "kv")
-    RUN = 5
-
-    def __init__(self) -> None:
-        self.runs: list[float] = []
-        self.prefill: list[int] = []
-        self.idle: list[float] = []
-        self.kv: list[int] = []
-
-    def position(self) -> int:
-        """A mark: the runs recorded so far (see :meth:`itl_excess_since`)."""
-        return len(self.runs)
-
-    def itl_excess_since(self, mark: int, itl_s: float) -> tuple[float, int]:
-        """(sum over decode tokens of the passes since ``mark`` of max(0, gap - itl_s),
-        in token-seconds; the new mark). Each run is an arithmetic sequence of
-        durations, summed in closed form."""
-        runs, i, end = self.runs, mark, len(self.runs)
-        excess = 0.0
-        while i < end:
-            n = runs[i + 4]
-            if not n:
-                i += 5
-                continue
-            k, a, b = int(runs[i + 1]), runs[i + 2], runs[i + 3]
-            i += 5
-            if b <= 0:
-                if a > itl_s:
-                    excess += n * k * (a - itl_s)
-                continue
-            i0 = 0 if a > itl_s else int((itl_s - a) / b) + 1
-            if i0 < k:
-                m = k - i0
-                excess += n * (m * (a - itl_s) + b * (i0 + k - 1) * m / 2)
-        return excess, i
-
-    def tokens_over_since(self, mark: int, itl_s: float) -> tuple[int, int]:
-        """(decode tokens of the passes since ``mark`` whose gap exceeded ``itl_s``; the new
-        mark), counted in closed form over each run's arithmetic sequence."""
-        runs, i, end = self.runs, mark, len(self.runs)
-        count = 0
-        while i < end:
-            n = runs[i + 4]
-            k, a, b = int(runs[i + 1]), runs[i + 2], runs[i + 3]
-            i += 5
-            if not n:
-                continue
-            if b <= 0:
-                if a > itl_s:
-                    count += n * k
-                continue
-            i0 = 0 if a > itl_s else int((itl_s - a) / b) + 1  # first pass over the target
-            if i0 < k:
-                count += n * (k - i0)
-        return int(count), i
-
-    def pass_records(self, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """(duration in seconds, decodes carried) of every pass from pass ``start`` on."""
-        arr = np.asarray(self.runs, dtype=np.float64).reshape(-1, 5)
-        if start:
-            lo = max(0, int(np.searchsorted(arr[:, 0], start, side="right")) - 1)
-            arr = arr[lo:]
-        if not len(arr):
-            return np.zeros(0), np.zeros(0, dtype=np.int64)
-        counts = arr[:, 1].astype(np.int64)
-        i = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        d = np.repeat(arr[:, 2], counts) + np.repeat(arr[:, 3], counts) * i
-        n = np.repeat(arr[:, 4].astype(np.int64), counts)
-        skip = start - int(arr[0, 0])
-        return d[skip:], n[skip:]
-
-    def prefill_records(self) -> np.ndarray:
-        """Rows of (pass, prefill tokens, budget, chunks), int64."""
-        return np.asarray(self.prefill, dtype=np.int64).reshape(-1, 4)
-
-    def idle_records(self) -> np.ndarray:
-        """Rows of (pass, idle seconds before it)."""
-        return np.asarray(self.idle, dtype=np.float64).reshape(-1, 2)
-
-    def kv_records(self) -> np.ndarray:
-        """Rows of (pass, KV blocks in use after it), int64."""
-        return np.asarray(self.kv, dtype=np.int64).reshape(-1, 2)
 
 
 class PassPlan(NamedTuple):
@@ -382,11 +287,14 @@ class Simulator:
         self._thresh = self.config.long_prefill_token_threshold or (1 << 62)
         self.workload = workload if workload is not None else Workload.from_arrays([], [], [])
         self._check_every_request_fits()
-        self._arr = self.workload.arrival_s.tolist()
-        self._prm = self.workload.prompt_tokens.tolist()
-        self._out = self.workload.output_tokens.tolist()
+        # Typed copies, indexed one request at a time on the hot path (8 bytes a value,
+        # where a list would hold a Python object each).
+        self._arr = array("d", self.workload.arrival_s.tobytes())
+        self._prm = array("q", self.workload.prompt_tokens.tobytes())
+        self._out = array("q", self.workload.output_tokens.tobytes())
         self._next = 0  # index of the next arrival
-        self.requests: list[Request] = []
+        self.log = PassLog()
+        self.requests = RequestBook(self.log, keep_segments=record_shapes)
         self._next_rid = 0  # ids restart with each simulator (and continue in its forks)
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
@@ -405,7 +313,6 @@ class Simulator:
         self.preemptions = 0
         self.finished = 0
         self.last_pass_s = 0.0
-        self.log = PassLog()
         self._shapes: list[PassShape] | None = [] if record_shapes else None
         self._pending_decision = False
         self._decode_alloc_pass = -1
@@ -470,8 +377,10 @@ class Simulator:
         new._finish_at = {p: [clone(r) for r in rs] for p, rs in self._finish_at.items()}
         new._finish_heap = list(self._finish_heap)
         new._cnt = list(self._cnt)
-        new.requests = sorted(clones.values(), key=lambda r: (r.arrival, r.rid))
-        new.log = PassLog()
+        new.log = PassLog(self.pass_index)
+        new.requests = RequestBook(new.log)
+        for r in sorted(clones.values(), key=lambda r: (r.arrival, r.rid)):
+            new.requests.add(r)
         new._shapes = None
         new._view = SchedulerState(new)
         return new
@@ -490,7 +399,7 @@ class Simulator:
                 context_tokens, f"the running users' KV must fit in {self.total_blocks} blocks")
         r = Request(self._next_rid, self.now, context_tokens, output_tokens + 1, warm=True)
         self._next_rid += 1
-        self.requests.append(r)
+        self.requests.add(r)
         r.generated = 1
         r.computed = context_tokens
         r.blocks = blocks
@@ -573,6 +482,8 @@ class Simulator:
         """Simulate passes that need no decision. True when the next pass needs a budget;
         False when everything has finished (or the clock passed ``until_s``)."""
         while True:
+            if len(self.log.runs) > FLUSH_VALUES:
+                self.requests.flush()  # the pass log and the finished requests into blocks
             if self._next < len(self._arr) and self._arr[self._next] <= self.now:
                 self._admit_arrivals()
             if self._decision_needed():
@@ -609,7 +520,7 @@ class Simulator:
         while i < len(arr) and arr[i] <= now:
             r = Request(self._next_rid, arr[i], self._prm[i], self._out[i])
             self._next_rid += 1
-            self.requests.append(r)
+            self.requests.add(r)
             self.waiting.append(r)
             self.waiting_prefill_tokens += r.prompt
             self._first_wait_n += 1
@@ -712,10 +623,9 @@ class Simulator:
         now = self.now + dt
         self.now = now
         self.last_pass_s = dt
-        self.log.runs += (p, 1, dt, 0.0, n)
+        self.log.runs += (1, dt, 0.0, n)
         if self._shapes is not None:
             self._shapes.append(shape)
-        self.log.prefill += (p, shape.prefill_tokens, plan.budget, len(plan.chunks))
         self.pass_index = p + 1
         self.waiting_prefill_tokens -= shape.prefill_tokens
         for r, x, _ in plan.chunks:
@@ -724,7 +634,7 @@ class Simulator:
                 self._complete_prefill(r, p, now)
         if p in self._finish_at:
             self._finish_decodes(p)
-        self.log.kv += (p, self._used)
+        self.log.prefill += (p, shape.prefill_tokens, plan.budget, len(plan.chunks), self._used)
 
     def _complete_prefill(self, r: Request, p: int, now: float) -> None:
         """r's whole prompt (or recomputation) is in the cache: it samples a token."""
@@ -742,6 +652,7 @@ class Simulator:
             self._release(r, r.blocks)
             r.finish_s = now
             self.finished += 1
+            self.requests.finish(r)
         else:
             self._start_decode(r, p)
 
@@ -793,7 +704,7 @@ class Simulator:
             now += k * (A + B * (k - 1) / 2)
             dt = A + B * (k - 1)
             p += k
-            self.log.runs += (p0, k, A, B, n)
+            self.log.runs += (k, A, B, n)
         else:
             dt = self.last_pass_s
             runs = self.log.runs
@@ -802,7 +713,7 @@ class Simulator:
                 m = mem0 + kv_s * x
                 c = cmp_tok * n + att_s * x
                 dt = pass_seconds(m, c, e, ovh)
-                runs += (p, 1, dt, 0.0, n)
+                runs += (1, dt, 0.0, n)
                 now += dt
                 p += 1
                 if now >= stop:
@@ -880,6 +791,7 @@ class Simulator:
             r.finish_s = r.last_token_s = self.now
             self._release(r, r.blocks)
             self.finished += 1
+            self.requests.finish(r)
 
     def _release(self, r: Request, blocks: int) -> None:
         self._used -= blocks
@@ -960,7 +872,7 @@ class Simulator:
         r = self.requests[index]
         durations = self.pass_durations()
         parts, resumes = [], iter(r.resume_gaps)
-        for k, (lo, hi) in enumerate(r.segments):
+        for k, (lo, hi) in enumerate(self.requests.segments_of(index)):
             if k:  # a segment after the first follows a preemption and its resumption
                 parts.append(np.array([next(resumes)]))
             parts.append(durations[lo:hi])
