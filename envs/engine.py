@@ -58,7 +58,7 @@ from envs.records import FLUSH_VALUES, PassLog, RequestBook
 from envs.workload import Workload
 
 if TYPE_CHECKING:  # imported lazily at run time: metrics imports nothing from here
-    from envs.metrics import SimResult
+    from envs.metrics import SLO, SimResult
 
 INF = math.inf
 MAX_KV_BLOCKS = 2**40
@@ -268,7 +268,11 @@ class Simulator:
 
     def __init__(self, hardware: HardwareProfile | str, model: ModelProfile | str,
                  workload: Workload | None = None, config: EngineConfig | None = None,
-                 record_shapes: bool = False):
+                 record_shapes: bool = False, summary_only: "SLO | None" = None):
+        """``record_shapes``: also keep every pass's shape and every finished request's decode
+        segments (tests). ``summary_only``: keep no record of finished requests or past
+        passes, only :meth:`~envs.metrics.StreamedResult.summary`'s figures under this SLO,
+        in memory that does not grow with the run (percentiles within 0.05%)."""
         self.hardware = get_hardware(hardware)
         self.model = get_model(model)
         self.config = config or EngineConfig()
@@ -294,7 +298,14 @@ class Simulator:
         self._out = array("q", self.workload.output_tokens.tobytes())
         self._next = 0  # index of the next arrival
         self.log = PassLog()
-        self.requests = RequestBook(self.log, keep_segments=record_shapes)
+        self.stream = None
+        if summary_only is not None:
+            from envs.metrics import StreamingSummary
+
+            require(not record_shapes, "summary_only", summary_only, "keeps no records: not with record_shapes")
+            self.stream = StreamingSummary(summary_only, self.total_blocks)
+        self.requests = RequestBook(self.log, keep_segments=record_shapes,
+                                    sink=self.stream.add_requests if self.stream else None)
         self._next_rid = 0  # ids restart with each simulator (and continue in its forks)
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
@@ -351,7 +362,7 @@ class Simulator:
                     "_first_wait_arrivals", "_ttft_sum")
     _FORK_CLONED = ("requests", "waiting", "prefilling", "_decodes", "_finish_at", "_finish_heap",
                     "_cnt")
-    _FORK_FRESH = ("log", "_shapes", "_view")
+    _FORK_FRESH = ("log", "_shapes", "_view", "stream")
 
     def fork(self) -> "Simulator":
         """A copy of the live state that can run ahead without touching this simulator.
@@ -378,6 +389,7 @@ class Simulator:
         new._finish_heap = list(self._finish_heap)
         new._cnt = list(self._cnt)
         new.log = PassLog(self.pass_index)
+        new.stream = None
         new.requests = RequestBook(new.log)
         for r in sorted(clones.values(), key=lambda r: (r.arrival, r.rid)):
             new.requests.add(r)
@@ -474,16 +486,16 @@ class Simulator:
                 gc.enable()
 
     def result(self) -> "SimResult":
-        from envs.metrics import SimResult
+        from envs.metrics import SimResult, StreamedResult
 
-        return SimResult.of(self)
+        return StreamedResult(self) if self.stream is not None else SimResult.of(self)
 
     def advance(self, until_s: float = INF) -> bool:
         """Simulate passes that need no decision. True when the next pass needs a budget;
         False when everything has finished (or the clock passed ``until_s``)."""
         while True:
             if len(self.log.runs) > FLUSH_VALUES:
-                self.requests.flush()  # the pass log and the finished requests into blocks
+                self._file_away()
             if self._next < len(self._arr) and self._arr[self._next] <= self.now:
                 self._admit_arrivals()
             if self._decision_needed():
@@ -512,6 +524,21 @@ class Simulator:
                               f"(the running decodes each take one token) and <= {MAX_TOKENS}")
         self._pending_decision = False
         self._execute(self._schedule(int(budget)))
+
+    def _file_away(self) -> None:
+        """Move the pass log and the finished requests into compact blocks; a summary-only
+        simulator folds the passes no live request still needs into its figures instead."""
+        self.requests.flush()
+        if self.stream is not None:
+            needed = self.pass_index
+            for r in self.requests.live():  # a live request's worst gap still reads its passes
+                if r.segments:
+                    needed = min(needed, r.segments[0][0])
+                elif r.rid in self._decodes:
+                    needed = min(needed, r.dec_start)
+            dropped = self.log.drop_before(needed)
+            if dropped is not None:
+                self.stream.add_passes(dropped)
 
     def _admit_arrivals(self) -> None:
         arr = self._arr

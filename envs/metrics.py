@@ -360,3 +360,209 @@ def _passes_per_prompt(prompts: np.ndarray, budgets: np.ndarray) -> float:
     if not len(prompts) or not len(budgets):
         return math.nan
     return float(math.ceil(np.percentile(prompts, 95) / np.median(budgets)))
+
+
+# --- summaries in flat memory -------------------------------------------------------------
+
+class LogHistogram:
+    """Weighted values >= 0 in buckets 2^-10 wide in relative terms (the top 22 bits of their
+    float64 bit patterns): memory grows with the range the values span, not their number.
+    A percentile reads each order statistic as its bucket's middle (within 0.05%)."""
+
+    SHIFT = 42
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+
+    def add(self, values: np.ndarray, weights: np.ndarray | None = None) -> None:
+        values = np.asarray(values, dtype=np.float64)
+        if weights is not None:
+            keep = np.asarray(weights) > 0
+            values, weights = values[keep], np.asarray(weights)[keep]
+        if not len(values):
+            return
+        keys, inv = np.unique(np.ascontiguousarray(values).view(np.int64) >> self.SHIFT,
+                              return_inverse=True)
+        totals = np.bincount(inv, weights=weights, minlength=len(keys))
+        counts = self.counts
+        for k, c in zip(keys.tolist(), totals.tolist()):
+            counts[k] = counts.get(k, 0) + int(c)
+
+    def copy(self) -> "LogHistogram":
+        h = LogHistogram()
+        h.counts = dict(self.counts)
+        return h
+
+    def percentile(self, qs: list[float]) -> list[float]:
+        if not self.counts:
+            return [math.nan] * len(qs)
+        keys = np.array(sorted(self.counts), dtype=np.int64)
+        cum = np.cumsum([self.counts[k] for k in keys.tolist()])
+        n = int(cum[-1])
+        low = (keys << self.SHIFT).view(np.float64)
+        high = (((keys + 1) << self.SHIFT) - 1).view(np.float64)
+        mid = low + (high - low) / 2
+        h = (n - 1) * np.asarray(qs, dtype=np.float64) / 100.0
+        lo = np.floor(h).astype(np.int64)
+        hi = np.minimum(lo + 1, n - 1)
+        v_lo = mid[np.searchsorted(cum, lo, side="right")]
+        v_hi = mid[np.searchsorted(cum, hi, side="right")]
+        return [float(v) for v in v_lo + (h - lo) * (v_hi - v_lo)]
+
+
+class StreamingSummary:
+    """:meth:`SimResult.summary`'s figures, folded in as requests finish and passes are filed
+    away, in memory that does not grow with the run (``Simulator(summary_only=SLO)``).
+
+    Exact: counts, token totals, maxima, goodput, smoothness, preemptions, the median
+    budget; sums and means up to float rounding (added batch by batch). Approximate, within
+    0.05%: the percentiles of TTFT, TPOT, end-to-end latency and ITL (:class:`LogHistogram`).
+    """
+
+    def __init__(self, slo: SLO, kv_total_blocks: int) -> None:
+        self.slo, self.kv_total_blocks = slo, kv_total_blocks
+        self.hist = {k: LogHistogram() for k in ("ttft", "tpot", "e2el", "itl")}
+        self.n = dict(ttft=0, tpot=0, finished=0, good=0, smooth=0, preempted=0, output=0, ntok=0,
+                      passes=0, stall=0, stall_tokens=0, decided=0)
+        self.sum = dict(ttft=0.0, tpot=0.0, itl=0.0, stall=0.0, budget=0.0, kv=0.0)
+        self.max = dict(itl=-math.inf, stall=-math.inf, kv=-math.inf, finish=-math.inf)
+        self.first_arrival = math.inf
+        self.budgets: dict[int, int] = {}
+        self.kv_last = 0
+
+    def copy(self) -> "StreamingSummary":
+        c = StreamingSummary(self.slo, self.kv_total_blocks)
+        c.hist = {k: h.copy() for k, h in self.hist.items()}
+        c.n, c.sum, c.max, c.budgets = dict(self.n), dict(self.sum), dict(self.max), dict(self.budgets)
+        c.first_arrival, c.kv_last = self.first_arrival, self.kv_last
+        return c
+
+    def add_requests(self, cols: dict, resumes: np.ndarray) -> None:
+        """Requests (``RequestBook`` columns; warm-started ones are left out) and their
+        resume gaps, rows of (position, gap)."""
+        warm = np.asarray(cols["warm"], dtype=bool)
+        warm_pos = set(np.asarray(cols["position"])[warm].astype(np.int64).tolist())
+        if len(resumes):
+            gaps = resumes[[int(p) not in warm_pos for p in resumes[:, 0]], 1] if warm_pos else resumes[:, 1]
+            self._itl(gaps, np.ones(len(gaps), dtype=np.int64))
+        keep = ~warm
+        arrival, first, finish = cols["arrival"][keep], cols["first_token_s"][keep], cols["finish_s"][keep]
+        output, gap = cols["output"][keep], cols["max_gap_s"][keep]
+        if not len(arrival):
+            return
+        self.first_arrival = min(self.first_arrival, float(arrival.min()))
+        started = ~np.isnan(first)
+        ttft = first - arrival
+        self._values("ttft", ttft[started])
+        fin = ~np.isnan(finish)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(output > 1, (finish - first) / (output - 1), np.nan)
+        self._values("tpot", tpot[fin & ~np.isnan(tpot)])
+        self.hist["e2el"].add((finish - arrival)[fin])
+        self.n["finished"] += int(fin.sum())
+        self.n["output"] += int(output[fin].sum())
+        self.max["finish"] = max(self.max["finish"], float(finish[fin].max(initial=-np.inf)))
+        ok = fin & (ttft <= self.slo.ttft_s) & (np.nan_to_num(tpot, nan=0.0) <= self.slo.itl_s)
+        self.n["good"] += int(ok.sum())
+        gap = np.where(np.isneginf(gap), np.nan, gap)
+        self.n["smooth"] += int((np.nan_to_num(gap[fin], nan=0.0) <= 2 * self.slo.itl_s).sum())
+        self.n["preempted"] += int((cols["preemptions"][keep] > 0).sum())
+
+    def _values(self, name: str, values: np.ndarray) -> None:
+        self.hist[name].add(values)
+        self.n[name] += len(values)
+        self.sum[name] += float(values.sum())
+
+    def _itl(self, values: np.ndarray, weights: np.ndarray) -> None:
+        self.hist["itl"].add(values, weights)
+        self.n["ntok"] += int(weights.sum())
+        self.sum["itl"] += float(values @ weights)
+        if len(values) and (weights > 0).any():
+            self.max["itl"] = max(self.max["itl"], float(values[weights > 0].max()))
+
+    def add_passes(self, history: PassHistory) -> None:
+        for c in history.chunks(records.CHUNK_PASSES, self.kv_last):
+            d, dec = c.duration_s, c.decodes
+            self.n["passes"] += len(d)
+            self._itl(d, dec)
+            stall = (c.prefill_tokens > 0) & (dec > 0)
+            self.n["stall"] += int(stall.sum())
+            self.n["stall_tokens"] += int(dec[stall].sum())
+            self.sum["stall"] += float(d[stall].sum())
+            self.max["stall"] = max(self.max["stall"], float(d[stall].max(initial=-np.inf)))
+            decided = c.budget[c.budget >= 0]
+            self.n["decided"] += len(decided)
+            self.sum["budget"] += float(decided.sum())
+            for b, k in zip(*np.unique(decided, return_counts=True)):
+                self.budgets[int(b)] = self.budgets.get(int(b), 0) + int(k)
+            kv = c.kv_blocks / self.kv_total_blocks
+            self.sum["kv"] += float(kv.sum())
+            self.max["kv"] = max(self.max["kv"], float(kv.max()))
+            self.kv_last = int(c.kv_blocks[-1])
+
+    def _median_budget(self) -> float:
+        keys = sorted(self.budgets)
+        cum = np.cumsum([self.budgets[k] for k in keys])
+        n = int(cum[-1])
+        pick = [keys[int(np.searchsorted(cum, r, side="right"))] for r in {(n - 1) // 2, n // 2}]
+        return float(sum(pick) / len(pick))
+
+    def summary(self, requests_total: int, prompts: np.ndarray, sim_time_s: float,
+                total_preemptions: int) -> dict:
+        """The same keys as :meth:`SimResult.summary`."""
+        n, sm, mx = self.n, self.sum, self.max
+        fin = n["finished"]
+        span = mx["finish"] - self.first_arrival if fin else 0.0
+        t50, t90, t99 = self.hist["ttft"].percentile([50, 90, 99])
+        tp50, tp99 = self.hist["tpot"].percentile([50, 99])
+        e50, e99 = self.hist["e2el"].percentile([50, 99])
+        i50, i90, i99 = self.hist["itl"].percentile([50, 90, 99])
+        ntok = n["ntok"]
+        p95 = (float(math.ceil(np.percentile(prompts, 95) / self._median_budget()))
+               if len(prompts) and self.budgets else math.nan)
+        return {
+            "requests_total": requests_total, "requests_finished": fin, "passes": n["passes"],
+            "sim_time_s": sim_time_s,
+            "ttft_mean_s": sm["ttft"] / n["ttft"] if n["ttft"] else math.nan,
+            "ttft_p50_s": t50, "ttft_p90_s": t90, "ttft_p99_s": t99,
+            "itl_mean_s": sm["itl"] / ntok if ntok else math.nan,
+            "itl_p50_s": i50, "itl_p90_s": i90, "itl_p99_s": i99,
+            "itl_max_s": mx["itl"] if ntok else math.nan,
+            "tpot_mean_s": sm["tpot"] / n["tpot"] if n["tpot"] else math.nan,
+            "tpot_p50_s": tp50, "tpot_p99_s": tp99, "e2el_p50_s": e50, "e2el_p99_s": e99,
+            "throughput_tok_s": n["output"] / span if span > 0 else math.nan,
+            "request_throughput_rps": fin / span if span > 0 else math.nan,
+            "output_tokens": n["output"],
+            "goodput": n["good"] / fin if fin else math.nan,
+            "goodput_rps": n["good"] / span if span > 0 else math.nan,
+            "slo_ttft_s": self.slo.ttft_s, "slo_itl_s": self.slo.itl_s,
+            "smooth_share": n["smooth"] / fin if fin else math.nan,
+            "preemptions": total_preemptions, "preempted_requests": n["preempted"],
+            "stall_passes": n["stall"],
+            "stall_itl_mean_s": sm["stall"] / n["stall"] if n["stall"] else math.nan,
+            "stall_itl_max_s": mx["stall"] if n["stall"] else math.nan,
+            "stall_decode_tokens": n["stall_tokens"], "decision_passes": n["decided"],
+            "budget_mean": sm["budget"] / n["decided"] if n["decided"] else math.nan,
+            "prefill_passes_per_prompt_p95": p95,
+            "kv_usage_mean": sm["kv"] / n["passes"] if n["passes"] else math.nan,
+            "kv_usage_max": mx["kv"] if n["passes"] else math.nan,
+        }
+
+
+class StreamedResult:
+    """What a summary-only simulator returns: :meth:`summary` under the SLO it was built for."""
+
+    def __init__(self, sim) -> None:
+        self.sim = sim
+
+    def summary(self, slo: SLO | None = None) -> dict:
+        sim = self.sim
+        stream: StreamingSummary = sim.stream
+        if slo is not None and (slo.ttft_s, slo.itl_s) != (stream.slo.ttft_s, stream.slo.itl_s):
+            raise ValueError(f"this simulator summarises under {stream.slo}, not {slo}")
+        sim.requests.flush()
+        final = stream.copy()  # the records still held (the last passes, live requests) fold into a copy
+        final.add_passes(sim.log.history())
+        live, resumes = sim.requests.live_columns()
+        final.add_requests(live, resumes)
+        return final.summary(len(sim.workload), sim.workload.prompt_tokens, sim.now, sim.preemptions)

@@ -123,7 +123,7 @@ class PassLog:
     the methods below. A mark from :meth:`position` counts runs.
     """
 
-    __slots__ = ("runs", "prefill", "idle", "_runs", "_prefill", "_idle", "_starts")
+    __slots__ = ("runs", "prefill", "idle", "_runs", "_prefill", "_idle", "_starts", "_dropped")
 
     def __init__(self, first_pass: int = 0) -> None:
         """``first_pass``: the pass the log starts at (a fork's log starts where it forked)."""
@@ -131,6 +131,7 @@ class PassLog:
         self._prefill = Records(PREFILL, PREFILL_RECORD)
         self._idle = Records(IDLE, np.float64)
         self._starts = [first_pass]  # the first pass of each runs block, and the end of the last
+        self._dropped = 0  # runs let go by drop_before
         self.runs, self.prefill, self.idle = self._runs.buf, self._prefill.buf, self._idle.buf
 
     def flush(self) -> None:
@@ -151,12 +152,42 @@ class PassLog:
         return PassHistory(tuple(self._runs.blocks), tuple(self._starts), tuple(self._prefill.blocks),
                            tuple(self._idle.blocks))
 
+    def drop_before(self, p: int) -> "PassHistory | None":
+        """Let go of the runs blocks that end at or before pass ``p`` (and of the prefill and
+        idle records of their passes); a history of what was let go, or None. Marks from
+        :meth:`position` stay valid for passes after ``p``."""
+        self.flush()
+        k = 0
+        while k < len(self._runs.blocks) and self._starts[k + 1] <= p:
+            k += 1
+        if not k:
+            return None
+        end = self._starts[k]
+        runs, starts = self._runs.blocks[:k], self._starts[:k + 1]
+        del self._runs.blocks[:k]
+        del self._starts[:k]
+        self._runs.count -= sum(len(b) for b in runs)
+        self._dropped += sum(len(b) for b in runs)
+        parts = []
+        for rec in (self._prefill, self._idle):
+            col = (lambda b: b["pass"]) if rec.dtype.names else (lambda b: b[:, 0])
+            gone, kept = [], []
+            for b in rec.blocks:
+                cut = int(np.searchsorted(col(b), end, side="left"))
+                gone.append(b[:cut])
+                if cut < len(b):
+                    kept.append(b[cut:].copy() if cut else b)
+            rec.blocks[:] = kept
+            rec.count = sum(len(b) for b in kept)
+            parts.append(tuple(g for g in gone if len(g)))
+        return PassHistory(tuple(runs), tuple(starts), parts[0], parts[1])
+
     def position(self) -> int:
         """A mark: the runs recorded so far (see :meth:`itl_excess_since`)."""
-        return len(self._runs)
+        return self._dropped + len(self._runs)
 
     def _runs_since(self, mark: int) -> Iterator[tuple[float, float, float, float]]:
-        for flat in self._runs.since(mark):
+        for flat in self._runs.since(max(mark - self._dropped, 0)):
             for i in range(0, len(flat), RUN):
                 yield flat[i:i + RUN]
 
@@ -289,10 +320,11 @@ class PassHistory:
             for s in range(f, e, max_passes):
                 yield s, min(s + max_passes, e)
 
-    def chunks(self, max_passes: int = CHUNK_PASSES) -> Iterator[PassChunk]:
+    def chunks(self, max_passes: int = CHUNK_PASSES, kv_before: int = 0) -> Iterator[PassChunk]:
         """Per-pass arrays, at most ``max_passes`` passes at a time, in order. A history of
-        at most ``max_passes`` passes is one chunk."""
-        kv_carry = 0  # blocks in use before the chunk's first pass
+        at most ``max_passes`` passes is one chunk. ``kv_before``: the KV blocks in use
+        before its first pass (0 at the start of a run)."""
+        kv_carry = kv_before  # blocks in use before the chunk's first pass
         for lo, hi in self._ranges(max_passes):
             dur, dec = expand(self.runs_between(lo, hi), lo, hi)
             rows = self.prefill_between(lo, hi)
@@ -381,16 +413,26 @@ class FinishedRequest(NamedTuple):
         return self.prompt + self.output
 
 
+def _filed_columns(filed: np.ndarray, worst: np.ndarray) -> dict[str, np.ndarray]:
+    """The COLUMNS of filed rows (see RequestBook.finish)."""
+    return {"arrival": filed[:, 1], "prompt": filed[:, 2], "output": filed[:, 3],
+            "first_token_s": filed[:, 4], "finish_s": filed[:, 5], "preemptions": filed[:, 6],
+            "recomputed": filed[:, 7], "warm": filed[:, 8] != 0, "max_gap_s": worst,
+            "position": filed[:, 0]}
+
+
 class RequestBook:
     """Every request a simulator has seen, in arrival order (``Simulator.requests``):
     ``book[i]`` is the live :class:`Request` object while it runs and a
     :class:`FinishedRequest` once it has finished; ``len`` and iteration work as on a list."""
 
-    __slots__ = ("log", "keep_segments", "_live", "_n", "_filed", "_segments", "_pending_segments",
-                 "_resumes", "_blocks", "_index")
+    __slots__ = ("log", "keep_segments", "sink", "_live", "_n", "_filed", "_segments",
+                 "_pending_segments", "_resumes", "_blocks", "_index")
 
-    def __init__(self, log: PassLog, keep_segments: bool = False) -> None:
-        self.log, self.keep_segments = log, keep_segments
+    def __init__(self, log: PassLog, keep_segments: bool = False, sink=None) -> None:
+        """``sink(columns, resumes)``, when given, receives finished requests instead of the
+        columns (a streaming summary): nothing of them is kept."""
+        self.log, self.keep_segments, self.sink = log, keep_segments, sink
         self._live: dict = {}  # position -> Request
         self._n = 0
         self._filed = Records(FILED, np.float64)  # finished, not yet in the columns
@@ -424,36 +466,35 @@ class RequestBook:
 
     def flush(self) -> None:
         """Measure the filed requests' worst gaps on the pass log and move them into the
-        columns."""
+        columns (or hand them to the sink)."""
         if not self._filed.buf and not self._pending_segments.buf:
             return
         self._index = None
         self.log.flush()
-        self._filed.flush()
-        self._pending_segments.flush()
-        self._resumes.flush()
-        for block in self._filed.blocks:
-            pos = block[:, 0].astype(np.int64)
-            self._grow(int(pos.max()) + 1)
-            for b in np.unique(pos >> BLOCK_BITS):
-                sel = (pos >> BLOCK_BITS) == b
-                rows = self._blocks[b]
-                at = pos[sel] & ((1 << BLOCK_BITS) - 1)
-                src = block[sel]
-                for j, name in enumerate(COLUMNS.names[:5], start=1):
-                    rows[name][at] = src[:, j]
-                rows["preemptions"][at] = src[:, 6]
-                rows["recomputed"][at] = src[:, 7]
-                rows["warm"][at] = src[:, 8] != 0
-                rows["max_gap_s"][at] = src[:, 9]
-        self._filed = Records(FILED, np.float64)
-        if self._pending_segments.blocks:
-            seg = np.concatenate(self._pending_segments.blocks)
-            top = self.log.history().range_max(seg[:, 1], seg[:, 2])
-            self._scatter_max(seg[:, 0], top)
+        filed = self._filed.array()
+        pos = filed[:, 0].astype(np.int64)
+        worst = filed[:, 9].copy()  # the worst resume gap, then the worst pass it decoded in
+        segments = self._pending_segments.array()
+        if len(segments):
+            top = self.log.history().range_max(segments[:, 1], segments[:, 2])
+            order = np.argsort(pos)
+            np.maximum.at(worst, order[np.searchsorted(pos[order], segments[:, 0])], top)
             if self.keep_segments:
-                self._segments.buf += seg.ravel().tolist()
-            self._pending_segments = Records(3, np.int64)
+                self._segments.buf += segments.ravel().tolist()
+        self._filed, self._pending_segments = Records(FILED, np.float64), Records(3, np.int64)
+        if self.sink is not None:
+            resumes = self._resumes.array()
+            self._resumes = Records(2, np.float64)
+            self.sink(_filed_columns(filed, worst), resumes)
+            return
+        self._grow(int(pos.max()) + 1 if len(pos) else 0)
+        for b in np.unique(pos >> BLOCK_BITS):
+            sel = (pos >> BLOCK_BITS) == b
+            rows = self._blocks[b]
+            at = pos[sel] & ((1 << BLOCK_BITS) - 1)
+            for name, values in _filed_columns(filed[sel], worst[sel]).items():
+                if name != "position":
+                    rows[name][at] = values
 
     def _grow(self, n: int) -> None:
         while len(self._blocks) << BLOCK_BITS < n:
@@ -462,11 +503,6 @@ class RequestBook:
                 block[name] = math.nan
             block["max_gap_s"] = -math.inf
             self._blocks.append(block)
-
-    def _scatter_max(self, pos: np.ndarray, values: np.ndarray) -> None:
-        for b in np.unique(pos >> BLOCK_BITS):
-            sel = (pos >> BLOCK_BITS) == b
-            np.maximum.at(self._blocks[b]["max_gap_s"], pos[sel] & ((1 << BLOCK_BITS) - 1), values[sel])
 
     # --- reading -------------------------------------------------------------------------
 
@@ -483,6 +519,9 @@ class RequestBook:
         r = self._live.get(i)
         if r is not None:
             return r
+        if self.sink is not None:
+            raise IndexError(f"request {i} has finished, and a summary-only simulator keeps no "
+                             "finished request")
         self.flush()
         row = self._blocks[i >> BLOCK_BITS][i & ((1 << BLOCK_BITS) - 1)]
         resumes, segments = self._by_position()
@@ -514,6 +553,26 @@ class RequestBook:
         """The live requests, in arrival order."""
         return [self._live[k] for k in sorted(self._live)]
 
+    def live_columns(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """The live requests' columns as they stand now (with ``position``; the worst gap over
+        their finished decode segments and resume gaps), and their resume gaps, rows of
+        (position, gap)."""
+        live = self.live()
+        out = {name: np.array([getattr(r, name) for r in live], dtype=COLUMNS[name])
+               for name in ("arrival", "prompt", "output", "first_token_s", "finish_s", "preemptions",
+                            "recomputed", "warm")}
+        at = np.array([r.pos for r in live], dtype=np.int64)
+        out["position"] = at
+        worst = np.array([max(r.resume_gaps) if r.resume_gaps else -math.inf for r in live])
+        segs = [(r.pos, lo, hi) for r in live for lo, hi in r.segments]
+        if segs:
+            s = np.array(segs, dtype=np.int64)
+            top = self.log.history().range_max(s[:, 1], s[:, 2])
+            np.maximum.at(worst, np.searchsorted(at, s[:, 0]), top)
+        out["max_gap_s"] = worst
+        resumes = np.array([(r.pos, g) for r in live for g in r.resume_gaps], dtype=np.float64)
+        return out, resumes.reshape(-1, 2)
+
     def columns(self) -> dict[str, np.ndarray]:
         """Every request's record by position (live ones as they stand now), plus
         ``resume_position`` and ``resume_gap_s`` (every resume gap, by position then order)."""
@@ -523,24 +582,12 @@ class RequestBook:
         out = {name: np.concatenate([b[name] for b in self._blocks])[:n] if self._blocks else
                np.zeros(0, dtype=COLUMNS[name]) for name in COLUMNS.names if name != "recomputed"}
         gaps = self._resumes.array()
-        pos, gap = [gaps[:, 0].astype(np.int64)], [gaps[:, 1]]
-        live = self.live()
-        if live:
-            at = np.array([r.pos for r in live], dtype=np.int64)
-            for name in ("arrival", "prompt", "output", "first_token_s", "finish_s", "preemptions", "warm"):
-                out[name][at] = [getattr(r, name) for r in live]
-            worst = np.array([max(r.resume_gaps) if r.resume_gaps else -math.inf for r in live])
-            segs = [(r.pos, lo, hi) for r in live for lo, hi in r.segments]
-            if segs:
-                s = np.array(segs, dtype=np.int64)
-                top = self.log.history().range_max(s[:, 1], s[:, 2])
-                np.maximum.at(worst, np.searchsorted(at, s[:, 0]), top)
-            out["max_gap_s"][at] = worst
-            pos.append(np.array([r.pos for r in live for _ in r.resume_gaps], dtype=np.int64))
-            gap.append(np.array([g for r in live for g in r.resume_gaps], dtype=np.float64))
-        pos_all, gap_all = np.concatenate(pos), np.concatenate(gap)
-        order = np.argsort(pos_all, kind="stable")
-        out["resume_position"], out["resume_gap_s"] = pos_all[order], gap_all[order]
+        live, live_gaps = self.live_columns()
+        for name in out:
+            out[name][live["position"]] = live[name]
+        gaps = np.concatenate([gaps, live_gaps])
+        order = np.argsort(gaps[:, 0], kind="stable")
+        out["resume_position"], out["resume_gap_s"] = gaps[order, 0].astype(np.int64), gaps[order, 1]
         return out
 
     def segments_of(self, i: int) -> list[tuple[int, int]]:

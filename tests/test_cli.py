@@ -66,6 +66,17 @@ def test_simulate_json_keys():
     assert r["requests_finished"] == 300
 
 
+def test_simulate_summary_only_gives_the_same_figures():
+    args = ["--trace", "azure_conv_2023", "--max-requests", "500", "--budget", "1024", "--json"]
+    full = json.loads(cli("envs.simulate", *args).stdout)
+    flat = json.loads(cli("envs.simulate", *args, "--summary-only").stdout)
+    assert flat.keys() == full.keys()
+    for k in ("requests_finished", "passes", "output_tokens", "goodput", "preemptions", "itl_max_s"):
+        assert flat[k] == full[k]
+    for k in ("ttft_p99_s", "itl_p50_s", "itl_p99_s", "tpot_p50_s"):
+        assert flat[k] == pytest.approx(full[k], rel=5e-4)
+
+
 def test_simulate_synthetic_flags():
     out = cli("envs.simulate", "--rate", "3", "--num-requests", "100", "--arrival", "onoff",
               "--prompt", "fixed:1000", "--output", "fixed:10", "--budget", "512", "--json")

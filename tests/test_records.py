@@ -139,3 +139,30 @@ def test_forks_keep_only_live_requests():
     assert len(f.requests) == len(sim.requests.live())
     assert [r.rid for r in f.requests] == [r.rid for r in sim.requests.live()]
     assert all(f.requests[i].pos == i for i in range(len(f.requests)))
+
+
+def test_summary_only_matches_the_full_summary_and_keeps_nothing(tiny_blocks):
+    from envs.metrics import SLO
+
+    w = PRESSURE.build(2)
+    slo = SLO(0.5, 0.05)
+    _, res = run(w)
+    full = res.summary(slo)
+    sim, streamed = run(w, summary_only=slo)
+    got = streamed.summary()
+    assert got.keys() == full.keys()
+    for k in got:
+        if k.endswith(("_p50_s", "_p90_s", "_p99_s")):  # log-bucketed: within 0.05%
+            assert got[k] == pytest.approx(full[k], rel=5e-4), k
+        elif k.endswith("_mean_s") or k == "kv_usage_mean":  # summed batch by batch
+            assert got[k] == pytest.approx(full[k], rel=1e-12), k
+        else:
+            assert same(got[k], full[k]), (k, got[k], full[k])
+    # What it keeps does not grow with the run: no request columns, a few recent blocks.
+    assert not sim.requests._blocks and sim.log._dropped > 0
+    total_runs = sum(len(b) for b in res.history.runs)
+    assert len(sim.log._runs) < total_runs / 10
+    with pytest.raises(IndexError, match="summary-only"):
+        sim.requests[0]
+    with pytest.raises(ValueError, match="summarises under"):
+        streamed.summary(SLO(2.0, 0.1))
