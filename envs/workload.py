@@ -118,18 +118,15 @@ class Workload:
         for field_name, values, dtype in (("arrival_s", arrival_s, np.float64),
                                           ("prompt_tokens", prompt_tokens, np.int64),
                                           ("output_tokens", output_tokens, np.int64)):
-            try:
-                arr = np.array(values, dtype=dtype)
-            except (OverflowError, ValueError, TypeError) as err:
-                raise ConfigError(f"{field_name}: {show(str(err), 100)}; must be "
-                                  + ("finite seconds" if dtype is np.float64 else
-                                     f"integers in [1, {MAX_TOKENS}]")) from None
-            if dtype is np.int64 and np.ndim(values) and len(arr) and not isinstance(values, np.ndarray):
-                # np.array turns a bool into 1 and truncates a float: refuse both.
-                odd = [v for v in values if isinstance(v, (bool, float, np.floating, np.bool_))]
-                if odd:
-                    integer(field_name, odd[0], 1, MAX_TOKENS)
-            cols.append(arr.reshape(-1))
+            if not isinstance(values, np.ndarray):
+                # One by one, so that a bool, a float where a count belongs, or a number beyond
+                # int64 or float64 is refused with its request, not truncated or overflowed.
+                for i, v in enumerate(values):
+                    if dtype is np.float64:
+                        number(f"{field_name} of request {i}", v, 0, MAX_SECONDS)
+                    else:
+                        integer(f"{field_name} of request {i}", v, 1, MAX_TOKENS)
+            cols.append(np.array(values, dtype=dtype).reshape(-1))
         return cls(*cols, name)
 
     def __len__(self) -> int:
