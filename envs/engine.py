@@ -493,9 +493,9 @@ class Simulator:
     def advance(self, until_s: float = INF) -> bool:
         """Simulate passes that need no decision. True when the next pass needs a budget;
         False when everything has finished (or the clock passed ``until_s``)."""
+        if len(self.log.runs) > FLUSH_VALUES:  # between decisions, a stretch adds a few runs
+            self._file_away()
         while True:
-            if len(self.log.runs) > FLUSH_VALUES:
-                self._file_away()
             if self._next < len(self._arr) and self._arr[self._next] <= self.now:
                 self._admit_arrivals()
             if self._decision_needed():

@@ -74,19 +74,20 @@ class Records:
         """Every record as one array (a copy)."""
         return _concat(self.frozen(), self.width, self.dtype)
 
-    def since(self, start: int) -> Iterator[list]:
-        """The records from index ``start`` on, as flat lists (the last block's tail, then the
-        list), for readers that walk a few recent records in Python."""
+    def since(self, start: int) -> Iterator[tuple[list, int]]:
+        """The records from index ``start`` on, as (flat sequence, index of the first value to
+        read) pairs: the blocks' tails as lists, then the hot list itself (not copied), for
+        readers that walk a few recent records in Python."""
         if start < self.count:
             skip = start
             for block in self.blocks:
                 if skip < len(block):
-                    yield block[skip:].ravel().tolist()
+                    yield block[skip:].ravel().tolist(), 0
                     skip = 0
                 else:
                     skip -= len(block)
             start = self.count
-        yield self.buf[(start - self.count) * self.width:]
+        yield self.buf, (start - self.count) * self.width
 
 
 def _concat(blocks, width: int, dtype) -> np.ndarray:
@@ -141,11 +142,6 @@ class PassLog:
         self._prefill.flush()
         self._idle.flush()
 
-    @property
-    def pending(self) -> int:
-        """Values in the hot lists (the simulator flushes when this is large)."""
-        return len(self.runs) + len(self.prefill)
-
     def history(self) -> "PassHistory":
         """A frozen view of everything logged so far."""
         self.flush()
@@ -186,45 +182,53 @@ class PassLog:
         """A mark: the runs recorded so far (see :meth:`itl_excess_since`)."""
         return self._dropped + len(self._runs)
 
-    def _runs_since(self, mark: int) -> Iterator[tuple[float, float, float, float]]:
-        for flat in self._runs.since(max(mark - self._dropped, 0)):
-            for i in range(0, len(flat), RUN):
-                yield flat[i:i + RUN]
-
     def itl_excess_since(self, mark: int, itl_s: float) -> tuple[float, int]:
         """(sum over decode tokens of the passes since ``mark`` of max(0, gap - itl_s),
         in token-seconds; the new mark). Each run is an arithmetic sequence of
         durations, summed in closed form."""
+        start, rec = max(mark - self._dropped, 0), self._runs
+        pieces = ((rec.buf, (start - rec.count) * RUN),) if start >= rec.count else rec.since(start)
         excess = 0.0
-        for k, a, b, n in self._runs_since(mark):
-            if not n:
-                continue
-            k = int(k)
-            if b <= 0:
-                if a > itl_s:
-                    excess += n * k * (a - itl_s)
-                continue
-            i0 = 0 if a > itl_s else int((itl_s - a) / b) + 1
-            if i0 < k:
-                m = k - i0
-                excess += n * (m * (a - itl_s) + b * (i0 + k - 1) * m / 2)
-        return excess, self.position()
+        for runs, i in pieces:  # usually just the hot list's tail
+            end = len(runs)
+            while i < end:
+                n = runs[i + 3]
+                if not n:
+                    i += RUN
+                    continue
+                k, a, b = int(runs[i]), runs[i + 1], runs[i + 2]
+                i += RUN
+                if b <= 0:
+                    if a > itl_s:
+                        excess += n * k * (a - itl_s)
+                    continue
+                i0 = 0 if a > itl_s else int((itl_s - a) / b) + 1
+                if i0 < k:
+                    m = k - i0
+                    excess += n * (m * (a - itl_s) + b * (i0 + k - 1) * m / 2)
+        return excess, self._dropped + rec.count + len(rec.buf) // RUN
 
     def tokens_over_since(self, mark: int, itl_s: float) -> tuple[int, int]:
         """(decode tokens of the passes since ``mark`` whose gap exceeded ``itl_s``; the new
         mark), counted in closed form over each run's arithmetic sequence."""
+        start, rec = max(mark - self._dropped, 0), self._runs
+        pieces = ((rec.buf, (start - rec.count) * RUN),) if start >= rec.count else rec.since(start)
         count = 0
-        for k, a, b, n in self._runs_since(mark):
-            if not n:
-                continue
-            k = int(k)
-            if b <= 0:
-                if a > itl_s:
-                    count += n * k
-                continue
-            i0 = 0 if a > itl_s else int((itl_s - a) / b) + 1  # first pass over the target
-            if i0 < k:
-                count += n * (k - i0)
+        for runs, i in pieces:
+            end = len(runs)
+            while i < end:
+                k, a, b, n = runs[i], runs[i + 1], runs[i + 2], runs[i + 3]
+                i += RUN
+                if not n:
+                    continue
+                k = int(k)
+                if b <= 0:
+                    if a > itl_s:
+                        count += n * k
+                    continue
+                i0 = 0 if a > itl_s else int((itl_s - a) / b) + 1  # first pass over the target
+                if i0 < k:
+                    count += n * (k - i0)
         return int(count), self.position()
 
     def pass_records(self, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -426,7 +430,7 @@ class RequestBook:
     ``book[i]`` is the live :class:`Request` object while it runs and a
     :class:`FinishedRequest` once it has finished; ``len`` and iteration work as on a list."""
 
-    __slots__ = ("log", "keep_segments", "sink", "_live", "_n", "_filed", "_segments",
+    __slots__ = ("log", "keep_segments", "sink", "_live", "_recent", "_n", "_filed", "_segments",
                  "_pending_segments", "_resumes", "_blocks", "_index")
 
     def __init__(self, log: PassLog, keep_segments: bool = False, sink=None) -> None:
@@ -434,6 +438,7 @@ class RequestBook:
         columns (a streaming summary): nothing of them is kept."""
         self.log, self.keep_segments, self.sink = log, keep_segments, sink
         self._live: dict = {}  # position -> Request
+        self._recent: dict = {}  # position -> Request, finished but not yet filed away
         self._n = 0
         self._filed = Records(FILED, np.float64)  # finished, not yet in the columns
         self._pending_segments = Records(3, np.int64)  # (position, lo, hi) not yet measured
@@ -450,25 +455,30 @@ class RequestBook:
         self._n += 1
 
     def finish(self, r) -> None:
-        """File ``r`` (finished) into the columns; its live object is let go."""
+        """``r`` has finished: it is filed into the columns (and its object let go) at the
+        next :meth:`flush`, in one batch with the others."""
         del self._live[r.pos]
-        gaps = r.resume_gaps
-        self._filed.buf += (r.pos, r.arrival, r.prompt, r.output, r.first_token_s, r.finish_s,
-                            r.preemptions, r.recomputed, r.warm, max(gaps) if gaps else -math.inf)
-        for lo, hi in r.segments:
-            self._pending_segments.buf += (r.pos, lo, hi)
-        for g in gaps:
-            self._resumes.buf += (r.pos, g)
+        self._recent[r.pos] = r
 
-    @property
-    def pending(self) -> int:
-        return len(self._filed.buf)
+    def _file_recent(self) -> None:
+        done = list(self._recent.values())
+        self._recent.clear()
+        filed = self._filed.buf
+        for r in done:
+            gaps = r.resume_gaps
+            filed += (r.pos, r.arrival, r.prompt, r.output, r.first_token_s, r.finish_s,
+                      r.preemptions, r.recomputed, r.warm, max(gaps) if gaps else -math.inf)
+            for lo, hi in r.segments:
+                self._pending_segments.buf += (r.pos, lo, hi)
+            for g in gaps:
+                self._resumes.buf += (r.pos, g)
 
     def flush(self) -> None:
         """Measure the filed requests' worst gaps on the pass log and move them into the
         columns (or hand them to the sink)."""
-        if not self._filed.buf and not self._pending_segments.buf:
+        if not self._recent:
             return
+        self._file_recent()
         self._index = None
         self.log.flush()
         filed = self._filed.array()
@@ -510,6 +520,13 @@ class RequestBook:
         return self._n
 
     def __getitem__(self, i: int):
+        if type(i) is int:  # the hot path: a live request, or one finished since the last flush
+            r = self._live.get(i) or self._recent.get(i)
+            if r is not None:
+                return r
+        return self._item(i)
+
+    def _item(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(self._n))]
         if i < 0:
@@ -517,12 +534,13 @@ class RequestBook:
         if not 0 <= i < self._n:
             raise IndexError("request index out of range")
         r = self._live.get(i)
+        if r is None:
+            r = self._recent.get(i)  # finished since the last flush: still its own object
         if r is not None:
             return r
         if self.sink is not None:
             raise IndexError(f"request {i} has finished, and a summary-only simulator keeps no "
                              "finished request")
-        self.flush()
         row = self._blocks[i >> BLOCK_BITS][i & ((1 << BLOCK_BITS) - 1)]
         resumes, segments = self._by_position()
         gap = float(row["max_gap_s"])
