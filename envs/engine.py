@@ -36,7 +36,10 @@ The budget of a pass with prefill work is asked of a caller-supplied policy,
 budget. :meth:`Simulator.advance` runs to the next pass that needs a decision and
 :meth:`Simulator.step` runs that pass, which is what the Gymnasium environment
 drives; :meth:`Simulator.run` does both in a loop. What every pass did is kept in
-:attr:`Simulator.log` (a :class:`PassLog`), read through its methods.
+:attr:`Simulator.log` (a :class:`~envs.records.PassLog`), read through its methods, and
+every request in :attr:`Simulator.requests` (a :class:`~envs.records.RequestBook`: live
+requests as their objects, finished ones as compact records); both cost a few hundred
+bytes a request, and ``summary_only`` keeps neither.
 """
 
 from __future__ import annotations
@@ -290,11 +293,7 @@ class Simulator:
         self._thresh = self.config.long_prefill_token_threshold or (1 << 62)
         self.workload = workload if workload is not None else Workload.from_arrays([], [], [])
         self._check_every_request_fits()
-        # Views of the workload's (read-only) arrays, indexed one request at a time on the hot
-        # path: they give Python numbers as fast as a list, without a copy.
-        self._arr = memoryview(self.workload.arrival_s)
-        self._prm = memoryview(self.workload.prompt_tokens)
-        self._out = memoryview(self.workload.output_tokens)
+        self._view_workload()
         self._next = 0  # index of the next arrival
         self.log = PassLog()
         self.stream = None
@@ -332,6 +331,23 @@ class Simulator:
         self._first_wait_n = 0
         self._first_wait_arrivals = 0.0
         self._ttft_sum = 0.0
+
+    def _view_workload(self) -> None:
+        """Views of the workload's (read-only) arrays, indexed one request at a time on the hot
+        path: they give Python numbers as fast as a list, without a copy."""
+        self._arr = memoryview(self.workload.arrival_s)
+        self._prm = memoryview(self.workload.prompt_tokens)
+        self._out = memoryview(self.workload.output_tokens)
+
+    def __getstate__(self) -> dict:  # a memoryview does not pickle: copies take the views afresh
+        state = dict(self.__dict__)
+        for name in ("_arr", "_prm", "_out"):
+            del state[name]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._view_workload()
 
     def _check_every_request_fits(self) -> None:
         """A request whose prompt and output exceed the whole KV cache could never run."""

@@ -16,7 +16,12 @@
 
 Percentiles use numpy's default (linear interpolation), as vLLM's benchmark does;
 ITL percentiles are computed over every token exactly, from per-pass weights,
-without expanding millions of samples.
+without expanding millions of samples. TTFT, TPOT and end-to-end percentiles come from
+the per-request columns; ITL ones from the run-length pass log, read a chunk of at most a
+million passes at a time (:func:`chunked_weighted_percentile`), so a run of any length
+is summarised in bounded memory with the same numbers. :class:`StreamingSummary` (a
+summary-only simulator) folds the same figures in as the run goes, its percentiles from
+log-bucketed histograms (within 0.05%).
 """
 
 from __future__ import annotations

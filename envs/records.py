@@ -2,12 +2,12 @@
 
 Both grow for the whole run, so both are fixed-width numeric records. The hot path
 appends a tuple to a plain list (``buf += (a, b, c)``, the cheapest append Python has);
-every :data:`FLUSH_RECORDS` records the list is moved into a numpy block (:class:`Records`),
-so a record costs its bytes (8 a field) and not a Python object each.
+every :data:`FLUSH_RECORDS` runs the lists are moved into numpy blocks (:class:`Records`),
+so a record costs its bytes and not a Python object a value.
 
 - :class:`PassLog`: runs of passes (a decode-only stretch is one arithmetic sequence of
-  durations), prefill passes, idle gaps. About 40 bytes a run and 40 a prefill pass: some
-  220 bytes a request on a busy engine.
+  durations), prefill passes, idle gaps: 32 bytes a run and 28 a prefill pass, some 170
+  bytes a request on a busy engine (3.5 runs and 2 prefill passes each).
 - :class:`RequestBook` (``Simulator.requests``): every request in arrival order. Live
   requests are their :class:`~envs.engine.Request` objects; a finished one is moved into
   columns (61 bytes) and read back as a :class:`FinishedRequest`. Its worst gap is
@@ -26,10 +26,8 @@ from typing import Iterator, NamedTuple
 import numpy as np
 
 FLUSH_RECORDS = 1 << 15
-"""Records a hot list holds before they move into a numpy block."""
-FLUSH_VALUES = 5 * FLUSH_RECORDS
-"""Values the simulator's hot run list holds before it files the log and the finished
-requests away."""
+"""Runs the simulator's hot list holds before it files the log and the finished requests
+away into blocks."""
 CHUNK_PASSES = 1 << 20
 """Most passes expanded at once when a history is read (runs of up to this many passes are
 read in one chunk, exactly as a full expansion)."""
@@ -105,6 +103,8 @@ def _columns(rows: np.ndarray) -> np.ndarray:
 # --- the pass log ------------------------------------------------------------------------
 
 RUN, PREFILL, IDLE = 4, 5, 2
+FLUSH_VALUES = RUN * FLUSH_RECORDS
+"""The length of the hot run list at which the simulator flushes."""
 PREFILL_RECORD = np.dtype([("pass", "i8"), ("tokens", "i4"), ("budget", "i4"), ("chunks", "i4"),
                            ("kv_blocks", "i8")])
 """A prefill pass: 28 bytes (token counts and budgets fit int32: envs.errors.MAX_TOKENS)."""
