@@ -559,8 +559,11 @@ def main(argv: list[str] | None = None) -> int:
     import argparse  # here, not at the top: an engine importing the table never needs it
 
     class _Parser(argparse.ArgumentParser):
-        def error(self, message):  # one line and exit 2, as every chunkpilot command
-            print(f"error: {self.prog}: {message}", file=sys.stderr)
+        def error(self, message):  # one line naming the field and exit 2, as every chunkpilot command
+            m = re.match(r"argument (--[\w-]+)(?:/[^:]*)?: (.*)", message, re.S)
+            if m:
+                message = f"{m[1][2:].replace('-', '_')}: {m[2]}"
+            print(f"error: {' '.join(message.split())} (see {self.prog} --help)", file=sys.stderr)
             sys.exit(2)
 
     ap = _Parser(prog="python -m policies.table",
