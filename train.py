@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from envs.cli import parse
-from envs.errors import ConfigError, positive, positive_int, require, run_cli
+from envs.errors import ConfigError, integer, number, require, run_cli
 from envs.scenario import Scenario, named_workload
 
 
@@ -114,22 +114,27 @@ class Args:
     """Threads for torch (small networks run fastest on one)."""
 
     def validate(self) -> None:
-        for f in ("total_timesteps", "n_envs", "eval_every", "eval_episodes", "final_seeds",
-                  "final_requests", "checkpoint_every", "torch_threads"):
-            positive_int(f, getattr(self, f))
-        require(0 <= self.seed < 2**31, "seed", self.seed, "must be an integer in [0, 2^31)")
-        require(0 <= self.conditions <= 1000, "conditions", self.conditions,
-                "must be an integer in [0, 1000]")
-        require(self.n_envs <= 256, "n_envs", self.n_envs, "must be at most 256")
+        """Every argument in range before any work starts (one line naming it otherwise)."""
+        from envs.workload import check_num_requests
+
+        integer("total_timesteps", self.total_timesteps, 1, 10**10)
+        for f, high in (("n_envs", 256), ("eval_episodes", 1000), ("final_seeds", 50),
+                        ("torch_threads", 256), ("conditions", 1000)):
+            integer(f, getattr(self, f), 0 if f == "conditions" else 1, high)
+        for f in ("eval_every", "checkpoint_every"):
+            integer(f, getattr(self, f), 1, 10**10)
+        integer("seed", self.seed, 0, 2**31 - 1)
+        check_num_requests("final_requests", self.final_requests)
         if self.n_steps is not None:
-            positive_int("n_steps", self.n_steps)
+            integer("n_steps", self.n_steps, 1, 10**6)
         if self.learning_rate is not None:
-            positive("learning_rate", self.learning_rate)
-        positive("load_low", self.load_low)
-        positive("episode_s", self.episode_s)
-        require(self.load_high >= self.load_low, "load_high", self.load_high,
-                f"must be >= load_low ({self.load_low})")
-        require(0 < self.gamma <= 1, "gamma", self.gamma, "must lie in (0, 1]")
+            number("learning_rate", self.learning_rate, 0, 1, low_open=True)
+        if self.decision_interval_s is not None:
+            number("decision_interval_s", self.decision_interval_s, 0, 3600)
+        number("load_low", self.load_low, 0, 100, low_open=True)
+        number("load_high", self.load_high, self.load_low, 100)
+        number("episode_s", self.episode_s, 0, 86400, low_open=True)
+        number("gamma", self.gamma, 0, 1, low_open=True)
         self.layers()
 
     def layers(self) -> tuple[int, ...]:
@@ -138,7 +143,7 @@ class Args:
         except ValueError:
             sizes = ()
         require(bool(sizes) and all(0 < s <= 4096 for s in sizes) and len(sizes) <= 8, "net_arch",
-                self.net_arch, "must be 1-8 comma-separated layer sizes in [1, 4096], e.g. 64,64")
+                self.net_arch[:60], "must be 1-8 comma-separated layer sizes in [1, 4096], e.g. 64,64")
         return sizes
 
     def scenario(self) -> Scenario:
@@ -146,7 +151,7 @@ class Args:
         if self.trace:
             fields_["trace"] = self.trace
         if self.rate is not None:
-            positive("rate", self.rate)
+            number("rate", self.rate, 0, 1e6, low_open=True)
             fields_["rate"] = self.rate
         return Scenario(hardware=self.hardware, model=self.model,
                         per_pass_overhead_s=self.per_pass_overhead_s,
@@ -164,7 +169,7 @@ def resumed_args(args: Args, argv: list[str] | None) -> tuple[Args, dict]:
     this command line applied; a conflicting flag is refused, naming it."""
     from agents.runs import read_config
 
-    config = read_config(args.resume)
+    config = read_config(args.resume, "resume")
     saved = config["args"]
     defaults = Args()
     for f in fields(Args):
@@ -186,7 +191,9 @@ def prepare_run(args: Args) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.run_dir or f"runs/{args.exp_name}__{args.algo}__{Path(args.hardware).stem}__"
                                    f"{Path(args.model).stem}__{args.seed}__{stamp}")
-    require(not run_dir.is_file(), "run_dir", str(run_dir), "must be a directory, not a file")
+    from envs.files import check_output
+
+    check_output("run_dir", run_dir, "folder")
     require(not (run_dir / "config.json").exists(), "run_dir", str(run_dir),
             "already holds a run: continue it with --resume, or pick another --run-dir")
     try:
@@ -347,6 +354,7 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
     from agents.runs import load_run
     from agents.summary import final_comparison, summary_text
     from agents.training import write_json_atomic
+    from envs.files import write_atomic
     from eval.parallel import progress_bar
 
     if not callback.history or callback.history[-1]["timesteps"] != model.num_timesteps:
@@ -372,7 +380,7 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
              "commit": config["commit"]}
     text = summary_text(run_dir.name, desc, facts, checks, callback.history, studies, learned.name,
                         actions)
-    (run_dir / "summary.md").write_text(text)
+    write_atomic(run_dir / "summary.md", text)
     write_json_atomic(run_dir / "summary.json", {
         "scenario": desc, "timesteps": model.num_timesteps, "train_s": train_s,
         "capacity": {n: st.as_json() for n, st in studies.items()}, "actions": actions,

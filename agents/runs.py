@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from envs.errors import ConfigError
@@ -29,12 +28,19 @@ def norm_path_of(checkpoint: Path) -> Path:
                                 .replace(".zip", ".pkl"))
 
 
-def read_config(run_dir: str | Path) -> dict:
+def read_config(run_dir: str | Path, field: str = "run_dir") -> dict:
     """A train.py run directory's config.json."""
+    from envs.files import load_json
+
     path = Path(run_dir) / "config.json"
     if not path.is_file():
-        raise ConfigError(f"model: {str(run_dir)!r} is not a train.py run directory (no config.json)")
-    return json.loads(path.read_text())
+        raise ConfigError(f"{field}: {str(run_dir)!r} is not a train.py run directory (no config.json)")
+    config = load_json(f"{field} config.json", path, max_bytes=64 * 2**20)
+    for key in ("args", "scenario", "ladder", "action_type"):
+        if not isinstance(config, dict) or key not in config:
+            raise ConfigError(f"{field}: {str(path)!r} has no {key!r}; not a train.py run "
+                              "directory, or one written by another version")
+    return config
 
 
 def load_obs_norm(path: Path):
@@ -57,7 +63,7 @@ def load_run(run_dir: str | Path, slo=None, name: str | None = None):
     from policies.learned import ModelPolicy
 
     run = Path(run_dir)
-    config = read_config(run)
+    config = read_config(run, "model")
     best = run / "best_model.zip"
     model_path, norm = (best, run / "best_vecnormalize.pkl") if best.exists() else (
         run / "model.zip", run / "vecnormalize.pkl")

@@ -12,6 +12,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import re
 import textwrap
 import types
 import typing
@@ -50,9 +51,32 @@ def _base_type(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
+def _integer(text: str) -> int:
+    """argparse's ``int`` with the project's message (the range is the field's own check)."""
+    try:
+        return int(text)
+    except ValueError:  # not an integer, or one of over 4,300 digits
+        from envs.errors import show
+
+        raise argparse.ArgumentTypeError(f"got {show(text)}, must be an integer") from None
+
+
+def _real(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        from envs.errors import show
+
+        raise argparse.ArgumentTypeError(f"got {show(text)}, must be a number") from None
+
+
+_integer.__name__, _real.__name__ = "int", "float"
+CONVERTERS = {int: _integer, float: _real, str: str}
+
+
 def _none_or(conv):
     def parse(text: str):
-        return None if text.lower() in ("none", "") else conv(text)
+        return None if text.lower() == "none" else conv(text)
 
     parse.__name__ = getattr(conv, "__name__", "value")
     return parse
@@ -77,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             parser.add_argument(flag, dest=f.name, action="extend", nargs="+", default=None,
                                 metavar=f.name.upper(), help=f"{help_text} (default: none)")
             continue
-        conv = tp if tp in (int, float, str) else str
+        conv = CONVERTERS.get(tp, str)
         kwargs: dict[str, Any] = dict(dest=f.name, default=default, metavar=f.name.upper(),
                                       type=_none_or(conv) if optional else conv,
                                       help=f"{help_text} (default: {default})")
@@ -87,12 +111,16 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse's errors in the project's one-line form (``error: ...``, exit 2) instead
-    of a usage block."""
+    """argparse's errors in the project's one-line form (``error: field: ...``, exit 2)
+    instead of a usage block: ``argument --num-requests: ...`` names the field as every
+    other check does, ``num_requests: ...``."""
 
     def error(self, message: str):
         from envs.errors import ConfigError
 
+        m = re.match(r"argument (--[\w-]+)(?:/[^:]*)?: (.*)", message, re.S)
+        if m:
+            message = f"{m[1][2:].replace('-', '_')}: {m[2]}"
         raise ConfigError(f"{message} (see {self.prog} --help)")
 
 

@@ -36,7 +36,10 @@ The budget of a pass with prefill work is asked of a caller-supplied policy,
 budget. :meth:`Simulator.advance` runs to the next pass that needs a decision and
 :meth:`Simulator.step` runs that pass, which is what the Gymnasium environment
 drives; :meth:`Simulator.run` does both in a loop. What every pass did is kept in
-:attr:`Simulator.log` (a :class:`PassLog`), read through its methods.
+:attr:`Simulator.log` (a :class:`~envs.records.PassLog`), read through its methods, and
+every request in :attr:`Simulator.requests` (a :class:`~envs.records.RequestBook`: live
+requests as their objects, finished ones as compact records); both cost a few hundred
+bytes a request, and ``summary_only`` keeps neither.
 """
 
 from __future__ import annotations
@@ -51,14 +54,20 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 import numpy as np
 
 from envs.cost import PassShape, Roofline, free_ride_root, pass_seconds
-from envs.errors import ConfigError, fraction, positive_int, require
+from envs.errors import MAX_TOKENS, ConfigError, fraction, integer, require, show
 from envs.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
+from envs.records import FLUSH_VALUES, PassLog, RequestBook
 from envs.workload import Workload
 
 if TYPE_CHECKING:  # imported lazily at run time: metrics imports nothing from here
-    from envs.metrics import SimResult
+    from envs.metrics import SLO, SimResult
 
 INF = math.inf
+MAX_KV_BLOCKS = 2**40
+"""Largest KV cache in blocks (16 PiB of 16-token blocks at 1 KiB a token): far above any
+device, and small enough that block counts and their token totals stay int64."""
+MAX_BLOCK_SIZE = 1024
+"""Largest KV block in tokens (vLLM's are 8 to 256)."""
 
 
 @dataclass(frozen=True)
@@ -77,15 +86,13 @@ class EngineConfig:
     """Override the KV capacity in blocks (None: derive it from memory)."""
 
     def __post_init__(self) -> None:
-        positive_int("max_num_seqs", self.max_num_seqs)
-        require(isinstance(self.long_prefill_token_threshold, int)
-                and self.long_prefill_token_threshold >= 0,
-                "long_prefill_token_threshold", self.long_prefill_token_threshold,
-                "must be an integer >= 0 (0 = no cap)")
-        positive_int("block_size", self.block_size)
+        integer("max_num_seqs", self.max_num_seqs, 1, MAX_TOKENS)
+        integer("long_prefill_token_threshold", self.long_prefill_token_threshold, 0, MAX_TOKENS,
+                "0 = no cap")
+        integer("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
         fraction("gpu_memory_utilization", self.gpu_memory_utilization)
         if self.num_kv_blocks is not None:
-            positive_int("num_kv_blocks", self.num_kv_blocks)
+            integer("num_kv_blocks", self.num_kv_blocks, 1, MAX_KV_BLOCKS)
 
     def kv_blocks(self, hardware: HardwareProfile, model: ModelProfile) -> int:
         """Blocks that fit in the memory left after the weights (vLLM's profile run,
@@ -100,15 +107,22 @@ class EngineConfig:
                 f"{hardware.name} x{model.tensor_parallel} at gpu_memory_utilization="
                 f"{self.gpu_memory_utilization} offers {usable / 2**30:.1f} GiB; "
                 "use a larger part, more tensor parallelism, or a smaller model")
-        return int(free // (model.kv_bytes_per_token * self.block_size))
+        blocks = free // (model.kv_bytes_per_token * self.block_size)
+        if blocks > MAX_KV_BLOCKS:
+            raise ConfigError(
+                f"hardware.memory_bytes: {hardware.name} x{model.tensor_parallel} holds {blocks:.3g} "
+                f"KV blocks of {model.name}, must hold <= {MAX_KV_BLOCKS} (check the profiles' "
+                "memory_bytes and bytes_per_kv_element, or set num_kv_blocks)")
+        return int(blocks)
 
 
 def check_static_budget(budget: int, config: EngineConfig) -> None:
     """vLLM refuses ``max_num_batched_tokens < max_num_seqs`` at start-up: a full batch of
     decodes would leave no room for any prompt, ever."""
-    require(isinstance(budget, (int, np.integer)) and budget >= config.max_num_seqs, "budget",
-            budget, f"must be an integer >= max_num_seqs ({config.max_num_seqs}) for a static "
-            "budget, or lower max_num_seqs")
+    require(isinstance(budget, (int, np.integer)) and not isinstance(budget, bool)
+            and config.max_num_seqs <= budget <= MAX_TOKENS, "budget", budget,
+            f"must be an integer >= max_num_seqs ({config.max_num_seqs}) and <= {MAX_TOKENS} for a "
+            "static budget, or lower max_num_seqs")
 
 
 class Request:
@@ -121,13 +135,14 @@ class Request:
     decoded in; ``resume_gaps`` the whole waits after each preemption.
     """
 
-    __slots__ = ("rid", "arrival", "prompt", "output", "warm", "computed", "generated",
+    __slots__ = ("rid", "pos", "arrival", "prompt", "output", "warm", "computed", "generated",
                  "blocks", "admit_seq", "offset", "dec_start", "dec_g0", "finish_pass",
                  "first_token_s", "last_token_s", "finish_s", "preemptions", "segments",
                  "resume_gaps", "recomputed")
 
     def __init__(self, rid: int, arrival: float, prompt: int, output: int, warm: bool = False):
         self.rid = rid
+        self.pos = -1  # its index in Simulator.requests
         self.arrival = arrival
         self.prompt = prompt
         self.output = output
@@ -161,104 +176,6 @@ class Request:
         c.segments = []
         c.resume_gaps = list(self.resume_gaps)
         return c
-
-
-class PassLog:
-    """What every pass of a simulator did, in append-only flat lists of fixed-width
-    records (cheap to append on the hot path; numpy reads them back in one go).
-
-    - runs of passes, ``(first pass, count, A, B, decodes)``: pass ``first + i`` took
-      ``A + B * i`` seconds and carried ``decodes`` decode tokens (decode-only stretches
-      are arithmetic sequences; a pass with prefill is a run of one);
-    - prefill passes, ``(pass, prefill tokens, budget, chunks)``;
-    - idle gaps, ``(pass, idle seconds before it)``;
-    - KV usage, ``(pass, blocks in use after it)``, at every pass with prefill.
-
-    Only the simulator writes; everyone else reads through the methods below.
-    """
-
-    __slots__ = ("runs", "prefill", "idle", "kv")
-    RUN = 5
-
-    def __init__(self) -> None:
-        self.runs: list[float] = []
-        self.prefill: list[int] = []
-        self.idle: list[float] = []
-        self.kv: list[int] = []
-
-    def position(self) -> int:
-        """A mark: the runs recorded so far (see :meth:`itl_excess_since`)."""
-        return len(self.runs)
-
-    def itl_excess_since(self, mark: int, itl_s: float) -> tuple[float, int]:
-        """(sum over decode tokens of the passes since ``mark`` of max(0, gap - itl_s),
-        in token-seconds; the new mark). Each run is an arithmetic sequence of
-        durations, summed in closed form."""
-        runs, i, end = self.runs, mark, len(self.runs)
-        excess = 0.0
-        while i < end:
-            n = runs[i + 4]
-            if not n:
-                i += 5
-                continue
-            k, a, b = int(runs[i + 1]), runs[i + 2], runs[i + 3]
-            i += 5
-            if b <= 0:
-                if a > itl_s:
-                    excess += n * k * (a - itl_s)
-                continue
-            i0 = 0 if a > itl_s else int((itl_s - a) / b) + 1
-            if i0 < k:
-                m = k - i0
-                excess += n * (m * (a - itl_s) + b * (i0 + k - 1) * m / 2)
-        return excess, i
-
-    def tokens_over_since(self, mark: int, itl_s: float) -> tuple[int, int]:
-        """(decode tokens of the passes since ``mark`` whose gap exceeded ``itl_s``; the new
-        mark), counted in closed form over each run's arithmetic sequence."""
-        runs, i, end = self.runs, mark, len(self.runs)
-        count = 0
-        while i < end:
-            n = runs[i + 4]
-            k, a, b = int(runs[i + 1]), runs[i + 2], runs[i + 3]
-            i += 5
-            if not n:
-                continue
-            if b <= 0:
-                if a > itl_s:
-                    count += n * k
-                continue
-            i0 = 0 if a > itl_s else int((itl_s - a) / b) + 1  # first pass over the target
-            if i0 < k:
-                count += n * (k - i0)
-        return int(count), i
-
-    def pass_records(self, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """(duration in seconds, decodes carried) of every pass from pass ``start`` on."""
-        arr = np.asarray(self.runs, dtype=np.float64).reshape(-1, 5)
-        if start:
-            lo = max(0, int(np.searchsorted(arr[:, 0], start, side="right")) - 1)
-            arr = arr[lo:]
-        if not len(arr):
-            return np.zeros(0), np.zeros(0, dtype=np.int64)
-        counts = arr[:, 1].astype(np.int64)
-        i = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        d = np.repeat(arr[:, 2], counts) + np.repeat(arr[:, 3], counts) * i
-        n = np.repeat(arr[:, 4].astype(np.int64), counts)
-        skip = start - int(arr[0, 0])
-        return d[skip:], n[skip:]
-
-    def prefill_records(self) -> np.ndarray:
-        """Rows of (pass, prefill tokens, budget, chunks), int64."""
-        return np.asarray(self.prefill, dtype=np.int64).reshape(-1, 4)
-
-    def idle_records(self) -> np.ndarray:
-        """Rows of (pass, idle seconds before it)."""
-        return np.asarray(self.idle, dtype=np.float64).reshape(-1, 2)
-
-    def kv_records(self) -> np.ndarray:
-        """Rows of (pass, KV blocks in use after it), int64."""
-        return np.asarray(self.kv, dtype=np.int64).reshape(-1, 2)
 
 
 class PassPlan(NamedTuple):
@@ -353,7 +270,11 @@ class Simulator:
 
     def __init__(self, hardware: HardwareProfile | str, model: ModelProfile | str,
                  workload: Workload | None = None, config: EngineConfig | None = None,
-                 record_shapes: bool = False):
+                 record_shapes: bool = False, summary_only: "SLO | None" = None):
+        """``record_shapes``: also keep every pass's shape and every finished request's decode
+        segments (tests). ``summary_only``: keep no record of finished requests or past
+        passes, only :meth:`~envs.metrics.StreamedResult.summary`'s figures under this SLO,
+        in memory that does not grow with the run (percentiles within 0.05%)."""
         self.hardware = get_hardware(hardware)
         self.model = get_model(model)
         self.config = config or EngineConfig()
@@ -369,11 +290,17 @@ class Simulator:
         self._thresh = self.config.long_prefill_token_threshold or (1 << 62)
         self.workload = workload if workload is not None else Workload.from_arrays([], [], [])
         self._check_every_request_fits()
-        self._arr = self.workload.arrival_s.tolist()
-        self._prm = self.workload.prompt_tokens.tolist()
-        self._out = self.workload.output_tokens.tolist()
+        self._view_workload()
         self._next = 0  # index of the next arrival
-        self.requests: list[Request] = []
+        self.log = PassLog()
+        self.stream = None
+        if summary_only is not None:
+            from envs.metrics import StreamingSummary
+
+            require(not record_shapes, "summary_only", summary_only, "keeps no records: not with record_shapes")
+            self.stream = StreamingSummary(summary_only, self.total_blocks)
+        self.requests = RequestBook(self.log, keep_segments=record_shapes,
+                                    sink=self.stream.add_requests if self.stream else None)
         self._next_rid = 0  # ids restart with each simulator (and continue in its forks)
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
@@ -392,7 +319,6 @@ class Simulator:
         self.preemptions = 0
         self.finished = 0
         self.last_pass_s = 0.0
-        self.log = PassLog()
         self._shapes: list[PassShape] | None = [] if record_shapes else None
         self._pending_decision = False
         self._decode_alloc_pass = -1
@@ -403,6 +329,23 @@ class Simulator:
         self._first_wait_arrivals = 0.0
         self._ttft_sum = 0.0
 
+    def _view_workload(self) -> None:
+        """Views of the workload's (read-only) arrays, indexed one request at a time on the hot
+        path: they give Python numbers as fast as a list, without a copy."""
+        self._arr = memoryview(self.workload.arrival_s)
+        self._prm = memoryview(self.workload.prompt_tokens)
+        self._out = memoryview(self.workload.output_tokens)
+
+    def __getstate__(self) -> dict:  # a memoryview does not pickle: copies take the views afresh
+        state = dict(self.__dict__)
+        for name in ("_arr", "_prm", "_out"):
+            del state[name]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._view_workload()
+
     def _check_every_request_fits(self) -> None:
         """A request whose prompt and output exceed the whole KV cache could never run."""
         w, bs = self.workload, self._bs
@@ -411,11 +354,13 @@ class Simulator:
         blocks = (w.prompt_tokens + w.output_tokens + bs - 1) // bs
         if int(blocks.max()) > self.total_blocks:
             i = int(blocks.argmax())
+            cache = (f"num_kv_blocks={self.total_blocks} blocks of {bs} tokens"
+                     if self.config.num_kv_blocks is not None else
+                     f"the whole cache of {self.model.name} on {self.hardware.name}")
             raise ConfigError(
                 f"prompt_tokens+output_tokens: request {i} needs "
                 f"{int(w.prompt_tokens[i] + w.output_tokens[i])} tokens of KV cache, must be <= "
-                f"{self.total_blocks * bs} (the whole cache of {self.model.name} on "
-                f"{self.hardware.name})")
+                f"{self.total_blocks * bs} ({cache})")
 
     # Fields a fork shares (never mutated after construction), copies (live state;
     # requests are cloned) and starts afresh (records). A test checks that every field
@@ -429,7 +374,7 @@ class Simulator:
                     "_first_wait_arrivals", "_ttft_sum")
     _FORK_CLONED = ("requests", "waiting", "prefilling", "_decodes", "_finish_at", "_finish_heap",
                     "_cnt")
-    _FORK_FRESH = ("log", "_shapes", "_view")
+    _FORK_FRESH = ("log", "_shapes", "_view", "stream")
 
     def fork(self) -> "Simulator":
         """A copy of the live state that can run ahead without touching this simulator.
@@ -455,8 +400,11 @@ class Simulator:
         new._finish_at = {p: [clone(r) for r in rs] for p, rs in self._finish_at.items()}
         new._finish_heap = list(self._finish_heap)
         new._cnt = list(self._cnt)
-        new.requests = sorted(clones.values(), key=lambda r: (r.arrival, r.rid))
-        new.log = PassLog()
+        new.log = PassLog(self.pass_index)
+        new.stream = None
+        new.requests = RequestBook(new.log)
+        for r in sorted(clones.values(), key=lambda r: (r.arrival, r.rid)):
+            new.requests.add(r)
         new._shapes = None
         new._view = SchedulerState(new)
         return new
@@ -466,8 +414,8 @@ class Simulator:
     def add_running(self, context_tokens: int, output_tokens: int) -> None:
         """Start a request already decoding with ``context_tokens`` in its KV cache and
         ``output_tokens`` still to generate (a warm start; excluded from the metrics)."""
-        positive_int("context_tokens", context_tokens)
-        positive_int("output_tokens", output_tokens)
+        integer("context_tokens", context_tokens, 1, MAX_TOKENS)
+        integer("output_tokens", output_tokens, 1, MAX_TOKENS - 1)
         require(self._n + len(self.prefilling) < self.config.max_num_seqs, "running", self._n + 1,
                 f"must be <= max_num_seqs ({self.config.max_num_seqs})")
         blocks = -(-context_tokens // self._bs)
@@ -475,7 +423,7 @@ class Simulator:
                 context_tokens, f"the running users' KV must fit in {self.total_blocks} blocks")
         r = Request(self._next_rid, self.now, context_tokens, output_tokens + 1, warm=True)
         self._next_rid += 1
-        self.requests.append(r)
+        self.requests.add(r)
         r.generated = 1
         r.computed = context_tokens
         r.blocks = blocks
@@ -550,13 +498,15 @@ class Simulator:
                 gc.enable()
 
     def result(self) -> "SimResult":
-        from envs.metrics import SimResult
+        from envs.metrics import SimResult, StreamedResult
 
-        return SimResult.of(self)
+        return StreamedResult(self) if self.stream is not None else SimResult.of(self)
 
     def advance(self, until_s: float = INF) -> bool:
         """Simulate passes that need no decision. True when the next pass needs a budget;
         False when everything has finished (or the clock passed ``until_s``)."""
+        if len(self.log.runs) > FLUSH_VALUES:  # between decisions, a stretch adds a few runs
+            self._file_away()
         while True:
             if self._next < len(self._arr) and self._arr[self._next] <= self.now:
                 self._admit_arrivals()
@@ -580,11 +530,27 @@ class Simulator:
         """Run the pass that :meth:`advance` stopped at, with ``budget`` tokens."""
         if not self._pending_decision:
             raise RuntimeError("step() called without a pending decision; call advance() first")
-        if not isinstance(budget, (int, np.integer)) or budget < max(self._n, 1):
-            raise ConfigError(f"budget: got {budget!r}, must be an integer >= {max(self._n, 1)} "
-                              "(the running decodes each take one token)")
+        if (not isinstance(budget, (int, np.integer)) or isinstance(budget, bool)
+                or not max(self._n, 1) <= budget <= MAX_TOKENS):
+            raise ConfigError(f"budget: got {show(budget)}, must be an integer >= {max(self._n, 1)} "
+                              f"(the running decodes each take one token) and <= {MAX_TOKENS}")
         self._pending_decision = False
         self._execute(self._schedule(int(budget)))
+
+    def _file_away(self) -> None:
+        """Move the pass log and the finished requests into compact blocks; a summary-only
+        simulator folds the passes no live request still needs into its figures instead."""
+        self.requests.flush()
+        if self.stream is not None:
+            needed = self.pass_index
+            for r in self.requests.live():  # a live request's worst gap still reads its passes
+                if r.segments:
+                    needed = min(needed, r.segments[0][0])
+                elif r.rid in self._decodes:
+                    needed = min(needed, r.dec_start)
+            dropped = self.log.drop_before(needed)
+            if dropped is not None:
+                self.stream.add_passes(dropped)
 
     def _admit_arrivals(self) -> None:
         arr = self._arr
@@ -593,7 +559,7 @@ class Simulator:
         while i < len(arr) and arr[i] <= now:
             r = Request(self._next_rid, arr[i], self._prm[i], self._out[i])
             self._next_rid += 1
-            self.requests.append(r)
+            self.requests.add(r)
             self.waiting.append(r)
             self.waiting_prefill_tokens += r.prompt
             self._first_wait_n += 1
@@ -696,10 +662,9 @@ class Simulator:
         now = self.now + dt
         self.now = now
         self.last_pass_s = dt
-        self.log.runs += (p, 1, dt, 0.0, n)
+        self.log.runs += (1, dt, 0.0, n)
         if self._shapes is not None:
             self._shapes.append(shape)
-        self.log.prefill += (p, shape.prefill_tokens, plan.budget, len(plan.chunks))
         self.pass_index = p + 1
         self.waiting_prefill_tokens -= shape.prefill_tokens
         for r, x, _ in plan.chunks:
@@ -708,7 +673,7 @@ class Simulator:
                 self._complete_prefill(r, p, now)
         if p in self._finish_at:
             self._finish_decodes(p)
-        self.log.kv += (p, self._used)
+        self.log.prefill += (p, shape.prefill_tokens, plan.budget, len(plan.chunks), self._used)
 
     def _complete_prefill(self, r: Request, p: int, now: float) -> None:
         """r's whole prompt (or recomputation) is in the cache: it samples a token."""
@@ -726,6 +691,7 @@ class Simulator:
             self._release(r, r.blocks)
             r.finish_s = now
             self.finished += 1
+            self.requests.finish(r)
         else:
             self._start_decode(r, p)
 
@@ -777,7 +743,7 @@ class Simulator:
             now += k * (A + B * (k - 1) / 2)
             dt = A + B * (k - 1)
             p += k
-            self.log.runs += (p0, k, A, B, n)
+            self.log.runs += (k, A, B, n)
         else:
             dt = self.last_pass_s
             runs = self.log.runs
@@ -786,7 +752,7 @@ class Simulator:
                 m = mem0 + kv_s * x
                 c = cmp_tok * n + att_s * x
                 dt = pass_seconds(m, c, e, ovh)
-                runs += (p, 1, dt, 0.0, n)
+                runs += (1, dt, 0.0, n)
                 now += dt
                 p += 1
                 if now >= stop:
@@ -864,6 +830,7 @@ class Simulator:
             r.finish_s = r.last_token_s = self.now
             self._release(r, r.blocks)
             self.finished += 1
+            self.requests.finish(r)
 
     def _release(self, r: Request, blocks: int) -> None:
         self._used -= blocks
@@ -944,7 +911,7 @@ class Simulator:
         r = self.requests[index]
         durations = self.pass_durations()
         parts, resumes = [], iter(r.resume_gaps)
-        for k, (lo, hi) in enumerate(r.segments):
+        for k, (lo, hi) in enumerate(self.requests.segments_of(index)):
             if k:  # a segment after the first follows a preemption and its resumption
                 parts.append(np.array([next(resumes)]))
             parts.append(durations[lo:hi])

@@ -1,46 +1,122 @@
-"""One error type for bad input, and the CLI wrapper that turns it into one line.
+"""One error type for bad input, the checks that raise it, and the CLI wrapper that turns
+it into one line.
 
-Every check in the simulator raises :class:`ConfigError` with a message that
-names the offending field and the range it must lie in, so that a command-line
-user sees ``error: budget: got 16, must be >= 32 (the running decodes)`` and
-exit code 2 instead of a traceback.
+Every check in the simulator raises :class:`ConfigError` with a message that names the
+offending field, the value and the range it must lie in, so that a command-line user
+sees ``error: budget: got 16, must be >= 32 (the running decodes)`` and exit code 2
+instead of a traceback.
+
+Numbers are checked against ranges written down once here:
+
+=====================  =================================  ====================================
+quantity               range                              why
+=====================  =================================  ====================================
+token counts           integers in [1, ``MAX_TOKENS``]    a request's or a pass's tokens are
+(prompt, output,                                          positions in a sequence, which
+context, budget)                                          engines hold in int32 (vLLM's
+                                                          ``positions``); sums of them stay
+                                                          far inside int64
+other integers         within int64                       numpy's and the files' width
+reals                  finite, with a field's own bounds  NaN and inf are never a setting
+booleans               never where a number belongs       ``true`` is not 1
+=====================  =================================  ====================================
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 from typing import Callable
+
+INT64_MAX = 2**63 - 1
+MAX_TOKENS = 2**31 - 1
+"""Largest token count of one request or one pass (int32, as engines hold positions)."""
 
 
 class ConfigError(ValueError):
     """Bad input: the message names the field and the allowed range."""
 
 
+def show(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so that a 400-digit number or a 200 KB
+    string stays one short line (Python refuses to print ints of over 4,300 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        digits = int(value.bit_length() * math.log10(2)) + 1
+        return f"{'a negative' if value < 0 else 'an'} integer of about {digits} digits"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:max(limit - 24, 8)]}... ({len(text)} chars)"
+
+
 def require(condition: bool, field: str, value: object, allowed: str) -> None:
     """Raise ConfigError(``field: got value, allowed``) unless ``condition``."""
     if not condition:
-        raise ConfigError(f"{field}: got {value!r}, {allowed}")
+        raise ConfigError(f"{field}: got {show(value)}, {allowed}")
 
 
-def positive(field: str, value: float) -> None:
-    require(isinstance(value, (int, float)) and math.isfinite(value) and value > 0,
-            field, value, "must be a finite number > 0")
+def _bound(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
 
 
-def non_negative(field: str, value: float) -> None:
-    require(isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
-            field, value, "must be a finite number >= 0")
+def _is_real(value: object) -> bool:
+    """A finite int or float (numpy's too), never a bool."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def number(field: str, value: float, low: float | None = None, high: float | None = None, *,
+           low_open: bool = False, high_open: bool = False) -> float:
+    """``value`` as a finite float within the bounds (``low_open``: strictly above ``low``);
+    booleans, NaN, inf and ints beyond a float's range are refused."""
+    ok = _is_real(value)
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        parts = []
+        if low is not None:
+            parts.append(f"{'>' if low_open else '>='} {_bound(low)}")
+        if high is not None:
+            parts.append(f"{'<' if high_open else '<='} {_bound(high)}")
+        raise ConfigError(f"{field}: got {show(value)}, must be a finite number"
+                          + (" " + " and ".join(parts) if parts else ""))
+    return float(value)
+
+
+def integer(field: str, value: int, low: int = 0, high: int = INT64_MAX, why: str = "") -> int:
+    """``value`` as an int in [low, high] (numpy integers accepted, booleans and floats not)."""
+    ok = (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+          and low <= int(value) <= high)
+    if not ok:
+        allowed = f"must be an integer >= {low}" + (f" and <= {high}" if high is not None else "")
+        raise ConfigError(f"{field}: got {show(value)}, {allowed}" + (f" ({why})" if why else ""))
+    return int(value)
+
+
+def tokens(field: str, value: int, low: int = 1) -> int:
+    """A token count: an integer in [low, MAX_TOKENS]."""
+    return integer(field, value, low, MAX_TOKENS)
+
+
+def positive(field: str, value: float, high: float | None = None) -> float:
+    return number(field, value, 0, high, low_open=True)
+
+
+def non_negative(field: str, value: float, high: float | None = None) -> float:
+    return number(field, value, 0, high)
 
 
 def fraction(field: str, value: float) -> None:
-    require(isinstance(value, (int, float)) and 0 < value <= 1, field, value,
-            "must lie in (0, 1]")
+    require(_is_real(value) and 0 < value <= 1, field, value, "must lie in (0, 1]")
 
 
-def positive_int(field: str, value: int) -> None:
-    require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-            field, value, "must be an integer > 0")
+def positive_int(field: str, value: int, high: int = INT64_MAX) -> int:
+    return integer(field, value, 1, high)
 
 
 def cli_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
@@ -49,7 +125,7 @@ def cli_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
     try:
         return main(argv)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -16,18 +16,25 @@
 
 Percentiles use numpy's default (linear interpolation), as vLLM's benchmark does;
 ITL percentiles are computed over every token exactly, from per-pass weights,
-without expanding millions of samples.
+without expanding millions of samples. TTFT, TPOT and end-to-end percentiles come from
+the per-request columns; ITL ones from the run-length pass log, read a chunk of at most a
+million passes at a time (:func:`chunked_weighted_percentile`), so a run of any length
+is summarised in bounded memory with the same numbers. :class:`StreamingSummary` (a
+summary-only simulator) folds the same figures in as the run goes, its percentiles from
+log-bucketed histograms (within 0.05%).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from operator import attrgetter
+from functools import cached_property
 
 import numpy as np
 
+from envs import records
 from envs.errors import positive
+from envs.records import PassChunk, PassHistory
 
 
 @dataclass(frozen=True)
@@ -74,11 +81,76 @@ def _mean(x: np.ndarray) -> float:
     return float(x.mean()) if len(x) else math.nan
 
 
+def chunked_weighted_percentile(source, q) -> np.ndarray | float:
+    """:func:`weighted_percentile` over values that come in chunks, ``source()`` giving a
+    fresh iterator of (values, weights) pairs: the same numbers, without holding every
+    value at once. Values must be >= 0 (durations), so that their float64 bit patterns sort
+    as int64: two counting passes over 65,536 buckets find the top 32 bits of each order
+    statistic, a third collects the few values that share them."""
+    scalar = np.ndim(q) == 0
+    qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
+    n = sum(int(w[w > 0].sum()) for _, w in source())
+    if not n:
+        out = np.full(len(qs), math.nan)
+        return float(out[0]) if scalar else out
+    h = (n - 1) * qs / 100.0
+    lo = np.floor(h).astype(np.int64)
+    hi = np.minimum(lo + 1, n - 1)
+    found = _order_statistics(source, sorted(set(lo.tolist()) | set(hi.tolist())))
+    v_lo = np.array([found[k] for k in lo.tolist()])
+    v_hi = np.array([found[k] for k in hi.tolist()])
+    out = v_lo + (h - lo) * (v_hi - v_lo)
+    return float(out[0]) if scalar else out
+
+
+def _bits(source):
+    for v, w in source():
+        keep = w > 0
+        out = np.ascontiguousarray(v[keep], dtype=np.float64).view(np.int64), w[keep]
+        del v, w, keep  # one chunk alive at a time
+        yield out
+
+
+def _order_statistics(source, ranks: list[int]) -> dict[int, float]:
+    """The value of rank k (0-based, in the weighted order) for each k in ``ranks``."""
+    targets = {k: (0, k) for k in ranks}  # rank -> (known top bits, rank among values sharing them)
+    for shift in (48, 32):
+        hists: dict[int, np.ndarray] = {}
+        prefixes = {p for p, _ in targets.values()}
+        for bits, w in _bits(source):
+            for p in prefixes:
+                sel = slice(None) if shift == 48 else (bits >> 48) == p
+                hist = np.bincount((bits[sel] >> shift) & 0xFFFF, weights=w[sel], minlength=1 << 16)
+                hists[p] = hists[p] + hist if p in hists else hist
+        for k, (p, r) in list(targets.items()):
+            cum = np.cumsum(hists[p])
+            b = int(np.searchsorted(cum, r, side="right"))
+            targets[k] = ((p << 16) | b, r - (int(cum[b - 1]) if b else 0))
+    prefixes = {p for p, _ in targets.values()}
+    parts: dict[int, list] = {p: [] for p in prefixes}
+    for bits, w in _bits(source):
+        for p in prefixes:
+            sel = (bits >> 32) == p
+            if sel.any():
+                vals, inv = np.unique(bits[sel], return_inverse=True)
+                parts[p].append((vals, np.bincount(inv, weights=w[sel])))
+    found = {}
+    for k, (p, r) in targets.items():
+        vals = np.concatenate([v for v, _ in parts[p]])
+        weights = np.concatenate([c for _, c in parts[p]])
+        uniq, inv = np.unique(vals, return_inverse=True)
+        cum = np.cumsum(np.bincount(inv, weights=weights))
+        found[k] = float(uniq[int(np.searchsorted(cum, r, side="right"))].view(np.float64))
+    return found
+
+
 @dataclass(frozen=True, eq=False)
 class SimResult:
-    """Everything a run produced, as arrays; :meth:`summary` aggregates."""
+    """Everything a run produced: per-request arrays, and the pass log as run-length records
+    (:class:`envs.records.PassHistory`) that :meth:`summary` reads in chunks. The per-pass
+    arrays (``pass_duration_s`` and the rest) are expanded on first use."""
 
-    # per request (warm-started requests excluded)
+    # per request (warm-started requests excluded), in arrival order
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
@@ -87,17 +159,10 @@ class SimResult:
     preemptions: np.ndarray
     max_gap_s: np.ndarray
     """Each request's worst gap between consecutive tokens (NaN with one token)."""
-    # per pass
-    pass_duration_s: np.ndarray
-    pass_end_s: np.ndarray
-    pass_decodes: np.ndarray
-    pass_prefill_tokens: np.ndarray
-    pass_budget: np.ndarray
-    """The budget asked of the policy, -1 for passes that needed no decision."""
-    kv_used_blocks: np.ndarray
-    """Blocks in use after each pass (carried forward between recorded passes)."""
-    kv_total_blocks: int
     resume_gaps_s: np.ndarray
+    """Every resumption's whole wait after a preemption, by request then in order."""
+    history: PassHistory
+    kv_total_blocks: int
     total_preemptions: int
     sim_time_s: float
     requests_total: int
@@ -105,37 +170,65 @@ class SimResult:
     @classmethod
     def of(cls, sim) -> "SimResult":
         """Read a finished (or paused) simulator's requests and pass log."""
-        reqs = [r for r in sim.requests if not r.warm]
-        dur, decodes = sim.log.pass_records()
+        cols = sim.requests.columns()
+        warm = cols.pop("warm")
+        if warm.any():  # warm-started requests are left out (no copies when there are none)
+            keep = ~warm
+            cols = {k: v[keep] for k, v in cols.items() if not k.startswith("resume")} | {
+                "resume_gap_s": cols["resume_gap_s"][keep[cols["resume_position"]]]}
+        max_gap = cols["max_gap_s"]
+        max_gap[np.isneginf(max_gap)] = np.nan
+        return cls(
+            arrival_s=cols["arrival"], prompt_tokens=cols["prompt"], output_tokens=cols["output"],
+            first_token_s=cols["first_token_s"], finish_s=cols["finish_s"],
+            preemptions=cols["preemptions"].astype(np.int64), max_gap_s=max_gap,
+            resume_gaps_s=cols["resume_gap_s"], history=sim.log.history(),
+            kv_total_blocks=sim.total_blocks, total_preemptions=sim.preemptions, sim_time_s=sim.now,
+            requests_total=len(sim.workload))
+
+    # --- per pass (expanded on first use) ------------------------------------------------
+
+    @cached_property
+    def _passes(self) -> PassChunk:
+        h = self.history
+        return next(h.chunks(max(h.passes, 1)), PassChunk(0, np.zeros(0), *[np.zeros(0, np.int64)] * 4))
+
+    def _chunks(self):
+        """The passes chunk by chunk; a short run's one chunk is the cached full expansion."""
+        if self.history.passes <= records.CHUNK_PASSES:
+            return iter([self._passes] if self.history.passes else [])
+        return self.history.chunks(records.CHUNK_PASSES)
+
+    @property
+    def pass_duration_s(self) -> np.ndarray:
+        return self._passes.duration_s
+
+    @property
+    def pass_decodes(self) -> np.ndarray:
+        return self._passes.decodes
+
+    @property
+    def pass_prefill_tokens(self) -> np.ndarray:
+        return self._passes.prefill_tokens
+
+    @property
+    def pass_budget(self) -> np.ndarray:
+        """The budget asked of the policy, -1 for passes that needed no decision."""
+        return self._passes.budget
+
+    @property
+    def kv_used_blocks(self) -> np.ndarray:
+        """Blocks in use after each pass (carried forward between recorded passes)."""
+        return self._passes.kv_blocks
+
+    @cached_property
+    def pass_end_s(self) -> np.ndarray:
+        dur = self.pass_duration_s
         P = len(dur)
         idle = np.zeros(P + 1)
-        il = sim.log.idle_records()
-        np.add.at(idle, il[:, 0].astype(np.int64), il[:, 1])
-        end = np.cumsum(dur + idle[:P]) if P else np.zeros(0)
-        prefill = np.zeros(P, dtype=np.int64)
-        budget = np.full(P, -1, dtype=np.int64)
-        pl = sim.log.prefill_records()
-        prefill[pl[:, 0]] = pl[:, 1]
-        budget[pl[:, 0]] = pl[:, 2]
-        kv = np.zeros(P, dtype=np.int64)
-        kl = sim.log.kv_records()
-        if len(kl) and P:
-            kv_idx = np.searchsorted(kl[:, 0], np.arange(P), side="right") - 1
-            kv = np.where(kv_idx >= 0, kl[np.maximum(kv_idx, 0), 1], 0)
-        max_gap, gaps = _worst_gaps(reqs, dur)
-
-        def col(name, dtype=np.float64):
-            return np.fromiter(map(attrgetter(name), reqs), dtype=dtype, count=len(reqs))
-
-        return cls(
-            arrival_s=col("arrival"), prompt_tokens=col("prompt", np.int64),
-            output_tokens=col("output", np.int64), first_token_s=col("first_token_s"),
-            finish_s=col("finish_s"), preemptions=col("preemptions", np.int64), max_gap_s=max_gap,
-            pass_duration_s=dur, pass_end_s=end, pass_decodes=decodes,
-            pass_prefill_tokens=prefill, pass_budget=budget, kv_used_blocks=kv,
-            kv_total_blocks=sim.total_blocks, resume_gaps_s=np.asarray(gaps, dtype=np.float64),
-            total_preemptions=sim.preemptions, sim_time_s=sim.now,
-            requests_total=len(sim.workload))
+        il = np.concatenate(self.history.idle) if self.history.idle else np.zeros((0, 2))
+        np.add.at(idle, il[:, 0].astype(np.int64) - self.history.first_pass, il[:, 1])
+        return np.cumsum(dur + idle[:P]) if P else np.zeros(0)
 
     # --- derived per request --------------------------------------------------------
 
@@ -159,9 +252,51 @@ class SimResult:
         return np.where(self.output_tokens > 1, t, np.nan)
 
     def itl_percentile(self, q) -> np.ndarray | float:
-        values = np.concatenate([self.pass_duration_s, self.resume_gaps_s])
-        weights = np.concatenate([self.pass_decodes, np.ones(len(self.resume_gaps_s), np.int64)])
-        return weighted_percentile(values, weights, q)
+        """Exact ITL percentiles over every token: in one go when the run has at most
+        ``records.CHUNK_PASSES`` passes, else chunk by chunk (the same numbers)."""
+        ones = np.ones(len(self.resume_gaps_s), np.int64)
+        if self.history.passes <= records.CHUNK_PASSES:
+            c = self._passes
+            return weighted_percentile(np.concatenate([c.duration_s, self.resume_gaps_s]),
+                                       np.concatenate([c.decodes, ones]), q)
+
+        def source():
+            for c in self._chunks():
+                d, n = c.duration_s, c.decodes
+                del c
+                yield d, n
+            yield self.resume_gaps_s, ones
+        return chunked_weighted_percentile(source, q)
+
+    def pass_stats(self) -> dict:
+        """Per-pass aggregates, read chunk by chunk (one chunk: the same arithmetic as on
+        full arrays; several: sums add up chunk sums)."""
+        h = self.history
+        chunks = 0
+        out = dict(ntok=0, dot=0.0, itl_max=-np.inf, stall=0, stall_tokens=0, kv_sum=0.0,
+                   kv_max=-np.inf, kv_mean=math.nan)
+        stall_d, decided = [], []
+        for c in self._chunks():
+            chunks += 1
+            dec, d = c.decodes, c.duration_s
+            out["ntok"] += int(dec.sum())
+            out["dot"] += float(d @ dec)
+            out["itl_max"] = max(out["itl_max"], float(d[dec > 0].max(initial=-np.inf)))
+            stall = (c.prefill_tokens > 0) & (dec > 0)
+            out["stall"] += int(stall.sum())
+            out["stall_tokens"] += int(dec[stall].sum())
+            stall_d.append(d[stall])
+            decided.append(c.budget[c.budget >= 0])
+            kv = c.kv_blocks / self.kv_total_blocks
+            out["kv_mean"] = _mean(kv)
+            out["kv_sum"] += float(kv.sum())
+            out["kv_max"] = max(out["kv_max"], float(kv.max()))
+            del c, dec, d, stall, kv  # one chunk alive at a time
+        if chunks > 1:
+            out["kv_mean"] = out["kv_sum"] / h.passes
+        out["stall_d"] = np.concatenate(stall_d) if stall_d else np.zeros(0)
+        out["decided"] = np.concatenate(decided) if decided else np.zeros(0, np.int64)
+        return out
 
     def meets_slo(self, slo: SLO) -> np.ndarray:
         tpot = np.nan_to_num(self.tpot_s, nan=0.0)
@@ -177,30 +312,27 @@ class SimResult:
         tpot = self.tpot_s[fin]
         tpot = tpot[~np.isnan(tpot)]
         e2el = self.e2el_s[fin]
-        ntok = int(self.pass_decodes.sum()) + len(self.resume_gaps_s)
+        ps = self.pass_stats()
+        ntok = ps["ntok"] + len(self.resume_gaps_s)
         itl = self.itl_percentile([50, 90, 99]) if ntok else [math.nan] * 3
-        itl_max = max(float(self.pass_duration_s[self.pass_decodes > 0].max(initial=-np.inf)),
-                      float(self.resume_gaps_s.max(initial=-np.inf)))
-        itl_mean = ((float(self.pass_duration_s @ self.pass_decodes) + float(self.resume_gaps_s.sum()))
-                    / ntok if ntok else math.nan)
+        itl_max = max(ps["itl_max"], float(self.resume_gaps_s.max(initial=-np.inf)))
+        itl_mean = (ps["dot"] + float(self.resume_gaps_s.sum())) / ntok if ntok else math.nan
         start = float(self.arrival_s.min()) if len(self.arrival_s) else 0.0
         span = (float(np.nanmax(self.finish_s)) - start) if fin.any() else 0.0
         out_tok = int(self.output_tokens[fin].sum())
         good = self.meets_slo(slo)
-        stall = (self.pass_prefill_tokens > 0) & (self.pass_decodes > 0)
-        stall_d = self.pass_duration_s[stall]
-        decided = self.pass_budget[self.pass_budget >= 0]
+        stall_d = ps["stall_d"]
+        decided = ps["decided"]
         n_fin = int(fin.sum())
         gaps = self.max_gap_s[fin]
         smooth = np.nan_to_num(gaps, nan=0.0) <= 2 * slo.itl_s
-        kv = self.kv_used_blocks / self.kv_total_blocks
         t50, t90, t99 = _pcts(ttft, [50, 90, 99])
         tp50, tp99 = _pcts(tpot, [50, 99])
         e50, e99 = _pcts(e2el, [50, 99])
         return {
             "requests_total": self.requests_total,
             "requests_finished": n_fin,
-            "passes": len(self.pass_duration_s),
+            "passes": self.history.passes,
             "sim_time_s": self.sim_time_s,
             "ttft_mean_s": _mean(ttft), "ttft_p50_s": t50, "ttft_p90_s": t90, "ttft_p99_s": t99,
             "itl_mean_s": itl_mean, "itl_p50_s": float(itl[0]), "itl_p90_s": float(itl[1]),
@@ -216,40 +348,16 @@ class SimResult:
             "smooth_share": float(smooth.sum()) / n_fin if n_fin else math.nan,
             "preemptions": self.total_preemptions,
             "preempted_requests": int((self.preemptions > 0).sum()),
-            "stall_passes": int(stall.sum()),
+            "stall_passes": ps["stall"],
             "stall_itl_mean_s": _mean(stall_d),
             "stall_itl_max_s": float(stall_d.max()) if len(stall_d) else math.nan,
-            "stall_decode_tokens": int(self.pass_decodes[stall].sum()),
+            "stall_decode_tokens": ps["stall_tokens"],
             "decision_passes": len(decided),
             "budget_mean": _mean(decided.astype(np.float64)),
             "prefill_passes_per_prompt_p95": _passes_per_prompt(self.prompt_tokens, decided),
-            "kv_usage_mean": _mean(kv), "kv_usage_max": float(kv.max()) if len(kv) else math.nan,
+            "kv_usage_mean": ps["kv_mean"],
+            "kv_usage_max": ps["kv_max"] if self.history.passes else math.nan,
         }
-
-
-def _worst_gaps(reqs, dur: np.ndarray) -> tuple[np.ndarray, list[float]]:
-    """Each request's worst gap (the longest pass among those it decoded in, or a resume
-    gap; NaN with one token), and every resume gap."""
-    seg_req, seg_lo, seg_hi, gaps = [], [], [], []
-    for i, r in enumerate(reqs):
-        for lo, hi in r.segments:
-            seg_req.append(i)
-            seg_lo.append(lo)
-            seg_hi.append(hi)
-        gaps.extend(r.resume_gaps)
-    max_gap = np.full(len(reqs), -np.inf)
-    if seg_req:
-        padded = np.append(dur, 0.0)
-        bounds = np.empty(2 * len(seg_lo), dtype=np.int64)
-        bounds[0::2] = seg_lo
-        bounds[1::2] = seg_hi
-        seg_max = np.maximum.reduceat(padded, bounds)[0::2]
-        np.maximum.at(max_gap, np.asarray(seg_req), seg_max)
-    for i, r in enumerate(reqs):
-        if r.resume_gaps:
-            max_gap[i] = max(max_gap[i], max(r.resume_gaps))
-    max_gap[np.isneginf(max_gap)] = np.nan
-    return max_gap, gaps
 
 
 def _passes_per_prompt(prompts: np.ndarray, budgets: np.ndarray) -> float:
@@ -257,3 +365,209 @@ def _passes_per_prompt(prompts: np.ndarray, budgets: np.ndarray) -> float:
     if not len(prompts) or not len(budgets):
         return math.nan
     return float(math.ceil(np.percentile(prompts, 95) / np.median(budgets)))
+
+
+# --- summaries in flat memory -------------------------------------------------------------
+
+class LogHistogram:
+    """Weighted values >= 0 in buckets 2^-10 wide in relative terms (the top 22 bits of their
+    float64 bit patterns): memory grows with the range the values span, not their number.
+    A percentile reads each order statistic as its bucket's middle (within 0.05%)."""
+
+    SHIFT = 42
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+
+    def add(self, values: np.ndarray, weights: np.ndarray | None = None) -> None:
+        values = np.asarray(values, dtype=np.float64)
+        if weights is not None:
+            keep = np.asarray(weights) > 0
+            values, weights = values[keep], np.asarray(weights)[keep]
+        if not len(values):
+            return
+        keys, inv = np.unique(np.ascontiguousarray(values).view(np.int64) >> self.SHIFT,
+                              return_inverse=True)
+        totals = np.bincount(inv, weights=weights, minlength=len(keys))
+        counts = self.counts
+        for k, c in zip(keys.tolist(), totals.tolist()):
+            counts[k] = counts.get(k, 0) + int(c)
+
+    def copy(self) -> "LogHistogram":
+        h = LogHistogram()
+        h.counts = dict(self.counts)
+        return h
+
+    def percentile(self, qs: list[float]) -> list[float]:
+        if not self.counts:
+            return [math.nan] * len(qs)
+        keys = np.array(sorted(self.counts), dtype=np.int64)
+        cum = np.cumsum([self.counts[k] for k in keys.tolist()])
+        n = int(cum[-1])
+        low = (keys << self.SHIFT).view(np.float64)
+        high = (((keys + 1) << self.SHIFT) - 1).view(np.float64)
+        mid = low + (high - low) / 2
+        h = (n - 1) * np.asarray(qs, dtype=np.float64) / 100.0
+        lo = np.floor(h).astype(np.int64)
+        hi = np.minimum(lo + 1, n - 1)
+        v_lo = mid[np.searchsorted(cum, lo, side="right")]
+        v_hi = mid[np.searchsorted(cum, hi, side="right")]
+        return [float(v) for v in v_lo + (h - lo) * (v_hi - v_lo)]
+
+
+class StreamingSummary:
+    """:meth:`SimResult.summary`'s figures, folded in as requests finish and passes are filed
+    away, in memory that does not grow with the run (``Simulator(summary_only=SLO)``).
+
+    Exact: counts, token totals, maxima, goodput, smoothness, preemptions, the median
+    budget; sums and means up to float rounding (added batch by batch). Approximate, within
+    0.05%: the percentiles of TTFT, TPOT, end-to-end latency and ITL (:class:`LogHistogram`).
+    """
+
+    def __init__(self, slo: SLO, kv_total_blocks: int) -> None:
+        self.slo, self.kv_total_blocks = slo, kv_total_blocks
+        self.hist = {k: LogHistogram() for k in ("ttft", "tpot", "e2el", "itl")}
+        self.n = dict(ttft=0, tpot=0, finished=0, good=0, smooth=0, preempted=0, output=0, ntok=0,
+                      passes=0, stall=0, stall_tokens=0, decided=0)
+        self.sum = dict(ttft=0.0, tpot=0.0, itl=0.0, stall=0.0, budget=0.0, kv=0.0)
+        self.max = dict(itl=-math.inf, stall=-math.inf, kv=-math.inf, finish=-math.inf)
+        self.first_arrival = math.inf
+        self.budgets: dict[int, int] = {}
+        self.kv_last = 0
+
+    def copy(self) -> "StreamingSummary":
+        c = StreamingSummary(self.slo, self.kv_total_blocks)
+        c.hist = {k: h.copy() for k, h in self.hist.items()}
+        c.n, c.sum, c.max, c.budgets = dict(self.n), dict(self.sum), dict(self.max), dict(self.budgets)
+        c.first_arrival, c.kv_last = self.first_arrival, self.kv_last
+        return c
+
+    def add_requests(self, cols: dict, resumes: np.ndarray) -> None:
+        """Requests (``RequestBook`` columns; warm-started ones are left out) and their
+        resume gaps, rows of (position, gap)."""
+        warm = np.asarray(cols["warm"], dtype=bool)
+        warm_pos = set(np.asarray(cols["position"])[warm].astype(np.int64).tolist())
+        if len(resumes):
+            gaps = resumes[[int(p) not in warm_pos for p in resumes[:, 0]], 1] if warm_pos else resumes[:, 1]
+            self._itl(gaps, np.ones(len(gaps), dtype=np.int64))
+        keep = ~warm
+        arrival, first, finish = cols["arrival"][keep], cols["first_token_s"][keep], cols["finish_s"][keep]
+        output, gap = cols["output"][keep], cols["max_gap_s"][keep]
+        if not len(arrival):
+            return
+        self.first_arrival = min(self.first_arrival, float(arrival.min()))
+        started = ~np.isnan(first)
+        ttft = first - arrival
+        self._values("ttft", ttft[started])
+        fin = ~np.isnan(finish)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(output > 1, (finish - first) / (output - 1), np.nan)
+        self._values("tpot", tpot[fin & ~np.isnan(tpot)])
+        self.hist["e2el"].add((finish - arrival)[fin])
+        self.n["finished"] += int(fin.sum())
+        self.n["output"] += int(output[fin].sum())
+        self.max["finish"] = max(self.max["finish"], float(finish[fin].max(initial=-np.inf)))
+        ok = fin & (ttft <= self.slo.ttft_s) & (np.nan_to_num(tpot, nan=0.0) <= self.slo.itl_s)
+        self.n["good"] += int(ok.sum())
+        gap = np.where(np.isneginf(gap), np.nan, gap)
+        self.n["smooth"] += int((np.nan_to_num(gap[fin], nan=0.0) <= 2 * self.slo.itl_s).sum())
+        self.n["preempted"] += int((cols["preemptions"][keep] > 0).sum())
+
+    def _values(self, name: str, values: np.ndarray) -> None:
+        self.hist[name].add(values)
+        self.n[name] += len(values)
+        self.sum[name] += float(values.sum())
+
+    def _itl(self, values: np.ndarray, weights: np.ndarray) -> None:
+        self.hist["itl"].add(values, weights)
+        self.n["ntok"] += int(weights.sum())
+        self.sum["itl"] += float(values @ weights)
+        if len(values) and (weights > 0).any():
+            self.max["itl"] = max(self.max["itl"], float(values[weights > 0].max()))
+
+    def add_passes(self, history: PassHistory) -> None:
+        for c in history.chunks(records.CHUNK_PASSES, self.kv_last):
+            d, dec = c.duration_s, c.decodes
+            self.n["passes"] += len(d)
+            self._itl(d, dec)
+            stall = (c.prefill_tokens > 0) & (dec > 0)
+            self.n["stall"] += int(stall.sum())
+            self.n["stall_tokens"] += int(dec[stall].sum())
+            self.sum["stall"] += float(d[stall].sum())
+            self.max["stall"] = max(self.max["stall"], float(d[stall].max(initial=-np.inf)))
+            decided = c.budget[c.budget >= 0]
+            self.n["decided"] += len(decided)
+            self.sum["budget"] += float(decided.sum())
+            for b, k in zip(*np.unique(decided, return_counts=True)):
+                self.budgets[int(b)] = self.budgets.get(int(b), 0) + int(k)
+            kv = c.kv_blocks / self.kv_total_blocks
+            self.sum["kv"] += float(kv.sum())
+            self.max["kv"] = max(self.max["kv"], float(kv.max()))
+            self.kv_last = int(c.kv_blocks[-1])
+
+    def _median_budget(self) -> float:
+        keys = sorted(self.budgets)
+        cum = np.cumsum([self.budgets[k] for k in keys])
+        n = int(cum[-1])
+        pick = [keys[int(np.searchsorted(cum, r, side="right"))] for r in {(n - 1) // 2, n // 2}]
+        return float(sum(pick) / len(pick))
+
+    def summary(self, requests_total: int, prompts: np.ndarray, sim_time_s: float,
+                total_preemptions: int) -> dict:
+        """The same keys as :meth:`SimResult.summary`."""
+        n, sm, mx = self.n, self.sum, self.max
+        fin = n["finished"]
+        span = mx["finish"] - self.first_arrival if fin else 0.0
+        t50, t90, t99 = self.hist["ttft"].percentile([50, 90, 99])
+        tp50, tp99 = self.hist["tpot"].percentile([50, 99])
+        e50, e99 = self.hist["e2el"].percentile([50, 99])
+        i50, i90, i99 = self.hist["itl"].percentile([50, 90, 99])
+        ntok = n["ntok"]
+        p95 = (float(math.ceil(np.percentile(prompts, 95) / self._median_budget()))
+               if len(prompts) and self.budgets else math.nan)
+        return {
+            "requests_total": requests_total, "requests_finished": fin, "passes": n["passes"],
+            "sim_time_s": sim_time_s,
+            "ttft_mean_s": sm["ttft"] / n["ttft"] if n["ttft"] else math.nan,
+            "ttft_p50_s": t50, "ttft_p90_s": t90, "ttft_p99_s": t99,
+            "itl_mean_s": sm["itl"] / ntok if ntok else math.nan,
+            "itl_p50_s": i50, "itl_p90_s": i90, "itl_p99_s": i99,
+            "itl_max_s": mx["itl"] if ntok else math.nan,
+            "tpot_mean_s": sm["tpot"] / n["tpot"] if n["tpot"] else math.nan,
+            "tpot_p50_s": tp50, "tpot_p99_s": tp99, "e2el_p50_s": e50, "e2el_p99_s": e99,
+            "throughput_tok_s": n["output"] / span if span > 0 else math.nan,
+            "request_throughput_rps": fin / span if span > 0 else math.nan,
+            "output_tokens": n["output"],
+            "goodput": n["good"] / fin if fin else math.nan,
+            "goodput_rps": n["good"] / span if span > 0 else math.nan,
+            "slo_ttft_s": self.slo.ttft_s, "slo_itl_s": self.slo.itl_s,
+            "smooth_share": n["smooth"] / fin if fin else math.nan,
+            "preemptions": total_preemptions, "preempted_requests": n["preempted"],
+            "stall_passes": n["stall"],
+            "stall_itl_mean_s": sm["stall"] / n["stall"] if n["stall"] else math.nan,
+            "stall_itl_max_s": mx["stall"] if n["stall"] else math.nan,
+            "stall_decode_tokens": n["stall_tokens"], "decision_passes": n["decided"],
+            "budget_mean": sm["budget"] / n["decided"] if n["decided"] else math.nan,
+            "prefill_passes_per_prompt_p95": p95,
+            "kv_usage_mean": sm["kv"] / n["passes"] if n["passes"] else math.nan,
+            "kv_usage_max": mx["kv"] if n["passes"] else math.nan,
+        }
+
+
+class StreamedResult:
+    """What a summary-only simulator returns: :meth:`summary` under the SLO it was built for."""
+
+    def __init__(self, sim) -> None:
+        self.sim = sim
+
+    def summary(self, slo: SLO | None = None) -> dict:
+        sim = self.sim
+        stream: StreamingSummary = sim.stream
+        if slo is not None and (slo.ttft_s, slo.itl_s) != (stream.slo.ttft_s, stream.slo.itl_s):
+            raise ValueError(f"this simulator summarises under {stream.slo}, not {slo}")
+        sim.requests.flush()
+        final = stream.copy()  # the records still held (the last passes, live requests) fold into a copy
+        final.add_passes(sim.log.history())
+        live, resumes = sim.requests.live_columns()
+        final.add_requests(live, resumes)
+        return final.summary(len(sim.workload), sim.workload.prompt_tokens, sim.now, sim.preemptions)

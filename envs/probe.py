@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from envs.cli import parse
 from envs.cost import PassShape, free_ride_formula_tokens, free_ride_tokens, price
 from envs.engine import EngineConfig, Simulator, check_static_budget
-from envs.errors import positive_int, require, run_cli
-from envs.profiles import get_hardware, get_model
+from envs.errors import integer, non_negative, require, run_cli, tokens
+from envs.profiles import MAX_OVERHEAD_S, get_hardware, get_model
 from envs.workload import Workload
 
 # Running users are given more output than any probe can consume, so none finishes.
@@ -50,20 +50,23 @@ class ProbeArgs:
     json: bool = False
     """Print one JSON object instead of the table."""
 
+    def __post_init__(self) -> None:
+        tokens("max_num_seqs", self.max_num_seqs)
+        integer("running", self.running, 0)
+        require(self.running < self.max_num_seqs, "running", self.running,
+                f"must be < max_num_seqs ({self.max_num_seqs}) so the prompt can be admitted")
+        tokens("context_tokens", self.context_tokens)
+        tokens("prompt_tokens", self.prompt_tokens)
+        check_static_budget(self.budget, EngineConfig(max_num_seqs=self.max_num_seqs))
+        if self.per_pass_overhead_s is not None:
+            non_negative("per_pass_overhead_s", self.per_pass_overhead_s, MAX_OVERHEAD_S)
+
 
 def probe(args: ProbeArgs) -> dict:
     """Run the probe; returns the JSON-ready figures."""
     hw = get_hardware(args.hardware, args.per_pass_overhead_s)
     model = get_model(args.model)
-    require(isinstance(args.running, int) and args.running >= 0, "running", args.running,
-            "must be an integer >= 0")
-    positive_int("context_tokens", args.context_tokens)
-    positive_int("prompt_tokens", args.prompt_tokens)
-    positive_int("max_num_seqs", args.max_num_seqs)
-    require(args.running < args.max_num_seqs, "running", args.running,
-            f"must be < max_num_seqs ({args.max_num_seqs}) so the prompt can be admitted")
     config = EngineConfig(max_num_seqs=args.max_num_seqs)
-    check_static_budget(args.budget, config)
 
     workload = Workload.from_arrays([0.0], [args.prompt_tokens], [1], name="probe")
     sim = Simulator(hw, model, workload, config)

@@ -19,13 +19,33 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 
-from envs.errors import ConfigError, fraction, non_negative, positive, positive_int, require
+from envs.errors import ConfigError, fraction, integer, non_negative, number, require, show
+from envs.files import load_json, load_toml
 
 GIB = 2**30
+
+# Ranges of profile figures: wide enough for a unit roofline (every rate 1, as the
+# calibration's fits use) and for parts far beyond today's (an H200 moves 4.8e12 B/s and
+# computes 1e15 FLOP/s), narrow enough that no pass time overflows a float.
+MIN_RATE = 1e-3
+MAX_BYTES_PER_S = 1e18
+MAX_FLOPS_PER_S = 1e21
+MAX_MEMORY_BYTES = float(2**60)
+MAX_OVERHEAD_S = 3600.0
+MAX_RATIO = 1e6
+MAX_SHAPE = 2**20
+"""Largest layer count, width, head count, head size or tensor-parallel degree."""
+MAX_PARAMS = 1e16
+MAX_BYTES_PER_ELEMENT = 64.0
+MAX_NAME_CHARS = 128
+
+
+def _name(field: str, value: object) -> None:
+    require(isinstance(value, str) and 0 < len(value) <= MAX_NAME_CHARS and value.isprintable(),
+            field, value, f"must be 1 to {MAX_NAME_CHARS} printable characters")
 
 # Achievable fractions of the datasheet rooflines (see module docstring).
 _DC_BANDWIDTH_FRACTION = 0.78
@@ -82,23 +102,26 @@ class HardwareProfile:
     """Fixed cost of one all-reduce, seconds (with ``interconnect_bytes_per_s``)."""
 
     def __post_init__(self) -> None:
-        require(isinstance(self.name, str) and bool(self.name), "hardware.name", self.name,
-                "must be a non-empty string")
-        positive("hardware.hbm_bytes_per_s", self.hbm_bytes_per_s)
-        positive("hardware.peak_flops_per_s", self.peak_flops_per_s)
-        positive("hardware.memory_bytes", self.memory_bytes)
+        _name("hardware.name", self.name)
+        for f, high in (("hbm_bytes_per_s", MAX_BYTES_PER_S), ("peak_flops_per_s", MAX_FLOPS_PER_S),
+                        ("elementwise_bytes_per_s", MAX_BYTES_PER_S),
+                        ("interconnect_bytes_per_s", MAX_BYTES_PER_S)):
+            if getattr(self, f) is not None or f in ("hbm_bytes_per_s", "peak_flops_per_s"):
+                self._rate(f, high)
+        number("hardware.memory_bytes", self.memory_bytes, 0, MAX_MEMORY_BYTES, low_open=True)
         fraction("hardware.bandwidth_fraction", self.bandwidth_fraction)
         fraction("hardware.flops_fraction", self.flops_fraction)
-        non_negative("hardware.per_pass_overhead_s", self.per_pass_overhead_s)
-        positive("hardware.attention_bandwidth_ratio", self.attention_bandwidth_ratio)
-        positive("hardware.attention_flops_ratio", self.attention_flops_ratio)
-        require(isinstance(self.overlap, (int, float)) and 0 <= self.overlap <= 1,
-                "hardware.overlap", self.overlap, "must lie in [0, 1]")
-        non_negative("hardware.per_layer_overhead_s", self.per_layer_overhead_s)
-        for f in ("elementwise_bytes_per_s", "interconnect_bytes_per_s"):
-            if getattr(self, f) is not None:
-                positive(f"hardware.{f}", getattr(self, f))
-        non_negative("hardware.allreduce_latency_s", self.allreduce_latency_s)
+        for f in ("per_pass_overhead_s", "per_layer_overhead_s", "allreduce_latency_s"):
+            non_negative(f"hardware.{f}", getattr(self, f), MAX_OVERHEAD_S)
+        for f in ("attention_bandwidth_ratio", "attention_flops_ratio"):
+            number(f"hardware.{f}", getattr(self, f), 0, MAX_RATIO, low_open=True)
+        require(isinstance(self.overlap, (int, float)) and not isinstance(self.overlap, bool)
+                and 0 <= self.overlap <= 1, "hardware.overlap", self.overlap, "must lie in [0, 1]")
+
+    def _rate(self, f: str, high: float) -> None:
+        value = getattr(self, f)
+        number(f"hardware.{f}", value, 0, high, low_open=True)  # "> 0" for the usual mistakes
+        number(f"hardware.{f}", value, MIN_RATE, high)
 
     @property
     def effective_bytes_per_s(self) -> float:
@@ -141,17 +164,14 @@ class ModelProfile:
     """Bytes of one activation element (bf16/fp16, also for quantised weights)."""
 
     def __post_init__(self) -> None:
-        require(isinstance(self.name, str) and bool(self.name), "model.name", self.name,
-                "must be a non-empty string")
+        _name("model.name", self.name)
         for f in ("layers", "hidden_size", "heads", "kv_heads", "head_dim", "tensor_parallel"):
-            positive_int(f"model.{f}", getattr(self, f))
-        require(isinstance(self.intermediate_size, int) and not isinstance(self.intermediate_size, bool)
-                and self.intermediate_size >= 0, "model.intermediate_size", self.intermediate_size,
-                "must be an integer >= 0 (0: estimated from params)")
-        positive("model.bytes_per_activation", self.bytes_per_activation)
-        positive("model.params", self.params)
-        positive("model.bytes_per_weight", self.bytes_per_weight)
-        positive("model.bytes_per_kv_element", self.bytes_per_kv_element)
+            integer(f"model.{f}", getattr(self, f), 1, MAX_SHAPE)
+        integer("model.intermediate_size", self.intermediate_size, 0, MAX_SHAPE * 64,
+                "0: estimated from params")
+        number("model.params", self.params, 0, MAX_PARAMS, low_open=True)
+        for f in ("bytes_per_weight", "bytes_per_kv_element", "bytes_per_activation"):
+            number(f"model.{f}", getattr(self, f), 1e-3, MAX_BYTES_PER_ELEMENT)
         require(self.heads % self.kv_heads == 0, "model.kv_heads", self.kv_heads,
                 f"must divide model.heads ({self.heads})")
 
@@ -380,15 +400,11 @@ MODEL_PRESETS: dict[str, ModelProfile] = {
 MODEL_ALIASES = {"llama-3-70b": "llama-3-70b-tp8"}
 
 
+PROFILE_MAX_BYTES = 1 << 20
+
+
 def _load_table(path: Path, section: str) -> dict:
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise ConfigError(f"{section}: cannot read profile file {str(path)!r} ({err.strerror})")
-    try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{section}: {str(path)!r} is not valid {path.suffix[1:].upper()} ({err})")
+    data = (load_toml if path.suffix == ".toml" else load_json)(section, path, PROFILE_MAX_BYTES)
     if not isinstance(data, dict):
         raise ConfigError(f"{section}: {str(path)!r} must hold a table of fields")
     # Either a file with a [hardware] / [model] table, or a flat table.
@@ -402,31 +418,31 @@ def _from_table(cls, table: dict, section: str, path: Path):
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(table) - known)
     if unknown:
-        raise ConfigError(f"{section}: unknown field(s) {', '.join(unknown)} in {str(path)!r}; "
+        raise ConfigError(f"{section}: unknown field(s) {show(', '.join(unknown), 200)} in {str(path)!r}; "
                           f"known: {', '.join(sorted(known))}")
     required = {f.name for f in fields(cls) if f.default is MISSING} - {"name"}
     missing = sorted(required - set(table))
     if missing:
         raise ConfigError(f"{section}: missing field(s) {', '.join(missing)} in {str(path)!r}")
     kwargs = dict(table)
-    kwargs.setdefault("name", path.stem)
+    kwargs.setdefault("name", path.stem[:MAX_NAME_CHARS] or section)
     try:
         return cls(**kwargs)
-    except TypeError as err:  # e.g. a string where a number belongs
-        raise ConfigError(f"{section}: bad field type in {str(path)!r} ({err})")
+    except ConfigError as err:  # a field out of its range: say which file
+        raise ConfigError(f"{section}: {show(str(path), 200)}: {err}") from None
 
 
 def _resolve(spec, presets: dict, aliases: dict, cls, section: str):
     if isinstance(spec, cls):
         return spec
-    require(isinstance(spec, str) and bool(spec), section, spec,
+    require(isinstance(spec, str) and bool(spec.strip()), section, spec,
             f"must be a preset name ({', '.join(sorted(presets))}) or a .toml/.json file")
     if spec.endswith((".toml", ".json")):
         path = Path(spec)
         return _from_table(cls, _load_table(path, section), section, path)
     name = aliases.get(spec, spec)
     if name not in presets:
-        raise ConfigError(f"{section}: unknown preset {spec!r}; known: "
+        raise ConfigError(f"{section}: unknown preset {show(spec)}; known: "
                           f"{', '.join(sorted(list(presets) + list(aliases)))}, "
                           "or a path to a .toml/.json profile")
     return presets[name]
@@ -439,7 +455,7 @@ def get_hardware(spec: str | HardwareProfile, per_pass_overhead_s: float | None 
     """
     hw = _resolve(spec, HARDWARE_PRESETS, {}, HardwareProfile, "hardware")
     if per_pass_overhead_s is not None:
-        non_negative("per_pass_overhead_s", per_pass_overhead_s)
+        non_negative("per_pass_overhead_s", per_pass_overhead_s, MAX_OVERHEAD_S)
         hw = replace(hw, per_pass_overhead_s=float(per_pass_overhead_s))
     return hw
 
@@ -456,8 +472,8 @@ def profile_to_toml(profile: HardwareProfile | ModelProfile) -> str:
     for key, value in asdict(profile).items():
         if value is None:  # TOML has no null: an absent field reads back as None
             continue
-        if isinstance(value, str):
-            lines.append(f'{key} = "{value}"')
+        if isinstance(value, str):  # a JSON string is a TOML basic string
+            lines.append(f"{key} = {json.dumps(value, ensure_ascii=False)}")
         elif isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{section}.{key}: got {value!r}, must be finite")
         else:

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from envs.engine import EngineConfig, Simulator
+from envs.errors import integer, non_negative, number, require
 from envs.metrics import SLO
-from envs.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
-from envs.workload import SyntheticSpec, Workload, load_trace
+from envs.profiles import MAX_OVERHEAD_S, HardwareProfile, ModelProfile, get_hardware, get_model
+from envs.workload import MAX_SECONDS, SyntheticSpec, Workload, check_rate, load_trace, parse_lengths
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,41 @@ class Scenario:
     """TTFT target, seconds."""
     slo_itl_s: float = 0.1
     """ITL target, seconds."""
+
+    def __post_init__(self) -> None:
+        """Every scalar is range-checked when a scenario is made (a CLI's arguments before any
+        work); :meth:`check` reads what the scenario names (profiles, trace, length specs)."""
+        for name, cls in (("hardware", HardwareProfile), ("model", ModelProfile)):
+            value = getattr(self, name)
+            require(isinstance(value, cls) or (isinstance(value, str) and bool(value.strip())), name,
+                    value, "must be a preset name or a .toml/.json profile")
+        if self.per_pass_overhead_s is not None:
+            non_negative("per_pass_overhead_s", self.per_pass_overhead_s, MAX_OVERHEAD_S)
+        if self.trace is not None:
+            require(isinstance(self.trace, str) and bool(self.trace.strip()), "trace", self.trace,
+                    "must be a CSV path or a bundled trace name")
+        check_rate("rate_scale", self.rate_scale)
+        non_negative("window_start_s", self.window_start_s, MAX_SECONDS)
+        if self.window_end_s is not None:
+            number("window_end_s", self.window_end_s, self.window_start_s, MAX_SECONDS, low_open=True)
+        if self.max_requests is not None:
+            integer("max_requests", self.max_requests, 1)
+        integer("seed", self.seed)
+        self.synthetic_spec()  # each of these checks its own fields
+        self.engine_config()
+        self.slo()
+
+    def check(self) -> "Scenario":
+        """Read everything the scenario names, so that a bad profile, trace or length spec is
+        refused before a sweep starts: the profiles (and whether the model fits the memory),
+        the trace and its window, or the synthetic length specs."""
+        self.engine_config().kv_blocks(self.hardware_profile(), self.model_profile())
+        if self.trace:
+            self.workload()
+        else:
+            parse_lengths(self.prompt, "prompt", "prompt_tokens")
+            parse_lengths(self.output, "output", "output_tokens")
+        return self
 
     def hardware_profile(self) -> HardwareProfile:
         return get_hardware(self.hardware, self.per_pass_overhead_s)

@@ -23,8 +23,9 @@ Length distributions are written as short specs:
 
 from __future__ import annotations
 
-import csv
 import math
+import os
+from array import array
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -32,9 +33,46 @@ from typing import Protocol
 
 import numpy as np
 
-from envs.errors import ConfigError, non_negative, positive, positive_int, require
+from envs.errors import (MAX_TOKENS, ConfigError, integer, non_negative, number, positive, require,
+                         show)
+from envs.files import GIB, csv_rows
 
 TRACE_HEADER = ("arrival_s", "prompt_tokens", "output_tokens")
+
+BYTES_PER_REQUEST = 512
+"""The most memory one request costs a run: its arrival and lengths (in the workload and
+in the simulator's copy, 48 bytes), its compact record once finished (~60 bytes), its
+share of the pass log (~220 bytes), with room for the summary's transients."""
+MAX_RATE = 1e9
+"""Arrival rates and trace speed-ups stay in [1/MAX_RATE, MAX_RATE] (one request in 30
+years to a billion a second), so arrival times stay finite."""
+MAX_SECONDS = 1e12
+"""Times and durations of a workload in seconds (30,000 years)."""
+MAX_SPEC_CHARS = 4096
+MAX_SPEC_DEPTH = 8
+TRACE_MAX_BYTES = 64 * GIB
+
+
+def max_requests() -> int:
+    """The most requests one workload may hold: what this machine's memory holds at
+    :data:`BYTES_PER_REQUEST` each."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 64 * GIB
+    return max(int(memory // BYTES_PER_REQUEST), 1)
+
+
+def check_rate(field_name: str, value: float) -> float:
+    """A rate or a speed-up: > 0 (the usual mistake, said plainly), then within
+    [1/MAX_RATE, MAX_RATE]."""
+    positive(field_name, value)
+    return number(field_name, value, 1 / MAX_RATE, MAX_RATE)
+
+
+def check_num_requests(field_name: str, n: int) -> int:
+    return integer(field_name, n, 1, max_requests(),
+                   f"at ~{BYTES_PER_REQUEST} bytes a request, what this machine's memory holds")
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,22 +88,46 @@ class Workload:
         n = len(self.arrival_s)
         require(len(self.prompt_tokens) == n and len(self.output_tokens) == n, "workload", n,
                 "arrival_s, prompt_tokens and output_tokens must have the same length")
+        require(self.arrival_s.dtype == np.float64, "arrival_s", str(self.arrival_s.dtype),
+                "must be float64 seconds")
+        for name in ("prompt_tokens", "output_tokens"):
+            arr = getattr(self, name)
+            require(arr.dtype == np.int64, name, str(arr.dtype), "must be int64 token counts")
         for arr in (self.arrival_s, self.prompt_tokens, self.output_tokens):
             arr.setflags(write=False)
         if n:
-            require(bool(np.all(np.isfinite(self.arrival_s))) and self.arrival_s.min() >= 0,
-                    "arrival_s", "NaN/inf/negative", "must be finite and >= 0")
-            require(bool(np.all(np.diff(self.arrival_s) >= 0)), "arrival_s", "unsorted",
-                    "must be sorted ascending")
-            require(self.prompt_tokens.min() >= 1, "prompt_tokens", int(self.prompt_tokens.min()),
-                    "must be >= 1")
-            require(self.output_tokens.min() >= 1, "output_tokens", int(self.output_tokens.min()),
-                    "must be >= 1")
+            bad = np.flatnonzero(~(np.isfinite(self.arrival_s) & (self.arrival_s >= 0)
+                                   & (self.arrival_s <= MAX_SECONDS)))
+            if len(bad):
+                number(f"arrival_s of request {bad[0]}", float(self.arrival_s[bad[0]]), 0, MAX_SECONDS)
+            down = np.flatnonzero(np.diff(self.arrival_s) < 0)
+            require(not len(down), f"arrival_s of request {down[0] + 1 if len(down) else 0}",
+                    float(self.arrival_s[down[0] + 1]) if len(down) else 0.0,
+                    "must be >= the previous request's (sorted ascending)")
+            for name in ("prompt_tokens", "output_tokens"):
+                arr = getattr(self, name)
+                bad = np.flatnonzero((arr < 1) | (arr > MAX_TOKENS))
+                if len(bad):
+                    integer(f"{name} of request {bad[0]}", int(arr[bad[0]]), 1, MAX_TOKENS)
 
     @classmethod
     def from_arrays(cls, arrival_s, prompt_tokens, output_tokens, name: str = "workload") -> "Workload":
-        return cls(np.array(arrival_s, dtype=np.float64), np.array(prompt_tokens, dtype=np.int64),
-                   np.array(output_tokens, dtype=np.int64), name)
+        """Build from sequences; numbers that do not fit (float64 seconds, int64 tokens) are
+        refused with the field and the request."""
+        cols = []
+        for field_name, values, dtype in (("arrival_s", arrival_s, np.float64),
+                                          ("prompt_tokens", prompt_tokens, np.int64),
+                                          ("output_tokens", output_tokens, np.int64)):
+            if not isinstance(values, np.ndarray):
+                # One by one, so that a bool, a float where a count belongs, or a number beyond
+                # int64 or float64 is refused with its request, not truncated or overflowed.
+                for i, v in enumerate(values):
+                    if dtype is np.float64:
+                        number(f"{field_name} of request {i}", v, 0, MAX_SECONDS)
+                    else:
+                        integer(f"{field_name} of request {i}", v, 1, MAX_TOKENS)
+            cols.append(np.array(values, dtype=dtype).reshape(-1))
+        return cls(*cols, name)
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -80,15 +142,15 @@ class Workload:
 
     def scaled(self, rate_scale: float) -> "Workload":
         """The same requests arriving ``rate_scale`` times as fast."""
-        positive("rate_scale", rate_scale)
+        check_rate("rate_scale", rate_scale)
         return Workload(self.arrival_s / rate_scale, self.prompt_tokens.copy(),
                         self.output_tokens.copy(), f"{self.name}x{rate_scale:g}")
 
     def window(self, start_s: float = 0.0, end_s: float | None = None) -> "Workload":
         """Requests arriving in [start_s, end_s), re-based so the window starts at 0."""
-        non_negative("window start_s", start_s)
+        non_negative("window_start_s", start_s, MAX_SECONDS)
         if end_s is not None:
-            require(end_s > start_s, "window end_s", end_s, f"must be > start_s ({start_s})")
+            number("window_end_s", end_s, start_s, MAX_SECONDS, low_open=True)
         lo = int(np.searchsorted(self.arrival_s, start_s, side="left"))
         hi = len(self) if end_s is None else int(np.searchsorted(self.arrival_s, end_s, side="left"))
         return Workload(self.arrival_s[lo:hi] - start_s, self.prompt_tokens[lo:hi].copy(),
@@ -121,6 +183,8 @@ def bundled_traces() -> list[str]:
 
 def resolve_trace(path: str | Path) -> Path:
     """A path to a CSV, or the name of a bundled trace (``azure_conv_2023``)."""
+    require(isinstance(path, (str, Path)) and bool(str(path).strip()), "trace", path,
+            f"must be a CSV path or a bundled trace ({', '.join(bundled_traces())})")
     p = Path(path)
     if not p.exists() and (BUNDLED_TRACES / f"{p.stem}.csv").exists() and p.parent == Path("."):
         return BUNDLED_TRACES / f"{p.stem}.csv"
@@ -131,10 +195,16 @@ def load_trace(path: str | Path, rate_scale: float = 1.0, start_s: float = 0.0,
                end_s: float | None = None, max_requests: int | None = None) -> Workload:
     """Read an ``arrival_s,prompt_tokens,output_tokens`` CSV (or a bundled trace by name,
     see :func:`bundled_traces`); every bad row is reported with its line number."""
+    check_rate("rate_scale", rate_scale)
+    non_negative("window_start_s", start_s, MAX_SECONDS)
+    if end_s is not None:
+        number("window_end_s", end_s, start_s, MAX_SECONDS, low_open=True)
+    if max_requests is not None:
+        integer("max_requests", max_requests, 1)
     path = resolve_trace(path)
     try:
         stamp = path.stat().st_mtime_ns
-    except OSError:
+    except (OSError, ValueError):
         stamp = None
     w = _read_trace(path, stamp)
     if start_s or end_s is not None:
@@ -142,66 +212,73 @@ def load_trace(path: str | Path, rate_scale: float = 1.0, start_s: float = 0.0,
     if rate_scale != 1.0:
         w = w.scaled(rate_scale)
     if max_requests is not None:
-        positive_int("max_requests", max_requests)
         w = w.head(max_requests)
     if not len(w):
-        raise ConfigError(f"trace {str(path)!r}: the window [{start_s}, {end_s}) holds no request")
+        raise ConfigError(f"window_start_s: trace {str(path)!r}: the window [{start_s}, {end_s}) "
+                          "holds no request")
     return w
+
+
+def _trace_error(path: Path, line: int, text: str) -> ConfigError:
+    return ConfigError(f"trace {show(str(path), 200)} line {line}: {text}")
+
+
+def _token_cell(path: Path, line: int, column: str, raw: str) -> int:
+    try:
+        v = int(raw)
+    except ValueError:  # not an integer, or one of over 4,300 digits
+        v = 0
+    if not 1 <= v <= MAX_TOKENS:
+        raise _trace_error(path, line, f"{column}: got {show(raw)}, must be an integer >= 1 and "
+                                       f"<= {MAX_TOKENS}")
+    return v
 
 
 @lru_cache(maxsize=16)
 def _read_trace(path: Path, stamp: int | None) -> Workload:
     """The whole file, parsed once per (path, modification time): capacity searches
     replay the same trace hundreds of times. Workload arrays are read-only, so the
-    cached copy is shared safely."""
-    try:
-        fh = path.open(newline="")
-    except OSError as err:
-        raise ConfigError(f"trace: cannot read {str(path)!r} ({err.strerror}); bundled traces: "
-                          f"{', '.join(bundled_traces())}")
-    arrivals: list[float] = []
-    prompts: list[int] = []
-    outputs: list[int] = []
-    with fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None or tuple(h.strip() for h in header[:3]) != TRACE_HEADER:
-            raise ConfigError(f"trace {str(path)!r} line 1: header must start with "
-                              f"{','.join(TRACE_HEADER)}, got {','.join(header or [])!r}")
-        last = 0.0
-        for row in reader:
-            line = reader.line_num
-            if not row or all(not c.strip() for c in row):
-                continue
-            if len(row) < 3:
-                raise ConfigError(f"trace {str(path)!r} line {line}: expected 3 fields, got {len(row)}")
-            try:
-                a = float(row[0])
-            except ValueError:
-                a = math.nan
-            if not (math.isfinite(a) and a >= 0):
-                raise ConfigError(f"trace {str(path)!r} line {line}: arrival_s: got {row[0]!r}, "
-                                  "must be a finite number >= 0")
-            if a < last:
-                raise ConfigError(f"trace {str(path)!r} line {line}: arrival_s: got {a}, must be "
-                                  f">= the previous row's {last} (rows sorted by arrival)")
-            last = a
-            vals = []
-            for col, raw in zip(TRACE_HEADER[1:], row[1:3]):
-                try:
-                    v = int(raw)
-                except ValueError:
-                    v = 0
-                if v < 1:
-                    raise ConfigError(f"trace {str(path)!r} line {line}: {col}: got {raw!r}, "
-                                      "must be an integer >= 1")
-                vals.append(v)
-            arrivals.append(a)
-            prompts.append(vals[0])
-            outputs.append(vals[1])
+    cached copy is shared safely. Columns are kept in typed arrays (24 bytes a row)."""
+    if stamp is None or not path.is_file():
+        try:
+            os.stat(path)
+        except (OSError, ValueError) as err:
+            reason = getattr(err, "strerror", None) or str(err)
+            raise ConfigError(f"trace: cannot read {show(str(path), 200)} ({reason}); bundled "
+                              f"traces: {', '.join(bundled_traces())}") from None
+    arrivals, prompts, outputs = array("d"), array("q"), array("q")
+    limit = max_requests()
+    rows = csv_rows("trace", path, TRACE_MAX_BYTES)
+    line, header = next(rows, (1, None))
+    if header is None or tuple(h.strip() for h in header[:3]) != TRACE_HEADER:
+        raise _trace_error(path, line, f"header must start with {','.join(TRACE_HEADER)}, got "
+                                       f"{show(','.join(header or []))}")
+    last = 0.0
+    for line, row in rows:
+        if len(row) < 3:
+            raise _trace_error(path, line, f"expected 3 fields, got {len(row)}")
+        try:
+            a = float(row[0])
+        except ValueError:
+            a = math.nan
+        if not (math.isfinite(a) and 0 <= a <= MAX_SECONDS):
+            raise _trace_error(path, line, f"arrival_s: got {show(row[0])}, must be a finite number "
+                                           f">= 0 and <= {MAX_SECONDS:g}")
+        if a < last:
+            raise _trace_error(path, line, f"arrival_s: got {a}, must be >= the previous row's "
+                                           f"{last} (rows sorted by arrival)")
+        last = a
+        if len(arrivals) >= limit:
+            raise _trace_error(path, line, f"more than {limit:,} requests, what this machine's "
+                                           f"memory holds at ~{BYTES_PER_REQUEST} bytes a request")
+        arrivals.append(a)
+        prompts.append(_token_cell(path, line, TRACE_HEADER[1], row[1]))
+        outputs.append(_token_cell(path, line, TRACE_HEADER[2], row[2]))
     if not arrivals:
-        raise ConfigError(f"trace {str(path)!r}: no requests after the header")
-    return Workload.from_arrays(arrivals, prompts, outputs, name=path.stem)
+        raise ConfigError(f"trace {show(str(path), 200)}: no requests after the header")
+    # Views of the typed arrays, which they keep alive: no copy of a large trace.
+    return Workload(np.frombuffer(arrivals, dtype=np.float64), np.frombuffer(prompts, dtype=np.int64),
+                    np.frombuffer(outputs, dtype=np.int64), name=path.stem)
 
 
 @lru_cache(maxsize=8)
@@ -274,54 +351,100 @@ NAMED_LENGTHS = {
 }
 
 
+SPEC_FORMS = ("fixed:N, uniform:LO:HI, lognormal:MEDIAN:SIGMA[:MAX], empirical:PATH[:COLUMN], "
+              "mix:W*SPEC+W*SPEC")
+MAX_SIGMA = 10.0
+"""Largest lognormal sigma (in log space: e^10 is a 22,000x spread)."""
+
+
 def parse_lengths(spec: str, field_name: str = "lengths", column: str = "prompt_tokens") -> LengthDist:
-    """Parse a length spec (see the module docstring)."""
-    require(isinstance(spec, str) and bool(spec), field_name, spec,
-            "must be fixed:N, uniform:LO:HI, lognormal:MEDIAN:SIGMA, empirical:PATH, mix:..., "
-            f"or one of {', '.join(NAMED_LENGTHS)}")
+    """Parse a length spec (see the module docstring); every number is range-checked and
+    an error names the field, the spec and the allowed forms."""
+    require(isinstance(spec, str) and bool(spec.strip()), field_name, spec,
+            f"must be {SPEC_FORMS}, or one of {', '.join(NAMED_LENGTHS)}")
+    require(len(spec) <= MAX_SPEC_CHARS, field_name, spec, f"must be at most {MAX_SPEC_CHARS} characters")
+    return _parse_lengths(spec, field_name, column, 0)
+
+
+def _spec_number(field_name: str, spec: str, what: str, text: str, low: float, high: float,
+                 low_open: bool = False) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    try:
+        return number(f"{field_name} {what}", value, low, high, low_open=low_open)
+    except ConfigError as err:
+        raise ConfigError(f"{field_name}: got {show(spec)}, {what} {show(text)}: "
+                          f"{str(err).split(', ', 1)[1]}") from None
+
+
+def _spec_tokens(field_name: str, spec: str, what: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:  # not an integer, or one of over 4,300 digits
+        raise ConfigError(f"{field_name}: got {show(spec)}, {what} {show(text)} must be an integer "
+                          f"in [1, {MAX_TOKENS}]") from None
+    if not 1 <= value <= MAX_TOKENS:
+        raise ConfigError(f"{field_name}: got {show(spec)}, {what} {show(text)} must be an integer "
+                          f">= 1 and <= {MAX_TOKENS}")
+    return value
+
+
+def _parse_lengths(spec: str, field_name: str, column: str, depth: int) -> LengthDist:
+    require(depth <= MAX_SPEC_DEPTH, field_name, spec, f"mixtures nest at most {MAX_SPEC_DEPTH} deep")
     spec = NAMED_LENGTHS.get(spec, spec)
     kind, _, rest = spec.partition(":")
+    args = rest.split(":") if rest else []
+    if kind == "mix" and rest:
+        weights, parts = [], []
+        for term in rest.split("+"):
+            w, star, sub = term.partition("*")
+            require(bool(star) and bool(sub), field_name, spec, "each mixture term must be W*SPEC")
+            weights.append(_spec_number(field_name, spec, "weight", w, 0, 1e12, low_open=True))
+            parts.append(_parse_lengths(sub, field_name, column, depth + 1))
+        return Mixture(tuple(weights), tuple(parts))
+    if kind == "fixed" and len(args) == 1:
+        return Fixed(_spec_tokens(field_name, spec, "N", args[0]))
+    if kind == "uniform" and len(args) == 2:
+        lo, hi = (_spec_tokens(field_name, spec, w, a) for w, a in zip(("LO", "HI"), args))
+        require(lo <= hi, field_name, spec, "uniform:LO:HI needs LO <= HI")
+        return Uniform(lo, hi)
+    if kind == "lognormal" and len(args) in (2, 3):
+        med = _spec_number(field_name, spec, "MEDIAN", args[0], 1, MAX_TOKENS)
+        sig = _spec_number(field_name, spec, "SIGMA", args[1], 0, MAX_SIGMA)
+        mx = _spec_tokens(field_name, spec, "MAX", args[2]) if len(args) == 3 else 32768
+        return LogNormal(med, sig, mx)
+    if kind == "empirical" and rest:
+        return _empirical(spec, rest, field_name, column)
+    raise ConfigError(f"{field_name}: got {show(spec)}, must be {SPEC_FORMS}, or one of "
+                      f"{', '.join(NAMED_LENGTHS)}")
+
+
+def _empirical(spec: str, rest: str, field_name: str, column: str) -> "Empirical":
+    """``empirical:PATH[:COLUMN]``: a trailing ``:WORD`` that is not part of an existing path
+    is a column, and must be one of the trace's length columns."""
+    path, col = rest, column
+    head, sep, last = rest.rpartition(":")
+    if sep and last in TRACE_HEADER[1:]:
+        path, col = head, last
+    elif sep and head and not Path(rest).exists() and not resolve_trace(rest).exists():
+        if Path(head).exists() or resolve_trace(head).exists():
+            raise ConfigError(f"{field_name}: got {show(spec)}, column {last!r} must be one of "
+                              f"{', '.join(TRACE_HEADER[1:])}")
     try:
-        if kind == "mix":
-            weights, parts = [], []
-            for term in rest.split("+"):
-                w, _, sub = term.partition("*")
-                weights.append(float(w))
-                parts.append(parse_lengths(sub, field_name, column))
-            require(all(w > 0 for w in weights), field_name, spec, "mixture weights must be > 0")
-            return Mixture(tuple(weights), tuple(parts))
-        args = rest.split(":") if rest else []
-        if kind == "fixed" and len(args) == 1:
-            n = int(args[0])
-            require(n >= 1, field_name, spec, "fixed:N needs N >= 1")
-            return Fixed(n)
-        if kind == "uniform" and len(args) == 2:
-            lo, hi = int(args[0]), int(args[1])
-            require(1 <= lo <= hi, field_name, spec, "uniform:LO:HI needs 1 <= LO <= HI")
-            return Uniform(lo, hi)
-        if kind == "lognormal" and len(args) in (2, 3):
-            med, sig = float(args[0]), float(args[1])
-            mx = int(args[2]) if len(args) == 3 else 32768
-            require(med >= 1 and sig >= 0 and mx >= 1, field_name, spec,
-                    "lognormal:MEDIAN:SIGMA[:MAX] needs MEDIAN >= 1, SIGMA >= 0, MAX >= 1")
-            return LogNormal(med, sig, mx)
-        if kind == "empirical" and args:
-            col = column
-            path = rest
-            if args[-1] in TRACE_HEADER[1:]:
-                col = args[-1]
-                path = ":".join(args[:-1])
-            return Empirical(tuple(int(v) for v in _trace_column(path, col)), f"{path}:{col}")
-    except ValueError as err:
-        if isinstance(err, ConfigError):
-            raise
-        raise ConfigError(f"{field_name}: got {spec!r}, numbers in it do not parse ({err})")
-    raise ConfigError(f"{field_name}: got {spec!r}, must be fixed:N, uniform:LO:HI, "
-                      "lognormal:MEDIAN:SIGMA[:MAX], empirical:PATH[:COLUMN], mix:W*SPEC+W*SPEC, "
-                      f"or one of {', '.join(NAMED_LENGTHS)}")
+        values = _trace_column(path, col)
+    except ConfigError as err:
+        raise ConfigError(f"{field_name}: got {show(spec)}: {err}") from None
+    return Empirical(tuple(int(v) for v in values), f"{path}:{col}")
 
 
 # --- Arrival processes ----------------------------------------------------------------
+
+ARRIVALS = ("poisson", "gamma", "onoff")
+MAX_BURSTINESS = 1e4
+"""Gamma shapes stay in [1/MAX_BURSTINESS, MAX_BURSTINESS] (vLLM bench uses 0.1-10)."""
+
 
 def arrival_times(rng: np.random.Generator, process: str, rate: float, n: int,
                   burstiness: float = 1.0, on_s: float = 10.0, off_s: float = 10.0) -> np.ndarray:
@@ -333,24 +456,31 @@ def arrival_times(rng: np.random.Generator, process: str, rate: float, n: int,
     - ``onoff``: Poisson during ``on_s``-second bursts separated by ``off_s`` seconds of
       silence, at the rate that keeps the long-run mean at ``rate``.
     """
-    positive("rate", rate)
-    positive_int("num_requests", n)
+    check_rate("rate", rate)
+    check_num_requests("num_requests", n)
     if process == "poisson":
         gaps = rng.exponential(1.0 / rate, size=n)
     elif process == "gamma":
-        positive("burstiness", burstiness)
+        number("burstiness", burstiness, 1 / MAX_BURSTINESS, MAX_BURSTINESS)
         gaps = rng.gamma(burstiness, 1.0 / (rate * burstiness), size=n)
     elif process == "onoff":
-        positive("on_s", on_s)
-        non_negative("off_s", off_s)
+        positive("on_s", on_s, MAX_SECONDS)
+        non_negative("off_s", off_s, MAX_SECONDS)
         on_rate = rate * (on_s + off_s) / on_s
         busy = np.cumsum(rng.exponential(1.0 / on_rate, size=n))  # time spent in "on" periods
         wall = busy + np.floor(busy / on_s) * off_s  # insert an off period after each on period
-        return wall - wall[0]
+        return _finite_times(wall - wall[0], rate)
     else:
-        raise ConfigError(f"arrival: got {process!r}, must be one of poisson, gamma, onoff")
+        raise ConfigError(f"arrival: got {show(process)}, must be one of poisson, gamma, onoff")
     t = np.cumsum(gaps)
-    return t - t[0]
+    return _finite_times(t - t[0], rate)
+
+
+def _finite_times(t: np.ndarray, rate: float) -> np.ndarray:
+    if len(t) and not (np.isfinite(t[-1]) and t[-1] <= MAX_SECONDS):
+        raise ConfigError(f"rate: got {rate!r}, the arrivals would span {t[-1]:g} s, must stay "
+                          f"within {MAX_SECONDS:g} s (raise the rate or lower num_requests)")
+    return t
 
 
 @dataclass(frozen=True)
@@ -369,7 +499,22 @@ class SyntheticSpec:
     prompt: str = "short-long"
     output: str = "lognormal:128:0.8:1024"
 
+    def __post_init__(self) -> None:
+        """Scalars are checked here; the length specs when :meth:`build` parses them."""
+        check_rate("rate", self.rate)
+        check_num_requests("num_requests", self.num_requests)
+        require(self.arrival in ARRIVALS, "arrival", self.arrival, f"must be one of {', '.join(ARRIVALS)}")
+        number("burstiness", self.burstiness, 1 / MAX_BURSTINESS, MAX_BURSTINESS)
+        positive("on_s", self.on_s, MAX_SECONDS)
+        non_negative("off_s", self.off_s, MAX_SECONDS)
+        for name in ("prompt", "output"):
+            spec = getattr(self, name)
+            require(isinstance(spec, str) and bool(spec.strip()) and len(spec) <= MAX_SPEC_CHARS,
+                    name, spec, f"must be a length spec of at most {MAX_SPEC_CHARS} characters "
+                    f"({SPEC_FORMS})")
+
     def build(self, seed: int) -> Workload:
+        integer("seed", seed)
         rng = np.random.default_rng(seed)
         t = arrival_times(rng, self.arrival, self.rate, self.num_requests, self.burstiness,
                           self.on_s, self.off_s)

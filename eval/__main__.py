@@ -19,15 +19,20 @@ reference:BUDGET[:HORIZON_S[:REPLAN_S]], model:RUN_DIR, table:PATH.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from envs.cli import parse
-from envs.errors import ConfigError, positive_int, run_cli
+from envs.errors import ConfigError, integer, run_cli, show
+from envs.files import check_output
 from envs.scenario import Scenario
+from envs.workload import check_num_requests
 
 COMMANDS = ("compare", "capacity", "suite", "export")
+MAX_STREAMS = 1000
+"""Most streams (seeds) of one sweep: each is a simulation per policy and ladder rung."""
 
 
 @dataclass(frozen=True)
@@ -113,10 +118,25 @@ def _scenario(args) -> Scenario:
     return Scenario(**{k: getattr(args, k) for k in Scenario.__dataclass_fields__})
 
 
-def _check_streams(args) -> None:
-    positive_int("seeds", args.seeds)
+def _check_args(args, argv) -> None:
+    """Everything a sweep is given, checked before it starts: streams, requests, workers,
+    the report folder, and what the scenario names (profiles, trace, length specs)."""
+    integer("seeds", args.seeds, 1, MAX_STREAMS)
     if args.requests is not None:
-        positive_int("requests", args.requests)
+        check_num_requests("requests", args.requests)
+    if args.workers is not None:
+        from eval.parallel import MAX_CLUSTER_WORKERS
+
+        most = MAX_CLUSTER_WORKERS if args.ray_address else 4 * (os.cpu_count() or 1)
+        integer("workers", args.workers, 1, most, "1 runs in this process; at most 4 per core of "
+                "this machine, or 4096 on a Ray cluster")
+    check_output("out", args.out, "folder")
+    if isinstance(args, Scenario):
+        # Streams come from held-out seeds (envs/seeds.py), never from --seed.
+        if any(a == "--seed" or a.startswith("--seed=") for a in argv):
+            raise ConfigError(f"seed: got {show(args.seed)}, not used here: {argv[0] if argv else 'a sweep'} "
+                              "draws its streams from held-out seeds; set how many with --seeds")
+        _scenario(args).check()
 
 
 def cmd_compare(argv) -> int:
@@ -126,7 +146,7 @@ def cmd_compare(argv) -> int:
     from policies.specs import make_policies
 
     args = parse(CompareArgs, argv, prog="python -m eval compare")
-    _check_streams(args)
+    _check_args(args, ["compare"] + list(argv))
     scenario = _scenario(args)
     policies = make_policies(args.policies, scenario, args.allow_table_mismatch)
     executor = args.executor()
@@ -161,7 +181,7 @@ def cmd_capacity(argv) -> int:
     from policies.specs import make_policies
 
     args = parse(CapacityArgs, argv, prog="python -m eval capacity")
-    _check_streams(args)
+    _check_args(args, ["capacity"] + list(argv))
     scenario = _scenario(args)
     policies = make_policies(args.policies, scenario, args.allow_table_mismatch)
     executor = args.executor()
@@ -180,11 +200,12 @@ def cmd_suite(argv) -> int:
     from eval.suite import run_suite
 
     args = parse(SuiteArgs, argv, prog="python -m eval suite")
-    _check_streams(args)
     names = list(SUITE) if args.scenarios == "all" else [s.strip() for s in args.scenarios.split(",")]
     unknown = [n for n in names if n not in SUITE]
     if unknown:
-        raise ConfigError(f"scenarios: unknown {', '.join(unknown)}; known: {', '.join(SUITE)}")
+        raise ConfigError(f"scenarios: unknown {show(', '.join(map(repr, unknown)), 200)}; known: "
+                          f"{', '.join(SUITE)}")
+    _check_args(args, ["suite"] + list(argv))
     specs = [s.strip() for s in args.policies.split(",") if s.strip()]
     print(run_suite(names, specs, args, args.executor()))
     return 0
@@ -202,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] in ("-h", "--help"):
             print(__doc__)
             return 0
-        raise ConfigError(f"command: got {argv[0] if argv else 'nothing'!r}, must be one of "
+        raise ConfigError(f"command: got {show(argv[0]) if argv else 'nothing'}, must be one of "
                           f"{', '.join(COMMANDS)} (python -m eval COMMAND --help)")
     return {"compare": cmd_compare, "capacity": cmd_capacity, "suite": cmd_suite,
             "export": cmd_export}[argv[0]](argv[1:])

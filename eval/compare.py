@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from envs.files import write_atomic
 from envs.scenario import Scenario
 from envs.seeds import PERIODIC_EVAL_SEEDS
 from envs.workload import load_trace
@@ -183,8 +184,7 @@ def comparison_report(cmp: Comparison, out: Path, seeds: int, title: str = "Comp
               "interval over streams. Smooth share: requests whose worst gap is within twice the "
               "ITL target. Worst gap: the longest pause any request saw.", ""]
     text = "\n".join(lines)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text(text)
+    write_atomic(out / "report.md", text)
     return text
 
 
@@ -211,6 +211,5 @@ def capacity_report(study, out: Path, seeds: int, num_requests: int) -> str:
     fig = plots.capacity_bars(values, out / "capacity.png", "capacity under the SLO")
     lines += ["", f"![capacity]({fig.name})", ""]
     text = "\n".join(lines)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "capacity.md").write_text(text)
+    write_atomic(out / "capacity.md", text)
     return text

@@ -30,11 +30,14 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from envs.cli import parse
-from envs.errors import ConfigError, positive, positive_int, require
+from envs.errors import ConfigError, integer, number, require, show
+from envs.files import check_distinct, check_output
+from envs.workload import check_num_requests
 from envs.scenario import Scenario
 from envs.seeds import TABLE_BUILD_SEEDS, TABLE_FIDELITY_SEEDS
 from eval.harness import run_policy
@@ -44,7 +47,9 @@ from policies.table_policy import FEATURE_GETTERS
 
 LOUD_CAPACITY_LOSS = 0.01
 CANDIDATES = tuple(STATE) + tuple(DERIVED)
-TOKEN_FEATURES = ("running_decodes", "waiting_requests", "waiting_prefill_tokens", "kv_usage")
+MAX_BUCKETS = 32
+"""Buckets per feature: 32 over four features is a million cells (a few MB of JSON)."""
+MAX_EPISODES = 1000
 
 
 @dataclass(frozen=True)
@@ -267,16 +272,25 @@ def parse_args(argv: list[str]) -> ExportArgs:
         args = ExportArgs(**{**args.__dict__, "run_dir": positional[0]})
     if not args.run_dir:
         raise ConfigError("run_dir: missing; usage: python -m eval export RUN_DIR --out PATH")
-    for f in ("build_episodes", "held_episodes", "fidelity_requests", "max_features"):
-        positive_int(f, getattr(args, f))
-    require(2 <= args.buckets <= 64, "buckets", args.buckets, "must be an integer in [2, 64]")
-    require(0 <= args.fidelity_seeds <= 50, "fidelity_seeds", args.fidelity_seeds,
-            "must be an integer in [0, 50]")
+    integer("buckets", args.buckets, 2, MAX_BUCKETS, f"{MAX_BUCKETS}^4 cells is a million")
+    integer("max_features", args.max_features, 1, 6)
+    for f in ("build_episodes", "held_episodes"):
+        integer(f, getattr(args, f), 1, MAX_EPISODES)
+    integer("fidelity_seeds", args.fidelity_seeds, 0, 50)
+    check_num_requests("fidelity_requests", args.fidelity_requests)
     for f in ("slo_ttft_s", "slo_itl_s"):
         if getattr(args, f) is not None:
-            positive(f, getattr(args, f))
-    require(not args.csv or args.csv != args.out, "csv", args.csv,
-            "must differ from --out (the CSV would overwrite the JSON table)")
+            number(f, getattr(args, f), 0, 3600, low_open=True)
+    # The outputs before the run: an export is minutes of simulation.
+    check_output("out", args.out)
+    if args.csv is not None:
+        check_output("csv", args.csv)
+    check_distinct(out=args.out, csv=args.csv)
+    run = Path(args.run_dir)
+    if not run.is_dir() or not (run / "config.json").is_file():
+        what = "does not exist" if not run.exists() else (
+            "is not a folder" if not run.is_dir() else "holds no config.json")
+        raise ConfigError(f"run_dir: {show(args.run_dir, 200)} {what}; must be a train.py run directory")
     return args
 
 

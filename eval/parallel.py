@@ -8,7 +8,9 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from envs.errors import ConfigError, require
+from envs.errors import ConfigError, integer, show
+
+MAX_CLUSTER_WORKERS = 4096
 
 
 class LocalExecutor:
@@ -74,7 +76,7 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     hostport = address.split("://", 1)[-1]
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise ConfigError(f"ray_address: got {address!r}, must be auto, HOST:PORT or "
+        raise ConfigError(f"ray_address: got {show(address)}, must be auto, HOST:PORT or "
                           "ray://HOST:PORT")
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
@@ -87,8 +89,11 @@ def make_executor(workers: int | None = None, address: str | None = None):
     """``workers`` 1 without an address runs in this process; otherwise Ray (local with
     ``workers`` CPUs, default all cores; or the cluster at ``address``)."""
     if workers is not None:
-        require(isinstance(workers, int) and not isinstance(workers, bool) and workers >= 1,
-                "workers", workers, "must be an integer >= 1 (1 runs in this process)")
+        # A local Ray instance starts a process per CPU it is given: beyond a few per core
+        # they only queue and take memory.
+        most = MAX_CLUSTER_WORKERS if address else 4 * (os.cpu_count() or 1)
+        integer("workers", workers, 1, most, "1 runs in this process; at most 4 per core of this "
+                "machine, or 4096 on a Ray cluster")
     if address is None and (workers or os.cpu_count() or 1) == 1:
         return LocalExecutor()
     return RayExecutor(workers or os.cpu_count() or 1, address)

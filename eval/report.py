@@ -8,6 +8,7 @@ import math
 import subprocess
 from pathlib import Path
 
+from envs.files import write_atomic
 from envs.scenario import Scenario
 from eval.harness import MATCH_TOLERANCE, PolicyResult
 
@@ -26,8 +27,8 @@ def fmt(v, scale=1.0, digits=3) -> str:
 
 
 def save_json(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=float))
+    """Written atomically: a reader never sees half a report."""
+    write_atomic(path, json.dumps(data, indent=2, default=float))
 
 
 def results_table(results: dict[str, PolicyResult]) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from envs.files import write_atomic
 from eval.capacity import CapacityStudy, add_references, capacity_studies
 from eval.compare import Comparison, capacity_report, compare, comparison_report
 from eval.parallel import progress_bar
@@ -47,8 +48,7 @@ def run_suite(names: list[str], specs: list[str], args, executor) -> str:
             capacity_report(st, out / name, args.seeds, args.requests)
             data[name]["capacity"] = st.as_json()
     text = suite_text(names, specs, comparisons, studies, args, time.perf_counter() - t0)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "README.md").write_text(text)
+    write_atomic(out / "README.md", text)
     save_json(out / "suite.json", data)
     return text
 

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from envs.engine import check_static_budget
-from envs.errors import ConfigError
+from envs.errors import MAX_TOKENS, ConfigError, show
 from envs.scenario import Scenario
 from policies.base import BudgetPolicy
 
@@ -46,7 +46,7 @@ def _numbers(spec: str, args: list[str], count: tuple[int, ...], kind=int) -> li
     try:
         vals = [kind(a) for a in args]
     except ValueError:
-        raise ConfigError(f"policy: got {spec!r}, arguments must be "
+        raise ConfigError(f"policy: got {show(spec)}, arguments must be "
                           f"{'integers' if kind is int else 'numbers'}") from None
     if not all(math.isfinite(v) and v > 0 for v in vals):
         raise ConfigError(f"policy: got {spec!r}, arguments must be "
@@ -55,7 +55,10 @@ def _numbers(spec: str, args: list[str], count: tuple[int, ...], kind=int) -> li
 
 
 def _ints(spec: str, args: list[str], count: tuple[int, ...]) -> list[int]:
-    return _numbers(spec, args, count, int)
+    vals = _numbers(spec, args, count, int)
+    if any(v > MAX_TOKENS for v in vals):
+        raise ConfigError(f"policy: got {show(spec)}, arguments must be > 0 and <= {MAX_TOKENS}")
+    return vals
 
 
 def _floats(spec: str, args: list[str], count: tuple[int, ...]) -> list[float]:
@@ -160,16 +163,23 @@ def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = Fals
                                  allow_mismatch=allow_table_mismatch)
     if kind == "table" and rest:
         return load_table_policy(rest, scenario, name=spec, allow_mismatch=allow_table_mismatch)
-    raise ConfigError(f"policy: unknown spec {spec!r}; known: {', '.join(KNOWN)}")
+    raise ConfigError(f"policy: unknown spec {show(spec)}; known: {', '.join(KNOWN)}")
 
 
 def make_policies(specs: str, scenario: Scenario,
                   allow_table_mismatch: bool = False) -> list[BudgetPolicy]:
     """Comma-separated specs; names must be distinct."""
-    policies = [make_policy(s, scenario, allow_table_mismatch) for s in specs.split(",")
-                if s.strip()]
+    policies = []
+    for spec in (s.strip() for s in specs.split(",")):
+        if not spec:
+            continue
+        try:
+            policies.append(make_policy(spec, scenario, allow_table_mismatch))
+        except ConfigError as err:  # name the spec whatever part of it was refused
+            text = str(err)
+            raise ConfigError(text if text.startswith("policy") else f"policy {show(spec)}: {text}") from None
     if not policies:
-        raise ConfigError(f"policies: got {specs!r}, name at least one; known: {', '.join(KNOWN)}")
+        raise ConfigError(f"policies: got {show(specs)}, name at least one; known: {', '.join(KNOWN)}")
     names = [p.name for p in policies]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:

@@ -44,6 +44,7 @@ import json
 import math
 import os
 import re
+import stat
 import sys
 import tempfile
 from bisect import bisect_right
@@ -80,6 +81,10 @@ FIGURE_TOLERANCE = 0.15
 # scales (0.5 to 0.5625).
 BYTES_PER_WEIGHT_TOLERANCE = 0.15
 SLO_TOLERANCE = 0.01
+MAX_BUDGET = 2**31 - 1
+"""Largest budget a cell may hold: a pass's token count, which engines keep in int32."""
+MAX_TABLE_BYTES = 16 << 20
+MAX_DEPTH = 32
 
 
 class TableError(ValueError):
@@ -105,8 +110,8 @@ class TokensAction:
 
     def __init__(self, table: "BudgetTable", spec: dict, data: dict, path: str):
         budgets = _cells(data, "budgets", table, path)
-        if not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in budgets):
-            raise TableError(f"{path}: budgets: every cell must be a positive integer")
+        if not all(isinstance(b, int) and not isinstance(b, bool) and 0 < b <= MAX_BUDGET for b in budgets):
+            raise TableError(f"{path}: budgets: every cell must be a positive integer <= {MAX_BUDGET}")
         derived = [f for f in table.features if f in DERIVED]
         if derived:
             raise TableError(f"{path}: features: {', '.join(derived)} needs a time_fraction "
@@ -287,9 +292,9 @@ class BudgetTable:
             raise TableError(f"{path}: visited: must list {self.cells} cells")
         self.visited = tuple(bool(v) for v in visited)
         default = data.get("default_budget")
-        if not isinstance(default, int) or isinstance(default, bool) or default <= 0:
-            raise TableError(f"{path}: default_budget: got {default!r}, must be a positive integer "
-                             "(the budget used when a lookup fails)")
+        if not isinstance(default, int) or isinstance(default, bool) or not 0 < default <= MAX_BUDGET:
+            raise TableError(f"{path}: default_budget: got {_short(default)}, must be a positive "
+                             f"integer <= {MAX_BUDGET} (the budget used when a lookup fails)")
         self.default_budget = default
         self.provenance = _read_provenance(data.get("provenance"), path)
         self.fidelity = data.get("fidelity", {})
@@ -306,9 +311,7 @@ class BudgetTable:
                 raise TableError(f"{path}: features[{i}].name: got {f['name']!r}, an engine "
                                  f"can provide: {', '.join(list(STATE) + list(DERIVED))}")
             e = f.get("edges")
-            if (not isinstance(e, list) or not all(
-                    isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-                    for x in e)):
+            if not isinstance(e, list) or not all(_finite(x) for x in e):
                 raise TableError(f"{path}: features[{i}].edges: must be a list of finite numbers")
             if any(b <= a for a, b in zip(e, e[1:])):
                 raise TableError(f"{path}: features[{i}].edges: must increase strictly")
@@ -326,17 +329,26 @@ class BudgetTable:
 
     @classmethod
     def load(cls, path: str) -> "BudgetTable":
+        """Read and validate a table file. Refused with one line: anything but a regular
+        file of at most ``MAX_TABLE_BYTES`` (a pipe or ``/dev/zero`` would never end), text
+        that is not UTF-8, JSON that is invalid or nests deeper than ``MAX_DEPTH``, and
+        JSON's non-standard NaN and Infinity."""
+        raw = _read_file(path)
         try:
-            with open(path, "rb") as fh:
-                raw = fh.read()
-        except OSError as err:
-            raise TableError(f"{path}: cannot read ({err.strerror})") from None
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError as err:
+            line = raw.count(b"\n", 0, err.start) + 1
+            raise TableError(f"{path}: line {line}: not UTF-8 text (byte 0x{raw[err.start]:02x})") from None
         try:
-            data = json.loads(raw)
+            data = json.loads(text, parse_constant=_no_constant)
         except json.JSONDecodeError as err:
             raise TableError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
-        except UnicodeDecodeError:
-            raise TableError(f"{path}: not valid JSON (not UTF-8 text)") from None
+        except RecursionError:
+            raise TableError(f"{path}: nests lists or objects more than {MAX_DEPTH} deep") from None
+        except ValueError as err:  # NaN/Infinity, or an integer of over 4,300 digits
+            raise TableError(f"{path}: not valid JSON ({str(err)[:120]})") from None
+        if _depth(data) > MAX_DEPTH:
+            raise TableError(f"{path}: nests lists or objects more than {MAX_DEPTH} deep")
         return cls(data, path, hashlib.sha256(raw).hexdigest()[:12])
 
     # --- the engine's interface ------------------------------------------------------
@@ -471,8 +483,26 @@ class BudgetTable:
 
 # --- provenance ----------------------------------------------------------------------
 
+def _finite(x) -> bool:
+    """A finite JSON number (an int too large for a float is not one; a bool is not one)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
+
+
 def _is_positive(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+    return _finite(x) and x > 0
+
+
+def _short(x) -> str:
+    """``repr(x)`` in at most 60 characters (a 400-digit number stays one short line)."""
+    if isinstance(x, int) and not isinstance(x, bool) and x.bit_length() > 128:
+        return f"an integer of about {int(x.bit_length() * 0.30103) + 1} digits"
+    text = repr(x)
+    return text if len(text) <= 60 else text[:48] + f"... ({len(text)} chars)"
 
 
 def _read_provenance(prov, path: str) -> dict:
@@ -488,13 +518,13 @@ def _read_provenance(prov, path: str) -> dict:
             raise TableError(f"{path}: provenance.{block}.name: must be a non-empty string")
         for f in numbers:
             if not _is_positive(b.get(f)):
-                raise TableError(f"{path}: provenance.{block}.{f}: got {b.get(f)!r}, must be a "
+                raise TableError(f"{path}: provenance.{block}.{f}: got {_short(b.get(f))}, must be a "
                                  "number > 0")
         for f in ints:
             v = b.get(f)
-            if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
-                raise TableError(f"{path}: provenance.{block}.{f}: got {v!r}, must be an "
-                                 "integer > 0")
+            if not (isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_BUDGET):
+                raise TableError(f"{path}: provenance.{block}.{f}: got {_short(v)}, must be an "
+                                 f"integer > 0 and <= {MAX_BUDGET}")
     return prov
 
 
@@ -596,6 +626,39 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(x)
 
 
+def _read_file(path: str) -> bytes:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError) as err:
+        raise TableError(f"{path}: cannot read ({getattr(err, 'strerror', None) or err})") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a pipe or a device)"
+        raise TableError(f"{path}: cannot read: {kind}")
+    if st.st_size > MAX_TABLE_BYTES:
+        raise TableError(f"{path}: holds {st.st_size:,} bytes, more than a table's {MAX_TABLE_BYTES:,}")
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(MAX_TABLE_BYTES + 1)
+    except OSError as err:
+        raise TableError(f"{path}: cannot read ({err.strerror})") from None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _depth(data) -> int:
+    """How deep lists and objects nest in ``data``."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth <= MAX_DEPTH:
+                stack.extend((c, depth + 1) for c in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def write_atomic(path: str, text: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
@@ -643,8 +706,11 @@ def main(argv: list[str] | None = None) -> int:
     import argparse  # here, not at the top: an engine importing the table never needs it
 
     class _Parser(argparse.ArgumentParser):
-        def error(self, message):  # one line and exit 2, as every chunkpilot command
-            print(f"error: {self.prog}: {message}", file=sys.stderr)
+        def error(self, message):  # one line naming the field and exit 2, as every chunkpilot command
+            m = re.match(r"argument (--[\w-]+)(?:/[^:]*)?: (.*)", message, re.S)
+            if m:
+                message = f"{m[1][2:].replace('-', '_')}: {m[2]}"
+            print(f"error: {' '.join(message.split())} (see {self.prog} --help)", file=sys.stderr)
             sys.exit(2)
 
     ap = _Parser(prog="python -m policies.table",

@@ -46,7 +46,8 @@ def call(main, *argv) -> tuple[int, str, str]:
 
 
 COMMANDS = {"envs.probe": "envs.probe", "envs.simulate": "envs.simulate",
-            "envs.calibrate": "envs.calibrate.__main__", "eval": "eval.__main__", "train.py": "train"}
+            "envs.calibrate": "envs.calibrate.__main__", "eval": "eval.__main__", "train.py": "train",
+            "policies.table": "policies.table"}
 
 
 def cli(command: str, *argv):

@@ -66,6 +66,17 @@ def test_simulate_json_keys():
     assert r["requests_finished"] == 300
 
 
+def test_simulate_summary_only_gives_the_same_figures():
+    args = ["--trace", "azure_conv_2023", "--max-requests", "500", "--budget", "1024", "--json"]
+    full = json.loads(cli("envs.simulate", *args).stdout)
+    flat = json.loads(cli("envs.simulate", *args, "--summary-only").stdout)
+    assert flat.keys() == full.keys()
+    for k in ("requests_finished", "passes", "output_tokens", "goodput", "preemptions", "itl_max_s"):
+        assert flat[k] == full[k]
+    for k in ("ttft_p99_s", "itl_p50_s", "itl_p99_s", "tpot_p50_s"):
+        assert flat[k] == pytest.approx(full[k], rel=5e-4)
+
+
 def test_simulate_synthetic_flags():
     out = cli("envs.simulate", "--rate", "3", "--num-requests", "100", "--arrival", "onoff",
               "--prompt", "fixed:1000", "--output", "fixed:10", "--budget", "512", "--json")
@@ -122,7 +133,7 @@ def test_command_runs_as_a_module(module):
 def test_argparse_errors_are_one_line():
     out = cli("envs.probe", "--budget", "x")
     assert out.returncode == 2 and out.stderr.count("\n") == 1
-    assert "argument --budget: invalid int value: 'x'" in out.stderr
+    assert "budget: got 'x', must be an integer" in out.stderr
 
 
 @pytest.mark.parametrize("budget, ttft_s, worst_s", [(16384, 3.1, 3.1), (1024, 3.5, 0.5), (256, 4.6, 0.2)])

@@ -52,8 +52,17 @@ from envs.calibrate.fit import (PART_COLUMNS, Fit, ape, error_line, fit_passes, 
                                 unit_roofline)
 from envs.cli import parse
 from envs.cost import PassShape
-from envs.errors import ConfigError, positive_int, require, run_cli
-from envs.profiles import HardwareProfile, get_hardware, get_model, profile_to_toml
+from envs.errors import ConfigError, integer, number, require, run_cli
+from envs.files import atomic_path, check_distinct, check_output, write_atomic
+from envs.profiles import MAX_NAME_CHARS, HardwareProfile, get_hardware, get_model, profile_to_toml
+
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16")
+FORMS = ("refined", "roofline")
+MAX_REPEATS = 1000
+MAX_SCALE = 8.0
+"""The grid's largest pass (64 decodes at 2,048 tokens, chunks after 4,096) times this
+must fit the machine: 8x is a 32K-token prefix."""
 
 
 @dataclass(frozen=True)
@@ -107,14 +116,46 @@ class CalibrateArgs:
     cross_validate: bool = False
     """With --vidur: also fit on all files but one, for each file, and report its error."""
 
+    def __post_init__(self) -> None:
+        """Every option is checked here, before a profile is read or anything is timed."""
+        require(self.device in DEVICES, "device", self.device, f"must be one of {', '.join(DEVICES)}")
+        require(self.dtype is None or self.dtype in DTYPES, "dtype", self.dtype,
+                f"must be one of {', '.join(DTYPES)}")
+        require(self.form in FORMS, "form", self.form, f"must be one of {', '.join(FORMS)}")
+        integer("layers", self.layers, 1, 2**20)
+        integer("repeats", self.repeats, 1, MAX_REPEATS)
+        number("scale", self.scale, 0, MAX_SCALE, low_open=True)
+        if self.name is not None:
+            require(isinstance(self.name, str) and 0 < len(self.name) <= MAX_NAME_CHARS
+                    and self.name.isprintable(), "name", self.name,
+                    f"must be 1 to {MAX_NAME_CHARS} printable characters")
+        if self.tp is not None:
+            integer("tp", self.tp, 1, 1024)
+        for name in ("steps", "hardware"):
+            value = getattr(self, name)
+            require(value is None or (isinstance(value, str) and bool(value.strip())), name, value,
+                    "must be a path" + (" or a preset name" if name == "hardware" else ""))
+        for name in ("vidur", "held_out"):
+            for value in getattr(self, name):
+                require(bool(value.strip()), name, value, "must be paths to Vidur CSV files")
+
+    def check_outputs(self) -> None:
+        """Refuse outputs that cannot be written before any work: a fit is minutes of timing."""
+        check_output("out", self.out)
+        for name in ("csv", "plot"):
+            if getattr(self, name) is not None:
+                check_output(name, getattr(self, name))
+        check_distinct(out=self.out, csv=self.csv, plot=self.plot, steps=self.steps,
+                       **{f"vidur_{i}": p for i, p in enumerate(self.vidur + self.held_out)})
+
 
 def machine_memory_bytes() -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def write_profile(out: Path, header: str, profile) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(header + profile_to_toml(profile))
+    """Write atomically: an engine or a run reading the profile never sees half of it."""
+    write_atomic(out, header + profile_to_toml(profile))
 
 
 # --- fitting an engine's measured steps ---------------------------------------------------
@@ -150,17 +191,14 @@ def calibrate_steps(args: CalibrateArgs) -> int:
 
 def check_torch_args(args: CalibrateArgs):
     """Validate the torch options before anything is built; (torch, dtype, dtype name)."""
-    require(args.device in ("cpu", "cuda"), "device", args.device, "must be cpu or cuda")
-    positive_int("layers", args.layers)
-    positive_int("repeats", args.repeats)
-    require(args.scale > 0, "scale", args.scale, "must be > 0")
+    full = get_model(args.model)
+    integer("layers", args.layers, 1, full.layers, f"the layers {full.name} has")
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device: got 'cuda', but torch sees no CUDA device here")
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     dname = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
-    require(dname in dtypes, "dtype", dname, f"must be one of {', '.join(dtypes)}")
     return torch, dtypes[dname], dname
 
 
@@ -194,8 +232,7 @@ def write_measurements_csv(path: str, rows, fit: Fit, plain: Fit, parts, held) -
         chunk_text = ";".join(f"{x}@{q}" for x, q in k)
         lines.append(f"{len(c)},{max(c) if c else 0},{chunk_text},{sec:.6g},{p:.6g},{pp:.6g},"
                      + ",".join(f"{v:.6g}" for v in row) + f",{int(h)}")
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text("\n".join(lines) + "\n")
+    write_atomic(path, "\n".join(lines) + "\n")
 
 
 def plot_fit(path: str, args, name: str, fit: Fit, plain: Fit, parts, seconds, held) -> None:
@@ -220,8 +257,8 @@ def plot_fit(path: str, args, name: str, fit: Fit, plain: Fit, parts, seconds, h
     ax.set_title(f"{name}: {args.layers} layer(s) of {args.model}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
 
 
 def calibrate_torch(args: CalibrateArgs) -> int:
@@ -335,13 +372,15 @@ def calibrate_vidur(args: CalibrateArgs) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(CalibrateArgs, argv, prog="python -m envs.calibrate")
-    require(args.form in ("refined", "roofline"), "form", args.form, "must be refined or roofline")
+    if args.check:
+        require(bool(args.vidur or args.held_out), "check", True,
+                "--check needs --vidur FILE.csv (and --hardware PROFILE)")
+    else:
+        args.check_outputs()
     if args.vidur or args.held_out:
         require(bool(args.vidur) or args.check, "vidur", args.vidur,
                 "--held-out needs files to fit, given with --vidur")
         return calibrate_vidur(args)
-    if args.check:
-        raise ConfigError("check: --check needs --vidur FILE.csv (and --hardware PROFILE)")
     if args.steps:
         return calibrate_steps(args)
     return calibrate_torch(args)

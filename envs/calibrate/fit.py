@@ -14,7 +14,7 @@ import numpy as np
 
 from envs.cost import Roofline, pass_parts
 from envs.errors import ConfigError
-from envs.profiles import HardwareProfile
+from envs.profiles import MAX_BYTES_PER_S, MAX_FLOPS_PER_S, MAX_RATIO, MIN_RATE, HardwareProfile
 
 PART_COLUMNS = ("weight_bytes", "kv_bytes", "product_flops", "attention_flops", "elementwise_bytes",
                 "allreduce_bytes", "allreduce_calls", "layers")
@@ -55,7 +55,8 @@ class Fit:
 
     def profile(self, name: str, memory_bytes: float, overhead_s: float | None = None) -> HardwareProfile:
         def finite(rate: float) -> float | None:
-            return float(rate) if math.isfinite(rate) else None
+            # A rate beyond any device's is a term the fit found no cost in: left out.
+            return float(rate) if math.isfinite(rate) and rate <= MAX_BYTES_PER_S else None
 
         return HardwareProfile(
             name=name, hbm_bytes_per_s=float(self.bytes_per_s), peak_flops_per_s=float(self.flops_per_s),
@@ -79,6 +80,9 @@ class Fit:
         return text
 
 
+LOG_LOW = np.log([MIN_RATE, MIN_RATE, 1.0, 1 / MAX_RATIO, 1 / MAX_RATIO, 1.0])
+LOG_HIGH = np.log([MAX_BYTES_PER_S, MAX_FLOPS_PER_S, 1.0, MAX_RATIO, MAX_RATIO, 1.0])
+LOG_LOW[[2, 5]], LOG_HIGH[[2, 5]] = -60.0, 60.0  # logistic overhead and overlap: exp() stays finite
 RATIO_PRIOR = 0.02
 """Weight of the pull of log attention ratios towards 0 (ratio 1) in the fit."""
 
@@ -116,7 +120,10 @@ def fit_passes(parts: np.ndarray, seconds: np.ndarray, *, refined: bool = True,
     o_cap = float(seconds.min())
 
     def unpack(x: np.ndarray) -> Fit:
-        x = np.clip(x, -60.0, 60.0)  # keeps exp() finite while the search wanders
+        # Rates stay within what a profile accepts: where the measured passes do not pin a
+        # rate down (no pass is memory-bound, say), it rests at its bound, where its term
+        # costs next to nothing, instead of wandering off to 1e26.
+        x = np.clip(x, LOG_LOW[:len(x)], LOG_HIGH[:len(x)])
         o = overhead_s if overhead_s is not None else o_cap / (1 + math.exp(-x[2]))
         if not refined:
             return Fit(math.exp(x[0]), math.exp(x[1]), overhead_s=o)

@@ -7,39 +7,75 @@ vLLM's steps in this form.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from envs.calibrate.fit import Fit, fit_of, fit_overhead, fit_passes, held_out, shape_parts, unit_roofline
 from envs.cost import PassShape
-from envs.errors import ConfigError
+from envs.errors import MAX_TOKENS, ConfigError, show
+from envs.files import csv_rows
 from envs.profiles import HardwareProfile
 
 
-def read_steps(path: str) -> list[tuple[list[int], list[tuple[int, int]], float]]:
-    import csv
+STEPS_MAX_BYTES = 1 << 30
+STEP_MAX_S = 3600.0
+"""Longest plausible engine step, seconds."""
+COLUMNS = ("decode_contexts", "chunks", "seconds")
 
-    rows = []
+
+def _count(path: str, line: int, column: str, text: str, low: int) -> int:
     try:
-        fh = open(path, newline="")
-    except OSError as err:
-        raise ConfigError(f"steps: cannot read {path!r} ({err.strerror})") from None
-    with fh:
-        reader = csv.DictReader(fh)
-        need = {"decode_contexts", "chunks", "seconds"}
-        if not need <= set(reader.fieldnames or ()):
-            raise ConfigError(f"steps: {path!r} needs columns {', '.join(sorted(need))}")
-        for row in reader:
-            try:
-                contexts = [int(c) for c in row["decode_contexts"].split(";") if c]
-                chunks = [(int(a), int(b)) for a, b in (c.split("@") for c in row["chunks"].split(";") if c)]
-                seconds = float(row["seconds"])
-            except ValueError:
-                raise ConfigError(f"steps: {path!r} line {reader.line_num}: bad numbers") from None
-            if seconds > 0 and (contexts or chunks):
-                rows.append((contexts, chunks, seconds))
-    if len(rows) < 6:
-        raise ConfigError(f"steps: {path!r} holds {len(rows)} usable steps, need at least 6")
-    return rows
+        value = int(text)
+    except ValueError:  # not an integer, or one of over 4,300 digits
+        value = None
+    if value is None or not low <= value <= MAX_TOKENS:
+        raise ConfigError(f"steps: {show(path, 200)} line {line}: {column}: got {show(text)}, must be "
+                          f"an integer >= {low} and <= {MAX_TOKENS}")
+    return value
+
+
+def _step(path: str, line: int, contexts: str, chunks: str, seconds: str):
+    ctx = [_count(path, line, "decode_contexts", c, 1) for c in contexts.split(";") if c.strip()]
+    parts = []
+    for c in (c for c in chunks.split(";") if c.strip()):
+        size, at, prefix = c.partition("@")
+        if not at or "@" in prefix:
+            raise ConfigError(f"steps: {show(path, 200)} line {line}: chunks: got {show(c)}, each chunk "
+                              "must be SIZE@PREFIX")
+        parts.append((_count(path, line, "chunks size", size, 1),
+                      _count(path, line, "chunks prefix", prefix, 0)))
+    try:
+        sec = float(seconds)
+    except ValueError:
+        sec = math.nan
+    if not (math.isfinite(sec) and 0 < sec <= STEP_MAX_S):
+        raise ConfigError(f"steps: {show(path, 200)} line {line}: seconds: got {show(seconds)}, must be "
+                          f"a finite number > 0 and <= {STEP_MAX_S:g}")
+    if not ctx and not parts:
+        raise ConfigError(f"steps: {show(path, 200)} line {line}: a step must carry a decode or a chunk")
+    return ctx, parts, sec
+
+
+def read_steps(path: str) -> list[tuple[list[int], list[tuple[int, int]], float]]:
+    """Every measured step; a bad row is refused with its line and field."""
+    rows = csv_rows("steps", path, STEPS_MAX_BYTES)
+    line, header = next(rows, (1, []))
+    names = [h.strip() for h in header]
+    missing = [c for c in COLUMNS if c not in names]
+    if missing:
+        raise ConfigError(f"steps: {show(path, 200)} line {line}: needs columns {', '.join(COLUMNS)}; "
+                          f"missing {', '.join(missing)}")
+    at = [names.index(c) for c in COLUMNS]
+    steps = []
+    for line, row in rows:
+        if len(row) < len(names):
+            raise ConfigError(f"steps: {show(path, 200)} line {line}: expected {len(names)} fields, "
+                              f"got {len(row)}")
+        steps.append(_step(path, line, *(row[i] for i in at)))
+    if len(steps) < 6:
+        raise ConfigError(f"steps: {show(path, 200)} holds {len(steps)} steps, need at least 6")
+    return steps
 
 
 def fit_steps(steps, model, refined: bool = True,

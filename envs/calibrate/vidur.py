@@ -15,7 +15,6 @@ with a hardware profile through :func:`envs.cost.price`, the simulator's own fun
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,7 +23,8 @@ import numpy as np
 
 from envs.calibrate.fit import PART_COLUMNS, Fit, least_squares
 from envs.cost import PassShape, Roofline, price
-from envs.errors import ConfigError
+from envs.errors import MAX_TOKENS, ConfigError, show
+from envs.files import csv_rows, first_line
 from envs.profiles import HardwareProfile, ModelProfile, elementwise_bytes_per_token
 
 SHAPE_KEYS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp")
@@ -132,10 +132,10 @@ def _shape_line(path: str, line: str) -> LayerShape:
     def integer(key: str) -> int:
         try:
             value = int(values[key])
-        except ValueError:
-            raise ConfigError(f"{where}: {key}: got {values[key]!r}, must be an integer > 0") from None
-        if value <= 0:
-            raise ConfigError(f"{where}: {key}: got {value}, must be an integer > 0")
+        except ValueError:  # not an integer, or one of over 4,300 digits
+            raise ConfigError(f"{where}: {key}: got {show(values[key])}, must be an integer > 0") from None
+        if not 0 < value <= MAX_TOKENS:
+            raise ConfigError(f"{where}: {key}: got {show(value)}, must be an integer > 0 and <= {MAX_TOKENS}")
         return value
 
     heads, kv_heads, hidden, inter = (integer(k) for k in SHAPE_KEYS[:4])
@@ -150,52 +150,60 @@ def _shape_line(path: str, line: str) -> LayerShape:
     return LayerShape(heads, kv_heads, hidden, inter, gated == "True")
 
 
+OPERATOR_MAX_MS = 3.6e6
+"""Longest plausible operator time (an hour), milliseconds."""
+MAX_TP = 1024
+VIDUR_MAX_BYTES = 1 << 28
+
+
 def _number(path: str, line: int, row: dict, field: str) -> float:
     text = row[field]
     try:
         value = float(text)
     except (TypeError, ValueError):
-        raise ConfigError(f"vidur: {path!r} line {line}: {field}: got {text!r}, must be a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise ConfigError(f"vidur: {path!r} line {line}: {field}: got {text!r}, "
-                          "must be a finite number >= 0")
+        raise ConfigError(f"vidur: {path!r} line {line}: {field}: got {show(text)}, must be a number") from None
+    if not (math.isfinite(value) and 0 <= value <= OPERATOR_MAX_MS):
+        raise ConfigError(f"vidur: {path!r} line {line}: {field}: got {show(text)}, "
+                          f"must be a finite number >= 0 and <= {OPERATOR_MAX_MS:g}")
     return value
 
 
-def _count(path: str, line: int, row: dict, field: str) -> int:
-    value = _number(path, line, row, field)
-    if value != int(value) or value < 1:
-        raise ConfigError(f"vidur: {path!r} line {line}: {field}: got {row[field]!r}, "
-                          "must be an integer > 0")
-    return int(value)
+def _count(path: str, line: int, row: dict, field: str, high: int) -> int:
+    text = row[field]
+    try:
+        value = int(text)
+    except (TypeError, ValueError):  # not an integer, or one of over 4,300 digits
+        value = 0
+    if not 1 <= value <= high:
+        raise ConfigError(f"vidur: {path!r} line {line}: {field}: got {show(text)}, "
+                          f"must be an integer > 0 and <= {high}")
+    return value
 
 
 def read_vidur(path: str) -> VidurTable:
     """Read one file; bad input raises a one-line ConfigError naming file, line and field."""
-    try:
-        fh = open(path, newline="")
-    except OSError as err:
-        raise ConfigError(f"vidur: cannot read {path!r} ({err.strerror})") from None
-    with fh:
-        shape = _shape_line(path, fh.readline().strip())
-        reader = csv.DictReader(fh)
-        need = ("num_tokens", "tp") + LAYER_COLUMNS
-        missing = [c for c in need if c not in (reader.fieldnames or ())]
-        if missing:
-            raise ConfigError(f"vidur: {path!r} line 2: missing column(s) {', '.join(missing)}")
-        tokens, tps, norms, seconds = [], [], [], []
-        for row in reader:
-            line = reader.line_num + 1  # the shape line came before the reader's first
-            one_norm = row[SECOND_NORM] in ("", None)
-            ms = sum(_number(path, line, row, c) for c in LAYER_COLUMNS
-                     if not (c == SECOND_NORM and one_norm))
-            if ms <= 0:
-                raise ConfigError(f"vidur: {path!r} line {line}: the layer's operators add up to "
-                                  f"{ms} ms, must be > 0")
-            tokens.append(_count(path, line, row, "num_tokens"))
-            tps.append(_count(path, line, row, "tp"))
-            norms.append(1 if one_norm else 2)
-            seconds.append(ms * 1e-3)
+    shape = _shape_line(path, first_line("vidur", path, VIDUR_MAX_BYTES).strip())
+    rows = csv_rows("vidur", path, VIDUR_MAX_BYTES, skip_lines=1)
+    line, header = next(rows, (2, []))
+    need = ("num_tokens", "tp") + LAYER_COLUMNS
+    missing = [c for c in need if c not in header]
+    if missing:
+        raise ConfigError(f"vidur: {path!r} line {line}: missing column(s) {', '.join(missing)}")
+    tokens, tps, norms, seconds = [], [], [], []
+    for line, cells in rows:
+        if len(cells) < len(header):
+            raise ConfigError(f"vidur: {path!r} line {line}: expected {len(header)} fields, got {len(cells)}")
+        row = dict(zip(header, cells))
+        one_norm = row[SECOND_NORM] == ""
+        ms = sum(_number(path, line, row, c) for c in LAYER_COLUMNS
+                 if not (c == SECOND_NORM and one_norm))
+        if ms <= 0:
+            raise ConfigError(f"vidur: {path!r} line {line}: the layer's operators add up to "
+                              f"{ms} ms, must be > 0")
+        tokens.append(_count(path, line, row, "num_tokens", MAX_TOKENS))
+        tps.append(_count(path, line, row, "tp", MAX_TP))
+        norms.append(1 if one_norm else 2)
+        seconds.append(ms * 1e-3)
     if not seconds:
         raise ConfigError(f"vidur: {path!r} has no rows")
     return VidurTable(path, shape, np.array(tokens), np.array(tps), np.array(norms), np.array(seconds))

@@ -8,13 +8,13 @@ at tp > 1 the shapes are 1/tp of a layer's projections).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from envs.calibrate.fit import Fit
 from envs.calibrate.vidur import (VidurTable, abs_error, fit_layers, fitted_profile, flat_end, layer_parts,
                                   price_rows)
+from envs.files import atomic_path
 from envs.profiles import HardwareProfile
 
 TP_GROUPS = (("tp 1", lambda tp: tp == 1), ("tp 2-8", lambda tp: tp > 1))
@@ -175,5 +175,5 @@ def plot_vidur(path: str, tables: list[VidurTable], held: set[str], fitted: Hard
         ax.set_visible(False)
     axes.flat[0].legend(fontsize=6)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100)
