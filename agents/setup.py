@@ -32,7 +32,7 @@ def hyperparameters(algo: str, n_envs: int, learning_rate: float | None, gamma: 
     kw: dict = {"gamma": gamma, "policy_kwargs": {"net_arch": list(net_arch)}}
     if algo == "ppo":
         kw.update(n_steps=n_steps or max(2048 // n_envs, 64), batch_size=256, n_epochs=5, gae_lambda=0.95,
-                  ent_coef=0.003, clip_range=0.2, learning_rate=learning_rate or 3e-4)
+                  ent_coef=0.003, clip_range=0.2, learning_rate=learning_rate or 1e-4)
     elif algo == "a2c":
         kw.update(n_steps=n_steps or 32, ent_coef=0.01, learning_rate=learning_rate or 7e-4)
     elif algo == "dqn":
