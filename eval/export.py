@@ -227,8 +227,8 @@ DEFAULT_BUDGET_CAP = 8192
 
 def default_budget(budgets: np.ndarray) -> int:
     """The budget an engine falls back to when a lookup fails: the median budget the policy
-    applied (never above ``DEFAULT_BUDGET_CAP``)."""
-    return int(min(np.median(budgets), DEFAULT_BUDGET_CAP)) if len(budgets) else 2048
+    applied (at least 1, never above ``DEFAULT_BUDGET_CAP``)."""
+    return int(min(max(np.median(budgets), 1), DEFAULT_BUDGET_CAP)) if len(budgets) else 2048
 
 
 def agreement(table: BudgetTable, feats: dict, values: np.ndarray) -> float:
@@ -252,7 +252,7 @@ def pick_features(build: tuple, held: tuple, buckets: int, max_features: int, pr
                 continue
             names = chosen + [n]
             t = build_table({m: feature_values(m, bstate, cost) for m in names}, bvals, buckets,
-                            provenance, action)
+                            provenance, action, budgets=bstate.get("budget"))
             scores[n] = agreement(t, {m: feature_values(m, hstate, cost) for m in names}, hvals)
         if not scores:
             break

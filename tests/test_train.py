@@ -110,3 +110,34 @@ def test_bad_options_are_one_line_errors(tmp_path):
     (tmp_path / "file").write_text("")
     out = cli("train.py", "--run-dir", str(tmp_path / "file"))
     assert out.returncode == 2 and "run_dir" in out.stderr
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_from_its_last_checkpoint_to_the_promised_steps(tmp_path):
+    """SIGKILL after a checkpoint (nothing after it is saved): the resume restarts from that
+    checkpoint and ends with exactly the steps asked for, counted by the model's logger."""
+    run = tmp_path / "k"
+    proc = subprocess.Popen([sys.executable, "train.py", "--total-timesteps", "200000", "--run-dir",
+                             str(run), *TINY], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list((run / "checkpoints").glob("ckpt_*.zip"))) < 2:
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    saved = max(int(p.stem.split("_")[1]) for p in (run / "checkpoints").glob("ckpt_*_steps.zip"))
+    total = saved + 256
+    resumed = train("--resume", str(run), "--total-timesteps", str(total), "--no-progress-bar")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"at {saved} timesteps" in resumed.stdout
+    assert trained_steps(run) == total
+    # The logger's own count: the last time/total_timesteps TensorBoard recorded.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logged = 0
+    for folder in (run / "tensorboard").iterdir():
+        acc = EventAccumulator(str(folder))
+        acc.Reload()
+        if "time/total_timesteps" in acc.Tags()["scalars"]:
+            logged = max(logged, max(e.value for e in acc.Scalars("time/total_timesteps")))
+    assert logged == total
