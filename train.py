@@ -424,14 +424,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{run_dir} has already trained {model.num_timesteps:,} of {args.total_timesteps:,} "
               "timesteps; raise --total-timesteps to train on")
         return 0
-    train_s, interrupted = train(args, model, venv, callback, run_dir, resumed)
-    if interrupted:
-        print(f"interrupted after {model.num_timesteps} trained timesteps; checkpoint saved in "
-              f"{run_dir / 'checkpoints'}; continue with: python train.py --resume {run_dir}",
-              file=sys.stderr)
-        return 130
-    print()
-    print(finish(args, config, scenario, run_dir, model, callback, train_s, executor))
+    try:
+        train_s, interrupted = train(args, model, venv, callback, run_dir, resumed)
+        if interrupted:
+            print(f"interrupted after {model.num_timesteps} trained timesteps; checkpoint saved in "
+                  f"{run_dir / 'checkpoints'}; continue with: python train.py --resume {run_dir}",
+                  file=sys.stderr)
+            return 130
+        print()
+        print(finish(args, config, scenario, run_dir, model, callback, train_s, executor))
+    finally:
+        # TensorBoard's writer flushes on close or every two minutes: a short run's
+        # curves would otherwise never reach the disk.
+        if getattr(model, "_logger", None) is not None:
+            model.logger.close()
     print(f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
     return 0
 

@@ -131,13 +131,14 @@ def test_killed_run_resumes_from_its_last_checkpoint_to_the_promised_steps(tmp_p
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"at {saved} timesteps" in resumed.stdout
     assert trained_steps(run) == total
-    # The logger's own count: the last time/total_timesteps TensorBoard recorded.
+    # The logger's own count: the last step TensorBoard recorded a rollout at (SB3 keeps
+    # time/total_timesteps out of TensorBoard; the step axis is that count).
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     logged = 0
-    for folder in (run / "tensorboard").iterdir():
-        acc = EventAccumulator(str(folder))
+    for events in (run / "tensorboard").rglob("events.out.tfevents.*"):
+        acc = EventAccumulator(str(events))
         acc.Reload()
-        if "time/total_timesteps" in acc.Tags()["scalars"]:
-            logged = max(logged, max(e.value for e in acc.Scalars("time/total_timesteps")))
+        if "time/fps" in acc.Tags()["scalars"]:
+            logged = max(logged, max(e.step for e in acc.Scalars("time/fps")))
     assert logged == total
