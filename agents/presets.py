@@ -3,6 +3,7 @@ the SLO of the suite's scenarios on that deployment.
 
     python -m agents.presets                      # every preset, one after another
     python -m agents.presets --only h200__llama-3-8b --total-timesteps 300000
+    python -m agents.presets --report docs/presets.md   # the runs' results, one table
 
 Each preset is a ``train.py`` run in ``runs/presets/HARDWARE__MODEL`` followed by
 ``python -m eval export`` to ``tables/HARDWARE__MODEL.json`` (and ``.csv``). The sweeps
@@ -44,10 +45,56 @@ class PresetArgs:
     """Sweeps on a local Ray instance with this many CPUs (default: all cores)."""
     seed: int = 1
     """Seed of every run."""
+    report: str | None = None
+    """Write the finished runs' results (markdown) to this file instead of training."""
 
 
 def name_of(hardware: str, model: str) -> str:
     return f"{hardware}__{model}"
+
+
+def preset_row(name: str, summary: dict, table: dict | None) -> list[str]:
+    """One markdown row per final scenario of one preset's run (and its table)."""
+    rows = []
+    shares = summary["actions"]["shares"]
+    used = ", ".join(f"{f} {v:.0%}" for f, v in sorted(shares.items(), key=lambda kv: -kv[1])
+                     if v >= 0.05)
+    room = summary["checks"].get("room") if summary.get("checks") else None
+    room_s = f"{room['gain']:+.2f} ± {room['gain_ci95']:.2f}" if room else "not checked"
+    for scenario, study in summary["capacity"].items():
+        static = study["_hindsight_static"]
+        learned = next(k for k, v in study.items() if isinstance(v, dict) and v.get("kind") == "learned")
+        rule = study.get("time-budget", {})
+        fidelity = (table or {}).get("fidelity", {}).get("capacity", {}).get(scenario, {})
+        first = scenario == next(iter(summary["capacity"]))
+        rows.append("| " + " | ".join([
+            name if first else "", scenario,
+            f"{static['budget']:,}: {static['capacity']:.2f}",
+            f"{study[learned]['capacity_rps']:.2f} ({study[learned]['verdict']})",
+            f"{rule['capacity_rps']:.2f} ({rule['verdict']})" if rule else "",
+            fidelity.get("verdict", "not exported") + (f" ({fidelity['table_capacity_rps']:.2f})"
+                                                        if fidelity else ""),
+            used if first else "", room_s if first else ""]) + " |")
+    return rows
+
+
+def report(runs: str, tables: str) -> str:
+    """The finished preset runs side by side, from their summary.json and tables."""
+    import json
+    from pathlib import Path
+
+    lines = ["| preset | scenario | best fixed budget: capacity | learned | time-budget rule "
+             "| table against the model | fractions used in >= 5% of passes | room (MPC) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for hardware, model in PRESETS:
+        name = name_of(hardware, model)
+        summary, table = Path(runs, name, "summary.json"), Path(tables, f"{name}.json")
+        if not summary.exists():
+            lines.append(f"| {name} | not trained | | | | | | |")
+            continue
+        lines += preset_row(name, json.loads(summary.read_text()),
+                            json.loads(table.read_text()) if table.exists() else None)
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     from eval.export import main as export_main
 
     args = parse(PresetArgs, argv, prog="python -m agents.presets")
+    if args.report:
+        from envs.files import write_atomic
+        from pathlib import Path
+
+        write_atomic(Path(args.report), report(args.runs, args.tables))
+        return 0
     chosen = {name_of(*k): (k, v) for k, v in PRESETS.items()}
     names = list(chosen) if not args.only else [n.strip() for n in args.only.split(",")]
     unknown = [n for n in names if n not in chosen]

@@ -4,7 +4,7 @@ reports compared for identity.
 
     python benchmarks/bench_sweep.py [--scenarios mixed-high,kv-pressure,a100-mixed,laptop] [--seeds 3]
 
-Target (issue: sweeps that fan out): with 2 workers on a 2-core machine, at most 60% of
+Target: with 2 workers on a 2-core machine, at most 60% of
 the in-process time, and identical results.
 """
 

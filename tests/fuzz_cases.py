@@ -236,10 +236,14 @@ TABLE_OK = ROOT / "tables/h100-sxm__llama-3-8b.json"
 
 
 def table_files() -> list[tuple[str, object]]:
+    """Broken variants of the shipped table (time fractions) and of its token twin."""
     good = json.loads(TABLE_OK.read_text())
+    cells = len(good["fractions"])
+    tokens = {k: v for k, v in good.items() if k not in ("fractions", "action")}
+    tokens.update(action={"kind": "tokens"}, budgets=[2048] * cells)
 
-    def edit(fn) -> bytes:
-        data = json.loads(json.dumps(good))
+    def edit(base, fn) -> bytes:
+        data = json.loads(json.dumps(base))
         fn(data)
         return json.dumps(data).encode()
 
@@ -252,18 +256,24 @@ def table_files() -> list[tuple[str, object]]:
             d[path[-1]] = value
         return fn
 
-    cells = len(good["budgets"])
     out: list[tuple[str, object]] = [
         ("bin.json", _binary()), ("utf16.json", TABLE_OK.read_text().encode("utf-16")),
-        ("latin1.json", TABLE_OK.read_text().replace('"tokens"', '"tok\xe9ns"').encode("latin-1")),
+        ("latin1.json", TABLE_OK.read_text().replace('"kind"', '"k\xefnd"').encode("latin-1")),
         ("empty.json", b""), ("list.json", b"[]"), ("deep.json", b"[" * 200000 + b"]" * 200000),
         ("nan.json", TABLE_OK.read_text().replace('"default_budget": ', '"default_budget": NaN, "x": ').encode()),
         ("bigint.json", TABLE_OK.read_text().replace('"default_budget": ', '"default_budget": ' + "9" * 5000 + ', "x": ').encode()),
         ("huge.json", b" " * (17 << 20) + b"{}"), ("dir.json", FOLDER), ("fifo.json", FIFO),
     ]
-    edits = [
+    token_edits = [
         setter("budgets", [10**30] * cells), setter("budgets", [True] * cells), setter("budgets", [-1] * cells),
         setter("budgets", [1.5] * cells), setter("budgets", [2048] * (cells - 1)), setter("budgets", [2**31] * cells),
+    ]
+    time_edits = [
+        setter("fractions", [10**30] * cells), setter("fractions", [True] * cells),
+        setter("fractions", [0] * cells), setter("fractions", ["x"] * cells),
+        setter("fractions", [1.0] * (cells - 1)), setter("fractions", [17.0] * cells),
+        setter("action", "cost", "token_s", -1.0), setter("action", "cost", "exposed", 2.0),
+        setter("action", "cost", None), setter("action", "itl_s", 0), setter("action", "cap", 1.5),
         setter("default_budget", True), setter("default_budget", 10**30), setter("default_budget", 0),
         setter("default_budget", "x"), setter("features", []), setter("features", 5),
         setter("features", 0, "edges", [True]), setter("features", 0, "edges", ["x"]),
@@ -276,7 +286,8 @@ def table_files() -> list[tuple[str, object]]:
         setter("provenance", "slo", "itl_s", 0), setter("action", {"kind": "magic"}),
         setter("features", [{"name": "kv_usage", "edges": [0.1, 0.2]}] * 50),
     ]
-    out += [(f"t{i}.json", edit(fn)) for i, fn in enumerate(edits)]
+    out += [(f"k{i}.json", edit(tokens, fn)) for i, fn in enumerate(token_edits)]
+    out += [(f"t{i}.json", edit(good, fn)) for i, fn in enumerate(time_edits)]
     return out
 
 
