@@ -128,6 +128,11 @@ def learn(model, total: int, callbacks, progress_bar: bool, resumed: bool,
     remaining = max(total - model.num_timesteps, 0)
     t0 = time.perf_counter()
     if not remaining:
+        # Trained in full but stopped before its summary: the final evaluation still
+        # logs, into the run's last TensorBoard folder.
+        from stable_baselines3.common.utils import configure_logger
+
+        model.set_logger(configure_logger(0, model.tensorboard_log, "run", reset_num_timesteps=False))
         return 0.0, False
     trained.trained = model.num_timesteps
     try:

@@ -67,6 +67,13 @@ def test_resume_continues_and_refuses_a_conflicting_flag(tmp_path):
     # The run's own settings came from its config, not from train.py's defaults.
     assert json.loads((run / "config.json").read_text())["args"]["conditions"] == 4
     assert len(list((run / "tensorboard").iterdir())) == 1  # one curve, continued
+    # Killed after its last step, before the summary: the resume writes the summary.
+    (run / "summary.md").unlink()
+    (run / "summary.json").unlink()
+    finish = train("--resume", str(run), "--total-timesteps", "512", "--no-progress-bar")
+    assert finish.returncode == 0, finish.stderr[-2000:]
+    assert trained_steps(run) == 512 and (run / "summary.md").exists()
+    assert len(list((run / "tensorboard").iterdir())) == 1
 
 
 @pytest.mark.slow
