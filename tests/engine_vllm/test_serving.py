@@ -103,8 +103,10 @@ def test_provenance_mismatch_refused_naming_both_sides_and_override_accepts(env,
     from policies.vllm_scheduler import TableScheduler
 
     env.setenv("CHUNKPILOT_TABLE", SHIPPED)
+    # A ceiling the table's fallback budget fits under: only the provenance is wrong.
+    ceiling = max(1024, json.loads(Path(SHIPPED).read_text())["default_budget"])
     with pytest.raises(TableError) as err:
-        create_scheduler(TableScheduler, model, max_num_batched_tokens=1024)
+        create_scheduler(TableScheduler, model, max_num_batched_tokens=ceiling)
     msg = str(err.value)
     assert "\n" not in msg
     assert "hardware: table h100-sxm, serving cpu" in msg
@@ -113,7 +115,7 @@ def test_provenance_mismatch_refused_naming_both_sides_and_override_accepts(env,
     assert "(layers 2, hidden_size 128, heads 4, kv_heads 2, head_dim 32, bytes_per_weight 4)" in msg
     assert msg.endswith("set CHUNKPILOT_ALLOW_MISMATCH=1 to serve it anyway")
     env.setenv("CHUNKPILOT_ALLOW_MISMATCH", "1")
-    sched = create_scheduler(TableScheduler, model, max_num_batched_tokens=1024)
+    sched = create_scheduler(TableScheduler, model, max_num_batched_tokens=ceiling)
     assert sched.chunkpilot_table.path == SHIPPED
     assert any("provenance does not match" in m for m in log(logging.WARNING))
 
