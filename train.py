@@ -380,8 +380,9 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
             f"{'' if args.rate is None else f' at {args.rate} req/s'}, SLO TTFT {scenario.slo_ttft_s:g} s "
             f"/ ITL {scenario.slo_itl_s * 1e3:g} ms; trained on {len(config['conditions'])} conditions")
     checks = config["checks"]
-    facts = {"algorithm": f"{args.algo}, {model.num_timesteps:,} timesteps trained in {train_s:.0f} s "
-                          f"({model.num_timesteps / max(train_s, 1e-9):,.0f} steps/s)",
+    speed = (f"trained in {train_s:.0f} s ({model.num_timesteps / train_s:,.0f} steps/s)"
+             if train_s >= 1 else "trained before this resume")
+    facts = {"algorithm": f"{args.algo}, {model.num_timesteps:,} timesteps {speed}",
              "policy file": "best_model.zip (lowest held-out cost)" if (run_dir / "best_model.zip").exists()
              else "model.zip",
              "best constant cost on them": f"{callback.baseline_cost:.2f}",
