@@ -435,10 +435,9 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(finish(args, config, scenario, run_dir, model, callback, train_s, executor))
     finally:
-        # TensorBoard's writer flushes on close or every two minutes: a short run's
-        # curves would otherwise never reach the disk.
-        if getattr(model, "_logger", None) is not None:
-            model.logger.close()
+        from agents.training import close_logger
+
+        close_logger(model)
     print(f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
     return 0
 

@@ -144,6 +144,21 @@ def learn(model, total: int, callbacks, progress_bar: bool, resumed: bool,
     return time.perf_counter() - t0, False
 
 
+def close_logger(model, timeout_s: float = 10.0) -> None:
+    """Flush and close the model's TensorBoard writer (it flushes on close or every two
+    minutes: a short run's curves would otherwise never reach the disk). An interrupt
+    that landed inside the writer's queue can leave its lock held, so the close runs in
+    a daemon thread and is abandoned after ``timeout_s`` rather than hanging the exit."""
+    import threading
+
+    logger = getattr(model, "_logger", None)
+    if logger is None:
+        return
+    closer = threading.Thread(target=logger.close, daemon=True)
+    closer.start()
+    closer.join(timeout_s)
+
+
 def write_json_atomic(path: Path, data) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str))

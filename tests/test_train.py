@@ -5,6 +5,7 @@ checkpoint; and its bad options (fast, in-process)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -81,12 +82,18 @@ def test_interrupted_run_keeps_only_trained_steps_and_resumes(tmp_path):
     run = tmp_path / "i"
     proc = subprocess.Popen([sys.executable, "train.py", "--total-timesteps", "200000", "--run-dir",
                              str(run), *TINY], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     deadline = time.time() + 300
     while time.time() < deadline and len(list((run / "checkpoints").glob("ckpt_*.zip"))) < 2:
         time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)  # every thread's stack, for the failure message
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"no exit 120 s after SIGINT:\n{err[-6000:]}")
     assert proc.returncode == 130, err[-2000:]
     steps = [int(p.stem.split("_")[1]) for p in (run / "checkpoints").glob("ckpt_*_steps.zip")]
     assert max(steps) % 128 == 0  # whole rollouts (2 envs x 64 steps): only what was trained
