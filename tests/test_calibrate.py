@@ -176,3 +176,18 @@ def test_fit_prices_passes_as_the_simulator_does():
         expected = [price(Roofline.of(hw, model), s).total_s for s in shapes]
         np.testing.assert_allclose(fit_of(hw).predict(shape_parts(unit_roofline(model), shapes)),
                                    expected, rtol=1e-12)
+
+
+def test_a_grid_too_big_for_the_device_is_a_one_line_error(monkeypatch, tmp_path):
+    import torch
+
+    import envs.calibrate.torch_passes as passes
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.05 GiB.")
+
+    monkeypatch.setattr(passes, "measure_grid", out_of_memory)
+    out = cli("envs.calibrate", "--layers", "32", "--scale", "4", "--out", str(tmp_path / "p.toml"))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "layers: 32 layers with the grid at scale 4 do not fit in cpu memory" in out.stderr
+    assert not (tmp_path / "p.toml").exists()

@@ -266,8 +266,12 @@ def calibrate_torch(args: CalibrateArgs) -> int:
 
     torch, dtype, dname = check_torch_args(args)
     full = get_model(args.model)
-    rows, overhead, built = measure_grid(torch, full, args.layers, dtype, args.device, args.repeats,
-                                         args.scale)
+    try:
+        rows, overhead, built = measure_grid(torch, full, args.layers, dtype, args.device,
+                                             args.repeats, args.scale)
+    except torch.OutOfMemoryError:
+        raise ConfigError(f"layers: {args.layers} layers with the grid at scale {args.scale:g} do "
+                          f"not fit in {args.device} memory; lower --layers or --scale") from None
     built["dtype"] = dname
     seconds = np.array([r[2] for r in rows])
     parts = shape_parts(unit_roofline(built["model"]), [PassShape.of(c, k) for c, k, _ in rows])
