@@ -432,6 +432,11 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
         print(f"capacity on {name}: model {f['model_capacity_rps']:.3f}, table "
               f"{f['table_capacity_rps']:.3f} req/s ({-f['loss']:+.1%} ± {f['loss_ci95']:.1%}, "
               f"table {f['verdict']} model)")
+    if len(values) == 1:
+        same = (f"the time-budget rule at {values[0]:g} (time-budget:{values[0]:g})"
+                if kind == "time_fraction" else f"a static budget (static:{values[0]:g})")
+        print(f"NOTE: every cell holds {values[0]:g}: the policy does not depend on the state "
+              f"here; it is {same}, which serves the same budgets without a table")
     if worst > LOUD_CAPACITY_LOSS:
         print(f"WARNING: the table loses {worst:.1%} of the model's capacity somewhere (more than "
               f"{LOUD_CAPACITY_LOSS:.0%}); use more buckets or features, or serve the model",

@@ -154,3 +154,17 @@ def test_step_overhead_shortens_the_chunk_a_time_fraction_allows():
     tokens = BudgetTable({**data, "action": {"kind": "tokens"}, "budgets": [1, 2, 3],
                           "default_budget": 1})
     assert tokens.with_step_overhead(0.01) is tokens
+
+
+def test_export_report_says_when_the_policy_is_constant(capsys):
+    from types import SimpleNamespace
+
+    from eval.export import report
+    from policies.table import BudgetTable
+
+    for path, constant in (("tables/a100-80g__llama-3-8b.json", True),
+                           ("tables/h100-sxm__llama-3-8b.json", False)):
+        report(BudgetTable.load(path), 1.0, SimpleNamespace(out=path))
+        out = capsys.readouterr().out
+        assert ("NOTE: every cell holds 1: the policy does not depend on the state here; it is "
+                "the time-budget rule at 1 (time-budget:1)" in out) == constant, out
