@@ -22,7 +22,7 @@ import json
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from envs.cli import parse
@@ -229,6 +229,8 @@ CHECK_RULES = ("k0.917", "k1", "d1")
 """Fixed choices the checks compare: fractions of the ITL target (f), the same shrinking as
 the KV cache fills (k) or growing when few decodes run (d), and static budgets (s); the
 best of them is the policy's teacher."""
+TIME_RULES = "fkd"
+"""Prefixes of the fixed choices that act in time (a teacher the policy can clone)."""
 CHECK_STATICS = (256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -252,7 +254,7 @@ def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], e
         return out
     with progress_bar(5 * len(names) * 2, "checks: capacity ranking") as bar:
         out["ranking"] = ranking_check(scenario, conditions, costs, executor=executor, progress=bar)
-    if best[0] in "fkd":
+    if best[0] in TIME_RULES:
         with progress_bar(6, "checks: room") as bar:
             out["room"] = room_check(episodes[:6], best, costs[best], executor=executor, progress=bar)
     return out
@@ -309,7 +311,7 @@ def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
     model = make_model(args.algo, venv, args.seed, tb_dir, args.learning_rate, args.gamma,
                        args.layers(), args.n_steps)
     best = config["checks"].get("best_constant", "")
-    if args.actions == "time" and best[:1] in ("f", "k", "d") and config["action_type"] == "discrete" \
+    if args.actions == "time" and best[:1] in tuple(TIME_RULES) and config["action_type"] == "discrete" \
             and hasattr(model.policy, "get_distribution"):
         agree = imitate(model, best, config["ladder"], seed=args.seed)
         print(f"starting from the best fixed choice, {best}: cloned on 20,000 decisions "
@@ -319,12 +321,8 @@ def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
 
 def evaluator(args: Args, config: dict, scenario: Scenario, run_dir: Path):
     from agents.callbacks import SimEvalCallback
-    from agents.checks import draw_episodes
+    from agents.checks import constant_costs, draw_episodes
     from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS
-
-    from dataclasses import replace
-
-    from agents.checks import constant_costs
 
     # Near the boundary: below capacity every sensible policy meets the SLO, far beyond it
     # every policy fails by the queue it cannot drain; between, the choices differ.

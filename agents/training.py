@@ -4,7 +4,6 @@ count only trained steps, and the run directory on disk."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -160,6 +159,7 @@ def close_logger(model, timeout_s: float = 10.0) -> None:
 
 
 def write_json_atomic(path: Path, data) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+    """``data`` as indented JSON, written atomically (``envs.files.write_atomic``)."""
+    from envs.files import write_atomic
+
+    write_atomic(path, json.dumps(data, indent=2, default=str))
