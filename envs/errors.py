@@ -115,10 +115,6 @@ def fraction(field: str, value: float) -> None:
     require(_is_real(value) and 0 < value <= 1, field, value, "must lie in (0, 1]")
 
 
-def positive_int(field: str, value: int, high: int = INT64_MAX) -> int:
-    return integer(field, value, 1, high)
-
-
 def cli_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Run a CLI ``main`` in this process and return its exit code: bad input prints one
     line (``error: field: got ..., allowed ...``) and returns 2; ``--help`` returns 0."""

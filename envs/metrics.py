@@ -402,17 +402,11 @@ class LogHistogram:
         if not self.counts:
             return [math.nan] * len(qs)
         keys = np.array(sorted(self.counts), dtype=np.int64)
-        cum = np.cumsum([self.counts[k] for k in keys.tolist()])
-        n = int(cum[-1])
         low = (keys << self.SHIFT).view(np.float64)
         high = (((keys + 1) << self.SHIFT) - 1).view(np.float64)
-        mid = low + (high - low) / 2
-        h = (n - 1) * np.asarray(qs, dtype=np.float64) / 100.0
-        lo = np.floor(h).astype(np.int64)
-        hi = np.minimum(lo + 1, n - 1)
-        v_lo = mid[np.searchsorted(cum, lo, side="right")]
-        v_hi = mid[np.searchsorted(cum, hi, side="right")]
-        return [float(v) for v in v_lo + (h - lo) * (v_hi - v_lo)]
+        mid = low + (high - low) / 2  # each bucket stands for its middle
+        counts = np.array([self.counts[k] for k in keys.tolist()], dtype=np.int64)
+        return [float(v) for v in np.atleast_1d(weighted_percentile(mid, counts, list(qs)))]
 
 
 class StreamingSummary:
@@ -507,10 +501,7 @@ class StreamingSummary:
 
     def _median_budget(self) -> float:
         keys = sorted(self.budgets)
-        cum = np.cumsum([self.budgets[k] for k in keys])
-        n = int(cum[-1])
-        pick = [keys[int(np.searchsorted(cum, r, side="right"))] for r in {(n - 1) // 2, n // 2}]
-        return float(sum(pick) / len(pick))
+        return float(weighted_percentile(np.array(keys), np.array([self.budgets[k] for k in keys]), 50))
 
     def summary(self, requests_total: int, prompts: np.ndarray, sim_time_s: float,
                 total_preemptions: int) -> dict:

@@ -179,34 +179,8 @@ class PassLog:
         return PassHistory(tuple(runs), tuple(starts), parts[0], parts[1])
 
     def position(self) -> int:
-        """A mark: the runs recorded so far (see :meth:`itl_excess_since`)."""
+        """A mark: the runs recorded so far (see :meth:`tokens_over_since`)."""
         return self._dropped + len(self._runs)
-
-    def itl_excess_since(self, mark: int, itl_s: float) -> tuple[float, int]:
-        """(sum over decode tokens of the passes since ``mark`` of max(0, gap - itl_s),
-        in token-seconds; the new mark). Each run is an arithmetic sequence of
-        durations, summed in closed form."""
-        start, rec = max(mark - self._dropped, 0), self._runs
-        pieces = ((rec.buf, (start - rec.count) * RUN),) if start >= rec.count else rec.since(start)
-        excess = 0.0
-        for runs, i in pieces:  # usually just the hot list's tail
-            end = len(runs)
-            while i < end:
-                n = runs[i + 3]
-                if not n:
-                    i += RUN
-                    continue
-                k, a, b = int(runs[i]), runs[i + 1], runs[i + 2]
-                i += RUN
-                if b <= 0:
-                    if a > itl_s:
-                        excess += n * k * (a - itl_s)
-                    continue
-                i0 = 0 if a > itl_s else int((itl_s - a) / b) + 1
-                if i0 < k:
-                    m = k - i0
-                    excess += n * (m * (a - itl_s) + b * (i0 + k - 1) * m / 2)
-        return excess, self._dropped + rec.count + len(rec.buf) // RUN
 
     def tokens_over_since(self, mark: int, itl_s: float) -> tuple[int, int]:
         """(decode tokens of the passes since ``mark`` whose gap exceeded ``itl_s``; the new
@@ -235,18 +209,6 @@ class PassLog:
         """(duration in seconds, decodes carried) of every pass from pass ``start`` on."""
         history = self.history()
         return expand(history.runs_between(start, history.end_pass), start, history.end_pass)
-
-    def prefill_records(self) -> np.ndarray:
-        """Rows of (pass, prefill tokens, budget, chunks), int64."""
-        return _columns(self._prefill.array())[:, :4]
-
-    def idle_records(self) -> np.ndarray:
-        """Rows of (pass, idle seconds before it)."""
-        return self._idle.array()
-
-    def kv_records(self) -> np.ndarray:
-        """Rows of (pass, KV blocks in use after it), int64: one per prefill pass."""
-        return _columns(self._prefill.array())[:, [0, 4]]
 
 
 def expand(runs: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
