@@ -12,6 +12,9 @@
                                   ITL target (0.9; FRACTION in (0, 2])
 ``time-budget-kv[:FRACTION]``     the same, its fraction shrinking as the KV cache fills
 ``time-budget-few[:FRACTION]``    the same, its fraction growing when few decodes run
+``time-budget-slack[:TOP]``       the same at fraction 1, up to TOP times the ITL target
+                                  (4; TOP in (1, 16]) while under 0.8% of decode tokens
+                                  run over it (spends the p99 slack)
 ``reference:BUDGET[:H[:R]]``      the MPC reference over static BUDGET (not deployable: sees
                                   the future), horizon H s (2x TTFT), re-plan every R s
 ``model:RUN_DIR``                 a model trained by train.py
@@ -34,7 +37,8 @@ from policies.base import BudgetPolicy
 
 KNOWN = ("static:N", "vllm-default[:offline]", "queue-depth[:BASE]", "no-decode-boost[:LOW:HIGH]",
          "sarathi-slo", "free-ride[:FLOOR:CAP]", "time-budget[:FRACTION]",
-         "time-budget-kv[:FRACTION]", "time-budget-few[:FRACTION]", "reference:BUDGET[:HORIZON_S[:REPLAN_S]]", "model:RUN_DIR",
+         "time-budget-kv[:FRACTION]", "time-budget-few[:FRACTION]", "time-budget-slack[:TOP]",
+         "reference:BUDGET[:HORIZON_S[:REPLAN_S]]", "model:RUN_DIR",
          "table:PATH", "table:auto")
 
 
@@ -77,6 +81,18 @@ def _fraction(spec: str, args: list[str]) -> float:
     return f
 
 
+def _top(spec: str, args: list[str]) -> float:
+    if len(args) > 1:
+        raise ConfigError(f"policy: got {spec!r}, takes one TOP multiple of the ITL target")
+    try:
+        top = float(args[0]) if args else 4.0
+    except ValueError:
+        top = math.nan
+    if not 1 < top <= 16:
+        raise ConfigError(f"policy: got {show(spec)}, TOP multiple of the ITL target must lie in (1, 16]")
+    return top
+
+
 def load_table_policy(path: str, scenario: Scenario | None = None, name: str | None = None,
                       allow_mismatch: bool = False):
     """A table as a policy. A table built for other hardware, another model shape or another
@@ -116,7 +132,8 @@ def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = Fals
     """Build the policy a spec names, for a scenario (some rules read its profiles)."""
     from policies.baselines import (FreeRidePolicy, NoDecodeBoostPolicy, QueueDepthPolicy,
                                     SarathiSLOPolicy, StaticPolicy, TimeBudgetFewPolicy,
-                                    TimeBudgetKVPolicy, TimeBudgetPolicy, VllmDefaultPolicy)
+                                    TimeBudgetKVPolicy, TimeBudgetPolicy, TimeBudgetSlackPolicy,
+                                    VllmDefaultPolicy)
 
     spec = spec.strip()
     kind, _, rest = spec.partition(":")
@@ -147,6 +164,8 @@ def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = Fals
         return TimeBudgetKVPolicy(scenario.slo_itl_s, _fraction(spec, args))
     if kind == "time-budget-few":
         return TimeBudgetFewPolicy(scenario.slo_itl_s, _fraction(spec, args))
+    if kind == "time-budget-slack":
+        return TimeBudgetSlackPolicy(scenario.slo_itl_s, _top(spec, args))
     if kind == "reference" and args:
         from policies.reference import reference_for
 

@@ -111,6 +111,69 @@ def test_few_decodes_variant_spends_the_itl_slack():
     assert TimeBudgetFewPolicy(0.1, 1.0, decodes=64, top=8.0).fraction_at(2) == 8.0
 
 
+def test_slack_meter_decays_and_grants_by_hand():
+    import math
+
+    from policies.baselines import ItlSlackMeter
+
+    m = ItlSlackMeter(tau_s=10.0)
+    m.add(0.0, 0, 1000)
+    m.add(10.0 * math.log(2), 5, 100)  # one half-life later: the old counts halve
+    assert m.slow == pytest.approx(5.0) and m.tokens == pytest.approx(600.0)
+    assert m.allows(1, 0.01)  # 5 + 1 <= 0.01 * 601
+    assert not m.allows(2, 0.01)  # 5 + 2 > 0.01 * 602
+    m.add(1.0, 0, 0)  # a clock that goes back decays nothing
+    assert m.tokens == pytest.approx(600.0)
+
+
+def _slack_run(policy, rate: float = 1.0):
+    sc = Scenario(hardware="a100-80g", model="llama-3-8b", rate=rate, num_requests=300,
+                  arrival="gamma", burstiness=0.5, slo_ttft_s=2.0, slo_itl_s=0.1)
+    sim = sc.simulator(sc.workload(3))
+    summary = sim.run(policy).summary(sc.slo())
+    slow, _ = sim.log.tokens_over_since(0, 0.1)
+    tokens, _ = sim.log.tokens_over_since(0, -1.0)
+    return summary, slow / tokens
+
+
+def test_slack_rule_spends_the_p99_slack_and_no_more():
+    """On bursty long prompts at an A100's load, a constant 4x the ITL target breaks the p99
+    ITL (2% of tokens slow); the rule with the same top keeps under its 0.8% share, meets
+    the ITL target, and still uses the long passes (unlike the plain rule, which makes no
+    token slow)."""
+    from policies.baselines import SLACK_SHARE, TimeBudgetSlackPolicy
+
+    plain, plain_share = _slack_run(TimeBudgetPolicy(0.1, 1.0))
+    constant, constant_share = _slack_run(TimeBudgetPolicy(0.1, 4.0))
+    rule = TimeBudgetSlackPolicy(0.1, top=4.0)
+    spent, spent_share = _slack_run(rule)
+    assert constant_share > 0.01 and constant["itl_p99_s"] > 0.1
+    assert 0 < spent_share <= SLACK_SHARE and spent["itl_p99_s"] <= 0.1
+    assert plain_share == 0.0
+    again, again_share = _slack_run(rule)  # capacity probes reuse the object: reset() per run
+    assert again == spent and again_share == spent_share
+
+
+def test_slack_rule_keeps_to_its_fraction_until_it_has_slack():
+    """A fresh engine has decoded nothing, so no token may be slow yet: the rule's budget is
+    the plain rule's; once tokens decoded within the target leave slack, it is the top's."""
+    from policies.baselines import TimeBudgetSlackPolicy
+
+    rule = TimeBudgetSlackPolicy(itl_s=0.1, top=4.0)
+    sim = make_sim([(0.0, 60, 6000)] * 4 + [(0.001, 9000, 10), (30.0, 9000, 10)],
+                   hardware="a100-80g", model="llama-3-8b")
+    decisions = []
+    while sim.advance():
+        state = sim.state()
+        if state.num_decodes and state.waiting_prefill_tokens + state.head_prefilled_tokens:
+            decisions.append((rule(state), TimeBudgetPolicy(0.1, 1.0)(state),
+                              TimeBudgetPolicy(0.1, 4.0)(state)))
+        sim.step(rule(state))
+    first, last = decisions[0], decisions[-1]
+    assert first[0] == first[1] < first[2]
+    assert last[0] == last[2] > last[1]
+
+
 def test_reference_is_at_least_as_good_as_the_best_static(cliff):
     """On a stream loaded past the best static's capacity, the reference controller over
     that budget misses the SLO no more often than the budget itself."""
@@ -148,6 +211,9 @@ def test_sweeps_give_identical_json_on_one_or_two_workers(tmp_path):
     (["compare", "--policies", "time-budget:0"], "FRACTION of the ITL target must lie in (0, 2]"),
     (["compare", "--policies", "time-budget:2.5"], "FRACTION of the ITL target must lie in (0, 2]"),
     (["compare", "--policies", "time-budget-kv:nan"], "FRACTION of the ITL target must lie in (0, 2]"),
+    (["compare", "--policies", "time-budget-slack:1"], "TOP multiple of the ITL target must lie in (1, 16]"),
+    (["compare", "--policies", "time-budget-slack:nan"], "TOP multiple of the ITL target must lie in (1, 16]"),
+    (["compare", "--policies", "time-budget-slack:4:2"], "takes one TOP multiple of the ITL target"),
     (["compare", "--policies", "reference:2048:inf"], "arguments must be finite and > 0"),
     (["compare", "--policies", "reference:2048:0.01"], "horizon_s: got 0.01, must be at least one pass"),
     (["compare", "--policies", "fast-rule"], "unknown spec 'fast-rule'"),
