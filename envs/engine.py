@@ -57,6 +57,7 @@ from envs.cost import PassShape, Roofline, free_ride_root, pass_seconds
 from envs.errors import MAX_TOKENS, ConfigError, fraction, integer, require, show
 from envs.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
 from envs.records import FLUSH_VALUES, PassLog, RequestBook
+from envs.slack import ItlSlackMeter, SlackCounter
 from envs.workload import Workload
 
 if TYPE_CHECKING:  # imported lazily at run time: metrics imports nothing from here
@@ -293,6 +294,7 @@ class Simulator:
         self._view_workload()
         self._next = 0  # index of the next arrival
         self.log = PassLog()
+        self._slack: dict[float, SlackCounter] = {}
         self.stream = None
         if summary_only is not None:
             from envs.metrics import StreamingSummary
@@ -373,7 +375,7 @@ class Simulator:
                     "last_pass_s", "_pending_decision", "_decode_alloc_pass", "_first_wait_n",
                     "_first_wait_arrivals", "_ttft_sum")
     _FORK_CLONED = ("requests", "waiting", "prefilling", "_decodes", "_finish_at", "_finish_heap",
-                    "_cnt")
+                    "_cnt", "_slack")
     _FORK_FRESH = ("log", "_shapes", "_view", "stream")
 
     def fork(self) -> "Simulator":
@@ -401,6 +403,10 @@ class Simulator:
         new._finish_heap = list(self._finish_heap)
         new._cnt = list(self._cnt)
         new.log = PassLog(self.pass_index)
+        new._slack = {}
+        for itl, counter in self._slack.items():
+            counter.update(self.log, self.now)
+            new._slack[itl] = counter.forked(new.log.position())
         new.stream = None
         new.requests = RequestBook(new.log)
         for r in sorted(clones.values(), key=lambda r: (r.arrival, r.rid)):
@@ -408,6 +414,14 @@ class Simulator:
         new._shapes = None
         new._view = SchedulerState(new)
         return new
+
+    def itl_slack(self, itl_s: float) -> ItlSlackMeter:
+        """The decode tokens so far over ``itl_s`` and in all, over the last few minutes
+        (:mod:`envs.slack`): how much of a p99 target's slack is left."""
+        counter = self._slack.get(itl_s)
+        if counter is None:
+            counter = self._slack[itl_s] = SlackCounter(itl_s)
+        return counter.update(self.log, self.now)
 
     # --- setting up --------------------------------------------------------------------
 
@@ -548,6 +562,8 @@ class Simulator:
                     needed = min(needed, r.segments[0][0])
                 elif r.rid in self._decodes:
                     needed = min(needed, r.dec_start)
+            for counter in self._slack.values():  # count the passes before letting them go
+                counter.update(self.log, self.now)
             dropped = self.log.drop_before(needed)
             if dropped is not None:
                 self.stream.add_passes(dropped)

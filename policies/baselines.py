@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from policies.base import BudgetPolicy
@@ -239,74 +237,32 @@ class TimeBudgetFewPolicy(TimeBudgetPolicy):
                            state.head_prefilled_tokens, seconds, self.cap)
 
 
-SLACK_SHARE = 0.008
-"""Share of decode tokens the slack-spending rule lets run over the ITL target: a p99 target
-tolerates 1%, and the rest is margin for what arrives next."""
-SLACK_TAU_S = 300.0
-"""Memory of the slack-spending rule's count, seconds (an exponential window): a p99 over
-the last few minutes, as a serving dashboard shows it."""
-
-
-class ItlSlackMeter:
-    """Decode tokens whose gap exceeded the ITL target, and all decode tokens, each decayed
-    with a time constant of ``tau_s`` (a window of the last few minutes)."""
-
-    __slots__ = ("tau_s", "slow", "tokens", "t_s")
-
-    def __init__(self, tau_s: float = SLACK_TAU_S, now_s: float = 0.0):
-        self.tau_s, self.slow, self.tokens, self.t_s = float(tau_s), 0.0, 0.0, float(now_s)
-
-    def add(self, now_s: float, slow: int, tokens: int) -> None:
-        """Decay the counts to ``now_s``, then add the tokens decoded since the last call."""
-        if now_s > self.t_s:
-            keep = math.exp(-(now_s - self.t_s) / self.tau_s)
-            self.slow *= keep
-            self.tokens *= keep
-            self.t_s = now_s
-        self.slow += slow
-        self.tokens += tokens
-
-    def allows(self, num_decodes: int, share: float) -> bool:
-        """Whether ``num_decodes`` more slow tokens keep the slow share within ``share``."""
-        return self.slow + num_decodes <= share * (self.tokens + num_decodes)
-
 
 class TimeBudgetSlackPolicy(TimeBudgetPolicy):
     """The time-budget rule that spends the p99 ITL slack: a pass may take up to ``top``
     times the ITL target while the decode tokens over the target stay under ``share`` of
-    all decode tokens (the last few minutes' count, :class:`ItlSlackMeter`); otherwise it
+    all decode tokens (the last few minutes' count, :mod:`envs.slack`); otherwise it
     keeps to ``fraction`` of it. A p99 target tolerates 1% of tokens over it; where the
     TTFT target is tight for the longest prompts, each pass within the ITL target re-reads
     the weights and carries the decodes, so a long prompt chunked to fit it arrives later
     than in a few long passes (a 16K prompt on an A100 with ten 600-token decodes: 1.65 s
     in 17 passes at 100 ms, 1.55 s in 3 passes of 6,889 tokens, against a 2 s TTFT
     target). Only the slow tokens the engine actually produced are counted: passes over
-    the target with nothing decoding cost nothing. Not deployable in a table (it keeps a
-    count), it is the rule the tables are measured against where the slack matters."""
+    the target with nothing decoding cost nothing."""
 
-    def __init__(self, itl_s: float, top: float = 4.0, fraction: float = 1.0,
-                 share: float = SLACK_SHARE, tau_s: float = SLACK_TAU_S, cap: int = 16384):
+    def __init__(self, itl_s: float, top: float = 4.0, fraction: float = 1.0, cap: int = 16384):
         super().__init__(itl_s, fraction, cap)
-        self.top, self.share, self.tau_s = float(top), float(share), float(tau_s)
+        self.top = float(top)
         self.name = "time-budget-slack" if top == 4.0 else f"time-budget-slack:{top:g}"
-        self.reset()
 
-    def reset(self) -> None:
-        self._sim, self._mark, self._meter = None, 0, ItlSlackMeter(self.tau_s)
-
-    def meter(self, sim) -> ItlSlackMeter:
-        """The slow-token count of ``sim``'s passes so far (a new simulator starts afresh)."""
-        if sim is not self._sim:
-            self._sim, self._mark, self._meter = sim, 0, ItlSlackMeter(self.tau_s, sim.now)
-        slow, _ = sim.log.tokens_over_since(self._mark, self.itl_s)
-        tokens, self._mark = sim.log.tokens_over_since(self._mark, -1.0)
-        self._meter.add(sim.now, slow, tokens)
-        return self._meter
+    def fraction_at(self, num_decodes: int, slack_passes: float) -> float:
+        """``top`` while the slack covers one more pass over the target, else ``fraction``."""
+        return self.top if num_decodes and slack_passes >= 1.0 else self.fraction
 
     def budget(self, state) -> int:
         from envs.actions import time_budget
 
         sim, n = state.simulator, state.num_decodes
-        fraction = self.top if n and self.meter(sim).allows(n, self.share) else self.fraction
+        fraction = self.fraction_at(n, sim.itl_slack(self.itl_s).passes(n)) if n else self.fraction
         return time_budget(sim.roofline, n, state.decode_context_tokens, state.head_prefilled_tokens,
                            fraction * self.itl_s, self.cap)

@@ -114,14 +114,16 @@ def test_few_decodes_variant_spends_the_itl_slack():
 def test_slack_meter_decays_and_grants_by_hand():
     import math
 
-    from policies.baselines import ItlSlackMeter
+    from envs.slack import ItlSlackMeter
 
     m = ItlSlackMeter(tau_s=10.0)
     m.add(0.0, 0, 1000)
     m.add(10.0 * math.log(2), 5, 100)  # one half-life later: the old counts halve
     assert m.slow == pytest.approx(5.0) and m.tokens == pytest.approx(600.0)
-    assert m.allows(1, 0.01)  # 5 + 1 <= 0.01 * 601
-    assert not m.allows(2, 0.01)  # 5 + 2 > 0.01 * 602
+    assert m.passes(1, 0.01) == pytest.approx(1.0)  # 0.01 * 600 - 5 = 1 token of slack
+    assert m.passes(2, 0.01) == pytest.approx(0.5)
+    assert m.passes(0, 0.01) == pytest.approx(1.0)  # nothing decoding: per one decode
+    assert m.passes(1, 0.005) == 0.0  # spent: 3 - 5 < 0
     m.add(1.0, 0, 0)  # a clock that goes back decays nothing
     assert m.tokens == pytest.approx(600.0)
 
@@ -141,7 +143,8 @@ def test_slack_rule_spends_the_p99_slack_and_no_more():
     ITL (2% of tokens slow); the rule with the same top keeps under its 0.8% share, meets
     the ITL target, and still uses the long passes (unlike the plain rule, which makes no
     token slow)."""
-    from policies.baselines import SLACK_SHARE, TimeBudgetSlackPolicy
+    from envs.slack import SLACK_SHARE
+    from policies.baselines import TimeBudgetSlackPolicy
 
     plain, plain_share = _slack_run(TimeBudgetPolicy(0.1, 1.0))
     constant, constant_share = _slack_run(TimeBudgetPolicy(0.1, 4.0))
