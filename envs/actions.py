@@ -15,16 +15,17 @@ STATIC_LADDER = (256, 512, 1024, 2048, 4096, 8192, 16384)
 
 FRACTION_LADDER = (tuple(round(2 ** (k / 4), 4) for k in range(-8, -4))
                    + tuple(round(2 ** (k / 8), 4) for k in range(-8, 1))
-                   + (1.4142, 2.0, 4.0, 8.0))
+                   + (1.4142, 2.0, 4.0, 8.0, 16.0))
 """The environment's default actions: a pass's time budget as a fraction of the ITL
 target, 0.25 to 0.5 in steps of 2^(1/4), then to 1 in steps of 2^(1/8), fine where the
-p99 cliff is; and a few beyond it, up to 8. A pass priced over the target makes every
+p99 cliff is; and a few beyond it, up to 16. A pass priced over the target makes every
 decode token in it slow, which a p99 target tolerates for 1% of tokens only, so a
 constant above 1 is ruinous (a constant 1.19 loses 20 times the return of a constant 1);
-but with few decodes running, a long pass slows few tokens and serves a burst of prompts
-sooner (on an A100 with bursty long prompts, up to 8x the target when fewer than four
-decode: +25% capacity; on a laptop part the same loses 80%), which only a
-state-dependent policy can use."""
+but while the slack lasts (the observation's ``itl_slack``), a long pass prefills a long
+prompt in fewer, cheaper passes (on an A100 with bursty long prompts, up to 4x the target
+while under 0.8% of decode tokens run slow ties the best static budget, where the
+fraction 1 loses a fifth; an L40S wants up to 16x), which only a state-dependent policy
+can use."""
 
 BUDGET_CAP = 16384
 """The largest budget a time fraction turns into (and the budget with nothing decoding)."""

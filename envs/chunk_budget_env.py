@@ -66,7 +66,7 @@ class ChunkBudgetEnv(gym.Env):
 
     ## Observation Space
 
-    ``Box(0, 1, (13,), float32)``, every entry scaled to [0, 1] and clipped:
+    ``Box(0, 1, (14,), float32)``, every entry scaled to [0, 1] and clipped:
 
     | idx | observation | scaling |
     |-----|-------------|---------|
@@ -81,12 +81,13 @@ class ChunkBudgetEnv(gym.Env):
     | 8 | share of the head request's prompt already prefilled | fraction |
     | 9 | last pass's duration | duration / ITL target / 4 |
     | 10 | mean decode context, tokens | log1p(x)/log1p(131072) |
-    | 11 | TTFT target | log1p(s)/log1p(30) |
-    | 12 | ITL target | log1p(1000 s)/log1p(1000) |
+    | 11 | p99 ITL slack: passes over the ITL target the running decodes could take while under 0.8% of decode tokens (last few minutes) run slow (``envs.slack``) | log1p(x)/log1p(64) |
+    | 12 | TTFT target | log1p(s)/log1p(30) |
+    | 13 | ITL target | log1p(1000 s)/log1p(1000) |
 
     All of them are cheap for a real engine to read or compute each pass (counts, KV
-    usage, the head request's computed tokens, running requests' context lengths and the
-    cost model's coefficients). ``train.py`` normalises them further with SB3's
+    usage, the head request's computed tokens, running requests' context lengths, the
+    cost model's coefficients, and the time between steps for the slack). ``train.py`` normalises them further with SB3's
     ``VecNormalize``.
 
     ## Rewards

@@ -13,16 +13,22 @@ import math
 import numpy as np
 
 from envs.metrics import SLO
+from envs.slack import SLACK_PASSES_TOP
 
 OBSERVATION_FIELDS = (
     "running_decodes", "waiting_requests", "waiting_prefill_tokens", "kv_usage",
     "oldest_wait_vs_ttft", "decode_pass_vs_itl", "chunk_at_target", "head_remaining_tokens",
-    "head_prefilled_share", "last_pass_vs_itl", "decode_context_mean", "slo_ttft", "slo_itl",
+    "head_prefilled_share", "last_pass_vs_itl", "decode_context_mean", "itl_slack", "slo_ttft",
+    "slo_itl",
 )
+SLACK_INDEX = OBSERVATION_FIELDS.index("itl_slack")
 
 _INV_LOG_512 = 1 / math.log1p(512)
 _INV_LOG_16K = 1 / math.log1p(16384)
 _INV_LOG_128K = 1 / math.log1p(131072)
+_INV_LOG_SLACK = 1 / math.log1p(SLACK_PASSES_TOP)
+SLACK_ONE_PASS = math.log1p(1.0) * _INV_LOG_SLACK
+"""The ``itl_slack`` entry at which the slack covers one pass over the ITL target."""
 
 
 def _log_scale(x: float, top: float) -> float:
@@ -42,7 +48,9 @@ def observe(sim, slo: SLO, slo_obs: tuple[float, float] | None = None) -> np.nda
     Beyond the scheduler's counts it carries what identifies the condition the pass is
     in: the price of a decode-only pass at the current decode set against the ITL target
     (load, hardware, model and per-pass overheads in one number) and the chunk a pass
-    could carry within the ITL target; and the TTFT slack of the oldest waiting request.
+    could carry within the ITL target; the TTFT slack of the oldest waiting request; and
+    the p99 ITL slack, in passes over the target the running decodes could still take
+    (:mod:`envs.slack`).
     """
     from envs.cost import chunk_price, chunk_within
 
@@ -74,6 +82,7 @@ def observe(sim, slo: SLO, slo_obs: tuple[float, float] | None = None) -> np.nda
         done_tokens / total_tokens if total_tokens else 0.0,
         sim.last_pass_s / slo.itl_s * 0.25,
         log1p(ctx / n) * _INV_LOG_128K if n else 0.0,
+        log1p(sim.itl_slack(slo.itl_s).passes(n)) * _INV_LOG_SLACK,
     )
     return np.array([v if v < 1.0 else 1.0 for v in vals] + list(slo_obs), dtype=np.float32)
 

@@ -46,7 +46,8 @@ from policies.table import (DERIVED, KIND, SCHEMA_VERSION, STATE, BudgetTable, h
 from policies.table_policy import FEATURE_GETTERS
 
 LOUD_CAPACITY_LOSS = 0.01
-CANDIDATES = tuple(STATE) + tuple(DERIVED)
+CANDIDATES = tuple(n for n in STATE if n not in ("itl_slow_tokens", "itl_decode_tokens")) + tuple(DERIVED)
+"""Features a table may bucket (the slack counts enter only through ``itl_slack_passes``)."""
 MAX_BUCKETS = 32
 """Buckets per feature: 32 over four features is a million cells (a few MB of JSON)."""
 MAX_EPISODES = 1000
@@ -100,7 +101,8 @@ class Recorder:
 
     def __call__(self, state) -> int:
         v = self.policy.action_value(state)
-        self.rows.append([g(state) for g in self.getters])
+        itl = self.policy.slo.itl_s
+        self.rows.append([g(state, itl) for g in self.getters])
         self.values.append(v)
         b = max(self.policy.budget_for_value(state, v), state.num_decodes, 1)
         self.budgets.append(b)
@@ -138,6 +140,11 @@ def feature_values(name: str, state: dict, cost: dict | None) -> np.ndarray:
 
         return np.array([pass_seconds(cost, int(n), int(c), 0, 0) for n, c in
                          zip(state["running_decodes"], state["decode_context_tokens"])])
+    if name == "itl_slack_passes":
+        from policies.table import slack_passes
+
+        return np.array([slack_passes(s, t, int(n)) for s, t, n in
+                         zip(state["itl_slow_tokens"], state["itl_decode_tokens"], state["running_decodes"])])
     return state[name]
 
 
@@ -243,7 +250,8 @@ def pick_features(build: tuple, held: tuple, buckets: int, max_features: int, pr
     while it raises it by at least half a point."""
     (bstate, bvals), (hstate, hvals) = build, held
     cost = action.get("cost") if action else None
-    candidates = [n for n in CANDIDATES if (n in DERIVED and action) or n in bstate]
+    candidates = [n for n in CANDIDATES if n in bstate or (
+        n in DERIVED and action and all(k in bstate for k in DERIVED[n]))]
     chosen, best = [], -1.0
     while len(chosen) < max_features:
         scores = {}

@@ -64,6 +64,9 @@ STATE = {
     "head_remaining_tokens": "tokens that request still has to prefill",
     "oldest_wait_s": "seconds since the arrival of the oldest request still without a token",
     "last_step_s": "wall time between the previous two passes (0 at the first)",
+    "itl_slow_tokens": "decode tokens whose gap exceeded the ITL target, over the last few "
+                       "minutes (SlackCount)",
+    "itl_decode_tokens": "decode tokens, over the same window",
 }
 # A table's features are bucketed state quantities.
 KNOWN_FEATURES = STATE
@@ -114,8 +117,8 @@ class TokensAction:
             raise TableError(f"{path}: budgets: every cell must be a positive integer <= {MAX_BUDGET}")
         derived = [f for f in table.features if f in DERIVED]
         if derived:
-            raise TableError(f"{path}: features: {', '.join(derived)} needs a time_fraction "
-                             "action's cost coefficients")
+            raise TableError(f"{path}: features: {', '.join(derived)} is derived by a "
+                             "time_fraction action only")
         self.cells = tuple(budgets)
         self.needs = frozenset(table.features)
         self.max_budget = max(self.cells)
@@ -184,10 +187,45 @@ def chunk_within(cost: Mapping, n: int, ctx: int, seconds: float, q: int, cap: i
     return x
 
 
-# Quantities a time-fraction table derives from the state with its cost coefficients.
+# Quantities a time-fraction table derives from the state (with its cost coefficients).
 DERIVED = {
     "decode_pass_s": ("running_decodes", "decode_context_tokens"),
+    "itl_slack_passes": ("running_decodes", "itl_slow_tokens", "itl_decode_tokens"),
 }
+
+SLACK_SHARE = 0.008
+SLACK_TAU_S = 300.0
+"""The p99 ITL slack's share of decode tokens and its window, seconds (``envs.slack``'s;
+a test checks they agree)."""
+
+
+def slack_passes(slow: float, tokens: float, num_decodes: int) -> float:
+    """Passes over the ITL target the running decodes could take before the slow share
+    reaches SLACK_SHARE (``envs.slack.slack_passes``)."""
+    room = SLACK_SHARE * tokens - slow
+    return room / max(num_decodes, 1) if room > 0 else 0.0
+
+
+class SlackCount:
+    """What an engine counts for ``itl_slow_tokens`` and ``itl_decode_tokens``: call
+    :meth:`step` before each scheduler step with the time and that step's decodes; the
+    previous step's decodes count as slow when the steps were more than ``itl_s`` apart.
+    Both counts decay with a time constant of SLACK_TAU_S."""
+
+    __slots__ = ("itl_s", "slow", "tokens", "_last_s", "_decodes")
+
+    def __init__(self, itl_s: float):
+        self.itl_s, self.slow, self.tokens = float(itl_s), 0.0, 0.0
+        self._last_s, self._decodes = None, 0
+
+    def step(self, now_s: float, decodes: int) -> None:
+        last = self._last_s
+        if last is not None and now_s > last:
+            keep = math.exp(-(now_s - last) / SLACK_TAU_S)
+            slow = self._decodes if now_s - last > self.itl_s else 0
+            self.slow = self.slow * keep + slow
+            self.tokens = self.tokens * keep + self._decodes
+        self._last_s, self._decodes = now_s, decodes
 
 
 MAX_FRACTION = 16.0
@@ -232,6 +270,9 @@ class TimeFractionAction:
     def value(self, name: str, state: Mapping[str, float]) -> float:
         if name == "decode_pass_s":
             return pass_seconds(self.cost, state["running_decodes"], state["decode_context_tokens"], 0, 0)
+        if name == "itl_slack_passes":
+            return slack_passes(state["itl_slow_tokens"], state["itl_decode_tokens"],
+                                int(state["running_decodes"]))
         return state[name]
 
     def fraction(self, state: Mapping[str, float]) -> float:

@@ -5,17 +5,20 @@ from __future__ import annotations
 from policies.base import BudgetPolicy
 from policies.table import STATE, BudgetTable
 
-# How the simulator's scheduler state provides each quantity a table may need.
+# How the simulator's scheduler state provides each quantity a table may need, for a
+# table serving an ITL target of ``itl`` seconds.
 FEATURE_GETTERS = {
-    "running_decodes": lambda s: s.num_decodes,
-    "waiting_requests": lambda s: s.num_waiting,
-    "waiting_prefill_tokens": lambda s: s.waiting_prefill_tokens,
-    "kv_usage": lambda s: s.kv_usage,
-    "decode_context_tokens": lambda s: s.decode_context_tokens,
-    "head_prefilled_tokens": lambda s: s.head_prefilled_tokens,
-    "head_remaining_tokens": lambda s: s.head_prompt_tokens - s.head_prefilled_tokens,
-    "oldest_wait_s": lambda s: s.oldest_wait_s,
-    "last_step_s": lambda s: s.last_pass_s,
+    "running_decodes": lambda s, itl: s.num_decodes,
+    "waiting_requests": lambda s, itl: s.num_waiting,
+    "waiting_prefill_tokens": lambda s, itl: s.waiting_prefill_tokens,
+    "kv_usage": lambda s, itl: s.kv_usage,
+    "decode_context_tokens": lambda s, itl: s.decode_context_tokens,
+    "head_prefilled_tokens": lambda s, itl: s.head_prefilled_tokens,
+    "head_remaining_tokens": lambda s, itl: s.head_prompt_tokens - s.head_prefilled_tokens,
+    "oldest_wait_s": lambda s, itl: s.oldest_wait_s,
+    "last_step_s": lambda s, itl: s.last_pass_s,
+    "itl_slow_tokens": lambda s, itl: s.simulator.itl_slack(itl).slow,
+    "itl_decode_tokens": lambda s, itl: s.simulator.itl_slack(itl).tokens,
 }
 assert set(FEATURE_GETTERS) == set(STATE)
 
@@ -32,9 +35,11 @@ class TablePolicy(BudgetPolicy):
         self.name = name or f"table:{table.path}"
         self._getters = tuple((n, FEATURE_GETTERS[n]) for n in table.needs)
         self._time = table.action.kind == "time_fraction"
+        self._itl_s = getattr(table.action, "itl_s", None) or table.provenance.get("slo", {}).get("itl_s")
 
     def budget(self, state) -> int:
-        values = {n: g(state) for n, g in self._getters}
+        itl = self._itl_s
+        values = {n: g(state, itl) for n, g in self._getters}
         if self._time:
             return self.table.action.budget(values, state.simulator.roofline.coefficients())
         return self.table.budget(values)

@@ -37,7 +37,7 @@ import time
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from policies.table import BudgetTable, TableError
+from policies.table import BudgetTable, SlackCount, TableError
 from policies.vllm_metrics import EngineMetrics, Summary
 from policies.vllm_startup import (ALLOW_MISMATCH_ENV, RELOAD_ENV, SUMMARY_ENV, TABLE_ENV,
                                    check_startup, check_table, engine_ceiling, logger,
@@ -48,6 +48,7 @@ __all__ = ["TableScheduler", "AsyncTableScheduler", "TABLE_ENV"]
 # Quantities that need a pass over the waiting queue (the running queue is always
 # walked: the running decodes bound every budget from below).
 _NEEDS_WAITING = frozenset({"waiting_prefill_tokens", "oldest_wait_s"})
+_NEEDS_SLACK = frozenset({"itl_slow_tokens", "itl_decode_tokens"})
 
 
 class TableBudget:
@@ -101,6 +102,9 @@ class TableBudget:
         self._cp_budget = self.chunkpilot_table.budget
         self._cp_needs = table.needs
         self._cp_waiting = bool(table.needs & _NEEDS_WAITING)
+        itl = getattr(table.action, "itl_s", None) or table.provenance.get("slo", {}).get("itl_s")
+        # The p99 ITL slack: counted from the time between steps, from this table on.
+        self._cp_slack = SlackCount(itl) if itl and table.needs & _NEEDS_SLACK else None
         self.chunkpilot_metrics.table(table)
         self._cp_logged.clear()
 
@@ -153,6 +157,10 @@ class TableBudget:
         if "last_step_s" in needs:
             last = self._cp_last_schedule
             state["last_step_s"] = (now_s - last) if last is not None and now_s else 0.0
+        slack = self._cp_slack
+        if slack is not None:
+            slack.step(now_s if now_s is not None else time.monotonic(), decodes)
+            state["itl_slow_tokens"], state["itl_decode_tokens"] = slack.slow, slack.tokens
         return state
 
     # --- the budget ----------------------------------------------------------------
