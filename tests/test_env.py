@@ -11,6 +11,7 @@ import envs
 from envs.actions import FRACTION_LADDER, time_budget
 from envs.chunk_budget_env import ChunkBudgetEnv, EpisodeSampler, RewardWeights
 from envs.cost import price_pass
+from envs.metrics import SLO
 from envs.scenario import Scenario
 from envs.workload import Workload
 from tests.conftest import TOY_HW, TOY_MODEL
@@ -83,11 +84,39 @@ def test_reward_counts_slo_violations_by_hand():
     assert info["slow_tokens"] == 0 and r == pytest.approx(-100.0)
     _, r, term, _, info = env.step(1)
     assert term and info["ttft_miss"] == 0  # charged once, when the deadline passed
-    # Two slow tokens, in requests' worth (mean output 3), in % of the one request; x10.
-    assert info["slow_tokens"] == pytest.approx(2 / 3 * 100)
-    assert r == pytest.approx(-10 * 2 / 3 * 100)
+    # Two slow tokens of two decode tokens, less the 1% a p99 target tolerates, in requests'
+    # worth (mean output 3), in % of the one request; x10.
+    assert info["slow_tokens"] == pytest.approx((2 - 0.01 * 2) / 3 * 100)
+    assert r == pytest.approx(-10 * (2 - 0.01 * 2) / 3 * 100)
     assert info["episode_metrics"]["goodput"] == 0.0
     assert info["episode_metrics"]["budgets"].tolist() == [512, 512]
+
+
+def test_slow_tokens_within_the_p99_allowance_are_free():
+    """The slow charge of a step is the growth of the excess over 1% of decode tokens: free
+    while within it, charged beyond it, returned as on-time tokens bring it back."""
+    from envs.reward import RewardMeter
+
+    class Log:
+        deltas = (0, 0)
+
+        def position(self):
+            return 0
+
+        def tokens_over_since(self, mark, itl_s):
+            return (self.deltas[0] if itl_s > 0 else self.deltas[1]), 0
+
+    class Sim:
+        log, requests, now = Log(), [], 0.0
+
+    sim = Sim()
+    meter = RewardMeter(sim, SLO(1.0, 0.1), mean_output=1.0, requests=100)
+    charged = []
+    for slow, tokens in ((1, 200), (3, 100), (0, 100)):
+        sim.log.deltas = (slow, tokens)
+        charged.append(meter.charges()[1])
+    # excess: max(0, 1 - 2) = 0, max(0, 4 - 3) = 1, max(0, 4 - 4) = 0
+    assert charged == pytest.approx([0.0, 1.0, -1.0])
 
 
 def test_no_charge_when_the_slo_is_met():

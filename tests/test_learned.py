@@ -168,3 +168,133 @@ def test_export_report_says_when_the_policy_is_constant(capsys):
         out = capsys.readouterr().out
         assert ("NOTE: every cell holds 1: the policy does not depend on the state here; it is "
                 "the time-budget rule at 1 (time-budget:1)" in out) == constant, out
+
+
+# --- the p99 ITL slack ---------------------------------------------------------------------
+
+SLACK_REQUESTS = [(0.0, 60, 3000)] * 6 + [(0.5 * i, 6000, 20) for i in range(1, 30)]
+"""Six long generations and a long prompt every half second: passes over the target slow
+a few tokens each, so the slack is spent and regained."""
+
+
+def _slack_sim():
+    from tests.conftest import make_sim
+
+    return make_sim(SLACK_REQUESTS, hardware="a100-80g", model="llama-3-8b")
+
+
+def _spend_run(sim, itl_s=0.1, until_s=None):
+    """Serve ``sim`` with the slack rule (up to 8x the target), reading the count each pass."""
+    from policies.baselines import TimeBudgetSlackPolicy
+
+    rule = TimeBudgetSlackPolicy(itl_s, top=8.0)
+    while sim.advance() and (until_s is None or sim.now < until_s):
+        sim.step(rule(sim.state()))
+    return sim
+
+
+def test_runtime_slack_constants_match_the_simulator():
+    from envs import slack
+
+    assert (runtime.SLACK_SHARE, runtime.SLACK_TAU_S) == (slack.SLACK_SHARE, slack.SLACK_TAU_S)
+    rng = random.Random(1)
+    for _ in range(200):
+        slow, tokens, n = rng.uniform(0, 50), rng.uniform(0, 1e4), rng.randint(0, 256)
+        assert runtime.slack_passes(slow, tokens, n) == slack.slack_passes(slow, tokens, n)
+
+
+def test_slack_count_is_the_whole_log_without_decay():
+    """With an unbounded window the simulator's count is the pass log's: every decode token,
+    and those whose pass exceeded the ITL target."""
+    from envs.slack import ItlSlackMeter, SlackCounter
+
+    sim = _spend_run(_slack_sim())
+    counter = SlackCounter(0.1, meter=ItlSlackMeter(tau_s=1e18))
+    counter.update(sim.log, sim.now)
+    assert counter.meter.slow == sim.log.tokens_over_since(0, 0.1)[0] > 0
+    assert counter.meter.tokens == sim.log.tokens_over_since(0, -1.0)[0] > 0
+
+
+def test_summary_only_runs_and_forks_keep_the_slack_count(monkeypatch):
+    """A summary-only simulator lets old passes go (here every few runs); the count is taken
+    before they go, so it matches a full run's. A fork starts from its parent's count."""
+    from envs.metrics import SLO
+
+    from envs.engine import EngineConfig, Simulator
+    from envs.workload import Workload
+
+    monkeypatch.setattr("envs.engine.FLUSH_VALUES", 40)
+    reqs = sorted([(0.3 * i, 60, 300) for i in range(100)] + [(0.5 * i + 0.1, 6000, 20) for i in range(60)])
+    arr, prm, out = zip(*reqs)
+    w = Workload.from_arrays(arr, prm, out)
+    full = _spend_run(Simulator("a100-80g", "llama-3-8b", w, EngineConfig()))
+    lean = _spend_run(Simulator("a100-80g", "llama-3-8b", w, EngineConfig(), summary_only=SLO(2.0, 0.1)))
+    assert lean.log._dropped > 0
+    a, b = full.itl_slack(0.1), lean.itl_slack(0.1)
+    assert (a.slow, a.tokens) == pytest.approx((b.slow, b.tokens), rel=1e-9)
+    half = _spend_run(_slack_sim(), until_s=8.0)
+    parent = half.itl_slack(0.1)
+    child = half.fork().itl_slack(0.1)
+    assert (child.slow, child.tokens) == (parent.slow, parent.tokens) and parent.tokens > 0
+
+
+def test_engine_slack_count_by_hand():
+    """The engine counts a step's decodes as slow when the next step starts more than the
+    ITL target later; both counts decay with the window."""
+    import math
+
+    c = runtime.SlackCount(itl_s=0.1)
+    c.step(0.0, 3)
+    c.step(0.05, 3)  # 50 ms gap: 3 tokens on time
+    c.step(0.25, 2)  # 200 ms gap: the 3 decodes of the last step were slow
+    keep = math.exp(-0.2 / runtime.SLACK_TAU_S)
+    assert c.tokens == pytest.approx(3 * keep + 3) and c.slow == pytest.approx(3.0)
+
+
+def test_observation_and_teacher_read_the_slack():
+    """The observation's itl_slack entry is the count's passes on a log scale, and the g4
+    teacher's clone target equals the slack rule's choice in every state."""
+    import math
+
+    from agents.setup import teacher_actions
+    from envs.actions import FRACTION_LADDER
+    from envs.metrics import SLO
+    from envs.observation import SLACK_INDEX, observe
+    from envs.slack import SLACK_PASSES_TOP
+    from policies.baselines import TimeBudgetSlackPolicy
+
+    sim, rule = _slack_sim(), TimeBudgetSlackPolicy(0.1, top=4.0)
+    spent = kept = 0
+    while sim.advance():
+        n = sim.num_decodes
+        passes = sim.itl_slack(0.1).passes(n)
+        obs = observe(sim, SLO(2.0, 0.1))
+        assert obs[SLACK_INDEX] == pytest.approx(
+            min(math.log1p(passes) / math.log1p(SLACK_PASSES_TOP), 1.0), abs=1e-6)
+        want = rule.fraction_at(n, passes) if n else 1.0
+        got = FRACTION_LADDER[int(teacher_actions("g4", FRACTION_LADDER, obs[None, :])[0])]
+        assert got == want
+        spent, kept = spent + (want > 1), kept + (want == 1)
+        sim.step(rule(sim.state()))
+    assert spent and kept
+
+
+def test_a_table_over_the_slack_spends_it_as_the_engine_counts_it():
+    """A time-fraction table bucketing itl_slack_passes: 4x the target with slack for a pass,
+    1x without; the runtime derives the feature from the engine's two counts."""
+    from envs.scenario import Scenario
+
+    sc = Scenario()
+    data = time_table([1.0, 4.0], sc, edges=(1.0,)).to_dict()
+    data["features"] = [{"name": "itl_slack_passes", "edges": [1.0]}]
+    t = BudgetTable(data)
+    assert {"itl_slow_tokens", "itl_decode_tokens", "running_decodes"} <= t.needs
+    r = sc.simulator().roofline
+    base = dict(running_decodes=10, decode_context_tokens=10 * 600, head_prefilled_tokens=0)
+    spend = 10 + sim_chunk_within(r, 10, 6000, 4 * sc.slo_itl_s, 0, cap=16384 - 10)
+    keep = 10 + sim_chunk_within(r, 10, 6000, sc.slo_itl_s, 0, cap=16384 - 10)
+    # 0.008 * 5000 - 25 = 15 tokens of slack: one pass of 10 decodes fits; 0.008 * 2000 - 25 < 0
+    assert t.budget({**base, "itl_slow_tokens": 25, "itl_decode_tokens": 5000}) == spend
+    assert t.budget({**base, "itl_slow_tokens": 25, "itl_decode_tokens": 2000}) == keep
+    with pytest.raises(runtime.TableError, match="is derived by a time_fraction action only"):
+        BudgetTable({**data, "action": {"kind": "tokens"}, "budgets": [512, 4096]})
