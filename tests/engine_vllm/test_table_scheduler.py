@@ -120,3 +120,50 @@ def test_time_fraction_table_turns_its_fraction_into_tokens_each_step(model):
             checked += 1
         sched.update_from_output(out, fake_output(sched, out))
     assert checked >= 5
+
+
+def test_slack_table_counts_slow_tokens_from_step_times(model, monkeypatch):
+    """A table over the p99 ITL slack in vLLM's scheduler: the adapter counts a step's decodes
+    as slow when the next step starts more than the ITL target later (its clock here is
+    a fake one), and the table spends the slack (4x the target) only while it lasts."""
+    import types
+
+    import policies.vllm_scheduler as vs
+    from policies.table import SlackCount, chunk_within
+
+    data = table_dict([("kv_usage", [0.5])], [1, 1], default_budget=256)
+    del data["budgets"]
+    cost = {"weights_s": 0.004, "kv_s_per_token": 2e-8, "token_s": 4e-5, "pair_s": 1e-9,
+            "exposed": 0.2, "fixed_s": 0.001, "serial_s_per_token": 0.0}
+    data.update(action={"kind": "time_fraction", "itl_s": 0.02, "cap": 1024, "cost": cost},
+                features=[{"name": "itl_slack_passes", "edges": [1.0]}], fractions=[1.0, 4.0])
+    clock = [100.0]
+    monkeypatch.setattr(vs, "time", types.SimpleNamespace(
+        monotonic=lambda: clock[0], time=vs.time.time, perf_counter=vs.time.perf_counter))
+    sched = create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=1024,
+                             chunkpilot_table=BudgetTable(data))
+    for i in range(4):
+        sched.add_request(make_request(f"short{i}", 20, 400))
+    mirror, spent, kept = SlackCount(0.02), 0, 0
+    for step in range(120):
+        if step % 10 == 5:
+            sched.add_request(make_request(f"long{step}", 3000, 4))
+        clock[0] += 0.1 if step == 60 else 0.01  # one gap of 100 ms: the decodes before it were slow
+        decodes = [r.num_computed_tokens for r in sched.running
+                   if r.num_computed_tokens >= r.num_prompt_tokens]
+        heads = [r.num_computed_tokens for r in sched.running
+                 if r.num_computed_tokens < r.num_prompt_tokens] + [r.num_computed_tokens
+                                                                      for r in sched.waiting]
+        mirror.step(clock[0], len(decodes))
+        out = sched.schedule()
+        state, got = sched.chunkpilot_history[-1]
+        assert (state["itl_slow_tokens"], state["itl_decode_tokens"]) == (mirror.slow, mirror.tokens)
+        if decodes and heads:
+            n, ctx = len(decodes), sum(decodes)
+            room = 0.008 * mirror.tokens - mirror.slow
+            fraction = 4.0 if room >= n else 1.0
+            chunk = chunk_within(cost, n, ctx, fraction * 0.02, heads[0], 1024 - n)
+            assert got == min(n + chunk, 1024), (step, got)
+            spent, kept = spent + (fraction > 1), kept + (fraction == 1)
+        sched.update_from_output(out, fake_output(sched, out))
+    assert mirror.slow > 0 and spent and kept
