@@ -69,28 +69,26 @@ def _floats(spec: str, args: list[str], count: tuple[int, ...]) -> list[float]:
     return _numbers(spec, args, count, float)
 
 
-def _fraction(spec: str, args: list[str]) -> float:
+def _one_number(spec: str, args: list[str], default: float, low: float, high: float,
+                what: str) -> float:
+    """The spec's one optional argument, a number in (low, high] (``default`` without one)."""
     if len(args) > 1:
-        raise ConfigError(f"policy: got {spec!r}, takes one FRACTION of the ITL target")
+        raise ConfigError(f"policy: got {show(spec)}, takes one {what}")
     try:
-        f = float(args[0]) if args else 0.9
+        v = float(args[0]) if args else default
     except ValueError:
-        f = math.nan
-    if not 0 < f <= 2:
-        raise ConfigError(f"policy: got {spec!r}, FRACTION of the ITL target must lie in (0, 2]")
-    return f
+        v = math.nan
+    if not low < v <= high:
+        raise ConfigError(f"policy: got {show(spec)}, {what} must lie in ({low:g}, {high:g}]")
+    return v
+
+
+def _fraction(spec: str, args: list[str]) -> float:
+    return _one_number(spec, args, 0.9, 0.0, 2.0, "FRACTION of the ITL target")
 
 
 def _top(spec: str, args: list[str]) -> float:
-    if len(args) > 1:
-        raise ConfigError(f"policy: got {spec!r}, takes one TOP multiple of the ITL target")
-    try:
-        top = float(args[0]) if args else 4.0
-    except ValueError:
-        top = math.nan
-    if not 1 < top <= 16:
-        raise ConfigError(f"policy: got {show(spec)}, TOP multiple of the ITL target must lie in (1, 16]")
-    return top
+    return _one_number(spec, args, 4.0, 1.0, 16.0, "TOP multiple of the ITL target")
 
 
 def load_table_policy(path: str, scenario: Scenario | None = None, name: str | None = None,
