@@ -225,12 +225,12 @@ def make_sampler(args: Args, conditions: list[dict], stream_seed_base: int = 0):
 SELECTION_LOADS = (0.9, 1.3)
 """Loads (times a condition's capacity) of the model selection's held-out episodes."""
 CHECK_FRACTIONS = (0.25, 0.3536, 0.5, 0.7071, 0.8409, 0.917, 1.0)
-CHECK_RULES = ("k0.917", "k1", "d1", "g4", "g16")
+CHECK_RULES = ("k0.917", "k1", "d1", "g4", "g16", "h4", "h16")
 """Fixed choices the checks compare: fractions of the ITL target (f), the same shrinking as
-the KV cache fills (k), growing when few decodes run (d) or up to 4x and 16x the target
-while the p99 ITL slack lasts (g), and static budgets (s); the best of them is the
-policy's teacher."""
-TIME_RULES = "fkdg"
+the KV cache fills (k), growing when few decodes run (d), up to 4x and 16x the target
+while the p99 ITL slack lasts (g) and the same over the KV-aware rule (h), and static
+budgets (s); the best of them is the policy's teacher."""
+TIME_RULES = "fkdgh"
 """Prefixes of the fixed choices that act in time (a teacher the policy can clone)."""
 CHECK_STATICS = (256, 512, 1024, 2048, 4096, 8192)
 

@@ -40,12 +40,15 @@ def constant_policy(name: str, scenario: Scenario):
     """A fixed choice: ``f0.917`` (a fixed fraction of the ITL target), ``k1`` (the fraction
     shrinking as the KV cache fills, from 1; the time-budget-kv rule), ``d1`` (the fraction
     growing when few decodes run; the time-budget-few rule), ``g4`` (up to 4x the target
-    while the p99 slack lasts; the time-budget-slack rule) or ``s2048`` (a static budget)."""
+    while the p99 slack lasts; the time-budget-slack rule), ``h4`` (the same over the
+    KV-aware rule; time-budget-slack-kv) or ``s2048`` (a static budget)."""
     from policies.baselines import (StaticPolicy, TimeBudgetFewPolicy, TimeBudgetKVPolicy,
                                     TimeBudgetPolicy, TimeBudgetSlackPolicy)
 
     rules = {"f": TimeBudgetPolicy, "k": TimeBudgetKVPolicy, "d": TimeBudgetFewPolicy,
              "g": TimeBudgetSlackPolicy}
+    if name[0] == "h":
+        return TimeBudgetSlackPolicy(scenario.slo_itl_s, float(name[1:]), kv_aware=True)
     if name[0] in rules:
         return rules[name[0]](scenario.slo_itl_s, float(name[1:]))
     return StaticPolicy(int(name[1:]))

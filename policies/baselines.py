@@ -240,29 +240,41 @@ class TimeBudgetFewPolicy(TimeBudgetPolicy):
 
 class TimeBudgetSlackPolicy(TimeBudgetPolicy):
     """The time-budget rule that spends the p99 ITL slack: a pass may take up to ``top``
-    times the ITL target while the decode tokens over the target stay under ``share`` of
-    all decode tokens (the last few minutes' count, :mod:`envs.slack`); otherwise it
-    keeps to ``fraction`` of it. A p99 target tolerates 1% of tokens over it; where the
-    TTFT target is tight for the longest prompts, each pass within the ITL target re-reads
-    the weights and carries the decodes, so a long prompt chunked to fit it arrives later
-    than in a few long passes (a 16K prompt on an A100 with ten 600-token decodes: 1.65 s
-    in 17 passes at 100 ms, 1.55 s in 3 passes of 6,889 tokens, against a 2 s TTFT
-    target). Only the slow tokens the engine actually produced are counted: passes over
-    the target with nothing decoding cost nothing."""
+    times the ITL target while the decode tokens over the target stay under 0.8% of all
+    decode tokens (the last few minutes' count, :mod:`envs.slack`); otherwise it keeps to
+    ``fraction`` of it. A p99 target tolerates 1% of tokens over it; where the TTFT target
+    is tight for the longest prompts, each pass within the ITL target re-reads the weights
+    and carries the decodes, so a long prompt chunked to fit it arrives later than in a
+    few long passes (a 16K prompt on an A100 with ten 600-token decodes: 1.65 s in 17
+    passes at 100 ms, 1.55 s in 3 passes of 6,889 tokens, against a 2 s TTFT target). Only
+    the slow tokens the engine actually produced are counted: passes over the target with
+    nothing decoding cost nothing.
 
-    def __init__(self, itl_s: float, top: float = 4.0, fraction: float = 1.0, cap: int = 16384):
+    ``kv_aware``: the base fraction shrinks as the KV cache fills (the time-budget-kv
+    rule), and the slack is spent only below its ``kv_low`` usage: under KV pressure,
+    admitting a long prompt sooner only buys preemptions."""
+
+    def __init__(self, itl_s: float, top: float = 4.0, fraction: float = 1.0, cap: int = 16384,
+                 kv_aware: bool = False):
         super().__init__(itl_s, fraction, cap)
         self.top = float(top)
-        self.name = "time-budget-slack" if top == 4.0 else f"time-budget-slack:{top:g}"
+        self.kv = TimeBudgetKVPolicy(itl_s, fraction, cap=cap) if kv_aware else None
+        name = "time-budget-slack-kv" if kv_aware else "time-budget-slack"
+        self.name = name if top == 4.0 else f"{name}:{top:g}"
 
-    def fraction_at(self, num_decodes: int, slack_passes: float) -> float:
-        """``top`` while the slack covers one more pass over the target, else ``fraction``."""
-        return self.top if num_decodes and slack_passes >= 1.0 else self.fraction
+    def fraction_at(self, num_decodes: int, slack_passes: float, kv_usage: float = 0.0) -> float:
+        """``top`` while the slack covers one more pass over the target (and, KV-aware, the
+        cache is below ``kv_low``), else the base fraction."""
+        kv = self.kv
+        if num_decodes and slack_passes >= 1.0 and (kv is None or kv_usage < kv.kv_low):
+            return self.top
+        return self.fraction if kv is None else kv.fraction_at(kv_usage)
 
     def budget(self, state) -> int:
         from envs.actions import time_budget
 
         sim, n = state.simulator, state.num_decodes
-        fraction = self.fraction_at(n, sim.itl_slack(self.itl_s).passes(n)) if n else self.fraction
+        fraction = self.fraction_at(n, sim.itl_slack(self.itl_s).passes(n) if n else 0.0,
+                                    state.kv_usage if self.kv is not None else 0.0)
         return time_budget(sim.roofline, n, state.decode_context_tokens, state.head_prefilled_tokens,
                            fraction * self.itl_s, self.cap)

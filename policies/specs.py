@@ -15,6 +15,8 @@
 ``time-budget-slack[:TOP]``       the same at fraction 1, up to TOP times the ITL target
                                   (4; TOP in (1, 16]) while under 0.8% of decode tokens
                                   run over it (spends the p99 slack)
+``time-budget-slack-kv[:TOP]``    the same over time-budget-kv:1, spending only below 60%
+                                  KV usage
 ``reference:BUDGET[:H[:R]]``      the MPC reference over static BUDGET (not deployable: sees
                                   the future), horizon H s (2x TTFT), re-plan every R s
 ``model:RUN_DIR``                 a model trained by train.py
@@ -38,6 +40,7 @@ from policies.base import BudgetPolicy
 KNOWN = ("static:N", "vllm-default[:offline]", "queue-depth[:BASE]", "no-decode-boost[:LOW:HIGH]",
          "sarathi-slo", "free-ride[:FLOOR:CAP]", "time-budget[:FRACTION]",
          "time-budget-kv[:FRACTION]", "time-budget-few[:FRACTION]", "time-budget-slack[:TOP]",
+         "time-budget-slack-kv[:TOP]",
          "reference:BUDGET[:HORIZON_S[:REPLAN_S]]", "model:RUN_DIR",
          "table:PATH", "table:auto")
 
@@ -162,8 +165,9 @@ def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = Fals
         return TimeBudgetKVPolicy(scenario.slo_itl_s, _fraction(spec, args))
     if kind == "time-budget-few":
         return TimeBudgetFewPolicy(scenario.slo_itl_s, _fraction(spec, args))
-    if kind == "time-budget-slack":
-        return TimeBudgetSlackPolicy(scenario.slo_itl_s, _top(spec, args))
+    if kind in ("time-budget-slack", "time-budget-slack-kv"):
+        return TimeBudgetSlackPolicy(scenario.slo_itl_s, _top(spec, args),
+                                     kv_aware=kind.endswith("-kv"))
     if kind == "reference" and args:
         from policies.reference import reference_for
 

@@ -251,9 +251,11 @@ def test_engine_slack_count_by_hand():
     assert c.tokens == pytest.approx(3 * keep + 3) and c.slow == pytest.approx(3.0)
 
 
-def test_observation_and_teacher_read_the_slack():
-    """The observation's itl_slack entry is the count's passes on a log scale, and the g4
-    teacher's clone target equals the slack rule's choice in every state."""
+@pytest.mark.parametrize("teacher", ["g4", "h4"])
+def test_observation_and_teacher_read_the_slack(teacher):
+    """The observation's itl_slack entry is the count's passes on a log scale, and the
+    slack teachers' clone targets equal their rules' choices in every state (h4 also
+    reads the KV usage: with a small cache it keeps from spending as the cache fills)."""
     import math
 
     from agents.setup import teacher_actions
@@ -262,21 +264,27 @@ def test_observation_and_teacher_read_the_slack():
     from envs.observation import SLACK_INDEX, observe
     from envs.slack import SLACK_PASSES_TOP
     from policies.baselines import TimeBudgetSlackPolicy
+    from tests.conftest import make_sim
 
-    sim, rule = _slack_sim(), TimeBudgetSlackPolicy(0.1, top=4.0)
-    spent = kept = 0
+    kv_aware = teacher == "h4"
+    sim = make_sim(SLACK_REQUESTS, budget_blocks=2000 if kv_aware else None,
+                   hardware="a100-80g", model="llama-3-8b")
+    rule = TimeBudgetSlackPolicy(0.1, top=4.0, kv_aware=kv_aware)
+    spent = kept = held_by_kv = 0
     while sim.advance():
-        n = sim.num_decodes
+        n, kv = sim.num_decodes, sim.kv_used_blocks / sim.total_blocks
         passes = sim.itl_slack(0.1).passes(n)
         obs = observe(sim, SLO(2.0, 0.1))
         assert obs[SLACK_INDEX] == pytest.approx(
             min(math.log1p(passes) / math.log1p(SLACK_PASSES_TOP), 1.0), abs=1e-6)
-        want = rule.fraction_at(n, passes) if n else 1.0
-        got = FRACTION_LADDER[int(teacher_actions("g4", FRACTION_LADDER, obs[None, :])[0])]
-        assert got == want
-        spent, kept = spent + (want > 1), kept + (want == 1)
+        want = rule.fraction_at(n, passes, kv)
+        got = FRACTION_LADDER[int(teacher_actions(teacher, FRACTION_LADDER, obs[None, :])[0])]
+        assert got == pytest.approx(want, rel=0.05)  # the nearest rung of the ladder
+        spent, kept = spent + (want > 1), kept + (want <= 1)
+        held_by_kv += bool(n and passes >= 1 and want <= 1)
         sim.step(rule(sim.state()))
     assert spent and kept
+    assert bool(held_by_kv) == kv_aware
 
 
 def test_a_table_over_the_slack_spends_it_as_the_engine_counts_it():
