@@ -238,7 +238,8 @@ CHECK_STATICS = (256, 512, 1024, 2048, 4096, 8192)
 def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], executor) -> dict:
     """The reward's ranking of fixed choices against their capacity, and the room a
     reference controller finds beyond the best of them (see agents/checks.py)."""
-    from agents.checks import constant_costs, draw_episodes, ranking_check, room_check
+    from agents.checks import (constant_costs, draw_episodes, ranking_check, room_check,
+                               teacher_choice)
     from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS
     from eval.parallel import progress_bar
 
@@ -250,11 +251,13 @@ def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], e
     with progress_bar(len(names) * len(episodes), "checks: returns") as bar:
         costs = constant_costs(episodes, names, executor=executor, progress=bar)
     best = min(costs, key=lambda n: costs[n].mean())
-    out = {"costs": {n: float(c.mean()) for n, c in costs.items()}, "best_constant": best}
+    out = {"costs": {n: float(c.mean()) for n, c in costs.items()}, "best_constant": best,
+           "lowest_cost": best}
     if not args.checks or not conditions:
         return out
     with progress_bar(5 * len(names) * 2, "checks: capacity ranking") as bar:
         out["ranking"] = ranking_check(scenario, conditions, costs, executor=executor, progress=bar)
+    out["best_constant"] = best = teacher_choice(costs, out["ranking"])
     if best[0] in TIME_RULES:
         with progress_bar(6, "checks: room") as bar:
             out["room"] = room_check(episodes[:6], best, costs[best], executor=executor, progress=bar)
@@ -262,8 +265,11 @@ def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], e
 
 
 def print_checks(checks: dict) -> None:
-    print(f"best constant choice on held-out training episodes: {checks['best_constant']} (cost "
-          f"{checks['costs'][checks['best_constant']]:.2f}, SLO violations in % of requests)")
+    best, low = checks["best_constant"], checks.get("lowest_cost", checks["best_constant"])
+    print(f"best constant choice on held-out training episodes: {best} (cost "
+          f"{checks['costs'][best]:.2f}, SLO violations in % of requests)"
+          + (f"; ties on cost with the lowest, {low} ({checks['costs'][low]:.2f}), and serves "
+             "more" if low != best else ""))
     rk, room = checks.get("ranking"), checks.get("room")
     if rk:
         warn = "" if rk["spearman"] >= 0.7 else "  WARNING: the reward does not rank choices as capacity does"

@@ -156,3 +156,22 @@ def test_killed_run_resumes_from_its_last_checkpoint_to_the_promised_steps(tmp_p
         if "time/fps" in acc.Tags()["scalars"]:
             logged = max(logged, max(e.step for e in acc.Scalars("time/fps")))
     assert logged == total
+
+
+def test_teacher_is_the_best_measured_capacity_among_cost_ties():
+    """The return is a noisy proxy: among the choices whose paired cost ties with the lowest,
+    the teacher is the one that served the most in the capacity ranking."""
+    import numpy as np
+
+    from agents.checks import teacher_choice
+
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0, 2, 24)
+    costs = {"k1": base, "h16": base + rng.normal(0.05, 0.3, 24), "f0.5": base + 5.0}
+    ranking = {"rows": [{"policy": "k1", "relative_capacity": 0.91},
+                        {"policy": "h16", "relative_capacity": 0.96},
+                        {"policy": "f0.5", "relative_capacity": 0.99}]}
+    assert teacher_choice(costs) == "k1"  # no ranking: the lowest cost
+    assert teacher_choice(costs, ranking) == "h16"  # f0.5 serves more but costs clearly more
+    costs["h16"] = base + 1.0  # no longer a tie
+    assert teacher_choice(costs, ranking) == "k1"
