@@ -193,10 +193,14 @@ DERIVED = {
     "itl_slack_passes": ("running_decodes", "itl_slow_tokens", "itl_decode_tokens"),
 }
 
+SLACK_COUNTS = ("itl_slow_tokens", "itl_decode_tokens")
+"""Decayed counts, inputs of ``itl_slack_passes``; not features by themselves."""
+
+# The p99 ITL slack (``envs.slack``'s; a test checks they agree):
 SLACK_SHARE = 0.008
+"""Share of decode tokens that may run over the ITL target."""
 SLACK_TAU_S = 300.0
-"""The p99 ITL slack's share of decode tokens and its window, seconds (``envs.slack``'s;
-a test checks they agree)."""
+"""Time constant of the slow and decode token counts, seconds."""
 
 
 def slack_passes(slow: float, tokens: float, num_decodes: int) -> float:
@@ -208,9 +212,12 @@ def slack_passes(slow: float, tokens: float, num_decodes: int) -> float:
 
 class SlackCount:
     """What an engine counts for ``itl_slow_tokens`` and ``itl_decode_tokens``: call
-    :meth:`step` before each scheduler step with the time and that step's decodes; the
-    previous step's decodes count as slow when the steps were more than ``itl_s`` apart.
-    Both counts decay with a time constant of SLACK_TAU_S."""
+    :meth:`step` once before each scheduler step with the time and that step's decodes.
+    The previous step's decodes each made a token; those still decoding now waited for
+    this step, so when it starts more than ``itl_s`` later, they count as slow (a request
+    that finished, or an engine idle between requests, slows no one). Both counts decay
+    with a time constant of SLACK_TAU_S; a clock that stands still or steps back adds no
+    gap."""
 
     __slots__ = ("itl_s", "slow", "tokens", "_last_s", "_decodes")
 
@@ -220,11 +227,13 @@ class SlackCount:
 
     def step(self, now_s: float, decodes: int) -> None:
         last = self._last_s
-        if last is not None and now_s > last:
-            keep = math.exp(-(now_s - last) / SLACK_TAU_S)
-            slow = self._decodes if now_s - last > self.itl_s else 0
+        if last is not None:
+            gap = now_s - last if now_s > last else 0.0
+            keep = math.exp(-gap / SLACK_TAU_S)
+            slow = min(self._decodes, decodes) if gap > self.itl_s else 0
             self.slow = self.slow * keep + slow
             self.tokens = self.tokens * keep + self._decodes
+            now_s = max(now_s, last)
         self._last_s, self._decodes = now_s, decodes
 
 
@@ -348,9 +357,10 @@ class BudgetTable:
         for i, f in enumerate(feats):
             if not isinstance(f, dict) or not isinstance(f.get("name"), str):
                 raise TableError(f"{path}: features[{i}]: must be an object with a name")
-            if f["name"] not in STATE and f["name"] not in DERIVED:
-                raise TableError(f"{path}: features[{i}].name: got {f['name']!r}, an engine "
-                                 f"can provide: {', '.join(list(STATE) + list(DERIVED))}")
+            if f["name"] not in STATE and f["name"] not in DERIVED or f["name"] in SLACK_COUNTS:
+                known = [n for n in list(STATE) + list(DERIVED) if n not in SLACK_COUNTS]
+                raise TableError(f"{path}: features[{i}].name: got {f['name']!r}, an "
+                                 f"engine can provide: {', '.join(known)}")
             e = f.get("edges")
             if not isinstance(e, list) or not all(_finite(x) for x in e):
                 raise TableError(f"{path}: features[{i}].edges: must be a list of finite numbers")
@@ -398,6 +408,12 @@ class BudgetTable:
     def needs(self) -> frozenset:
         """The state quantities ``budget`` reads; an engine computes only these."""
         return self.action.needs
+
+    @property
+    def itl_s(self) -> float:
+        """The ITL target the table serves (its action's, else its provenance's SLO): the
+        gap over which an engine counts a decode token as slow."""
+        return float(getattr(self.action, "itl_s", None) or self.provenance["slo"]["itl_s"])
 
     def budget(self, state: Mapping[str, float]) -> int:
         """The token budget for a pass in ``state`` (a mapping holding ``needs``)."""

@@ -35,7 +35,7 @@ class TablePolicy(BudgetPolicy):
         self.name = name or f"table:{table.path}"
         self._getters = tuple((n, FEATURE_GETTERS[n]) for n in table.needs)
         self._time = table.action.kind == "time_fraction"
-        self._itl_s = getattr(table.action, "itl_s", None) or table.provenance.get("slo", {}).get("itl_s")
+        self._itl_s = table.itl_s
 
     def budget(self, state) -> int:
         itl = self._itl_s

@@ -102,9 +102,13 @@ class TableBudget:
         self._cp_budget = self.chunkpilot_table.budget
         self._cp_needs = table.needs
         self._cp_waiting = bool(table.needs & _NEEDS_WAITING)
-        itl = getattr(table.action, "itl_s", None) or table.provenance.get("slo", {}).get("itl_s")
-        # The p99 ITL slack: counted from the time between steps, from this table on.
-        self._cp_slack = SlackCount(itl) if itl and table.needs & _NEEDS_SLACK else None
+        # The p99 ITL slack, counted from the time between steps; a table replaced by one
+        # with the same ITL target keeps the count.
+        kept = getattr(self, "_cp_slack", None)
+        if not table.needs & _NEEDS_SLACK:
+            self._cp_slack = None
+        elif kept is None or kept.itl_s != table.itl_s:
+            self._cp_slack = SlackCount(table.itl_s)
         self.chunkpilot_metrics.table(table)
         self._cp_logged.clear()
 
@@ -112,7 +116,8 @@ class TableBudget:
 
     def chunkpilot_state(self, now_s: float | None = None) -> dict:
         """The engine-readable quantities, read from this scheduler's queues (only those
-        the table needs, and ``running_decodes``, which bounds every budget)."""
+        the table needs, and ``running_decodes``, which bounds every budget); the slack
+        counts are added by :meth:`chunkpilot_budget`, which advances them once a step."""
         needs = self._cp_needs
         decodes = context = partial = 0
         head = None
@@ -157,10 +162,6 @@ class TableBudget:
         if "last_step_s" in needs:
             last = self._cp_last_schedule
             state["last_step_s"] = (now_s - last) if last is not None and now_s else 0.0
-        slack = self._cp_slack
-        if slack is not None:
-            slack.step(now_s if now_s is not None else time.monotonic(), decodes)
-            state["itl_slow_tokens"], state["itl_decode_tokens"] = slack.slow, slack.tokens
         return state
 
     # --- the budget ----------------------------------------------------------------
@@ -175,6 +176,10 @@ class TableBudget:
         state = None
         try:
             state = self.chunkpilot_state(now)
+            slack = self._cp_slack
+            if slack is not None:  # this step's start closes the last step's gap
+                slack.step(now, state["running_decodes"])
+                state["itl_slow_tokens"], state["itl_decode_tokens"] = slack.slow, slack.tokens
             budget = self._cp_budget(state)
             if budget.__class__ is not int:
                 budget = int(budget)  # an action kind may compute a float; NaN raises here

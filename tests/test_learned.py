@@ -156,14 +156,17 @@ def test_step_overhead_shortens_the_chunk_a_time_fraction_allows():
     assert tokens.with_step_overhead(0.01) is tokens
 
 
-def test_export_report_says_when_the_policy_is_constant(capsys):
+def test_export_report_says_when_the_policy_is_constant(capsys, tmp_path):
     from types import SimpleNamespace
 
+    from envs.scenario import Scenario
     from eval.export import report
-    from policies.table import BudgetTable
 
-    for path, constant in (("tables/a100-80g__llama-3-8b.json", True),
-                           ("tables/h100-sxm__llama-3-8b.json", False)):
+    for cells, constant in (([1.0, 1.0, 1.0], True), ([1.0, 0.5, 0.25], False)):
+        path = str(tmp_path / "t.json")
+        data = time_table(cells, Scenario()).to_dict()
+        data["fidelity"] = {"build_decisions": 100, "held_out_decisions": 50, "agreement": 1.0}
+        BudgetTable(data).save(path)
         report(BudgetTable.load(path), 1.0, SimpleNamespace(out=path))
         out = capsys.readouterr().out
         assert ("NOTE: every cell holds 1: the policy does not depend on the state here; it is "
@@ -239,16 +242,22 @@ def test_summary_only_runs_and_forks_keep_the_slack_count(monkeypatch):
 
 
 def test_engine_slack_count_by_hand():
-    """The engine counts a step's decodes as slow when the next step starts more than the
-    ITL target later; both counts decay with the window."""
+    """The engine counts a step's decodes still decoding at the next step as slow when that
+    step starts more than the ITL target later; both counts decay with the window; an
+    idle engine (nothing decoding after the gap) slows no one; a clock that steps back adds
+    no gap."""
     import math
 
     c = runtime.SlackCount(itl_s=0.1)
     c.step(0.0, 3)
     c.step(0.05, 3)  # 50 ms gap: 3 tokens on time
-    c.step(0.25, 2)  # 200 ms gap: the 3 decodes of the last step were slow
+    c.step(0.25, 2)  # 200 ms gap: one of the 3 decodes finished, 2 waited
     keep = math.exp(-0.2 / runtime.SLACK_TAU_S)
-    assert c.tokens == pytest.approx(3 * keep + 3) and c.slow == pytest.approx(3.0)
+    assert c.tokens == pytest.approx(3 * keep + 3) and c.slow == pytest.approx(2.0)
+    c.step(5.0, 0)  # idle after the last two finished: nobody waited
+    assert c.slow == pytest.approx(2.0 * math.exp(-4.75 / runtime.SLACK_TAU_S))
+    c.step(4.0, 1)  # the clock stepped back: no gap, nothing slow, the time stays
+    assert c._last_s == 5.0 and c.slow == pytest.approx(2.0 * math.exp(-4.75 / runtime.SLACK_TAU_S))
 
 
 @pytest.mark.parametrize("teacher", ["g4", "h4"])
