@@ -302,6 +302,7 @@ def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
     constant action, or from the run's newest loadable checkpoint."""
     from stable_baselines3.common.vec_env import VecNormalize
 
+    from agents.runs import check_observations
     from agents.setup import imitate, make_model
     from agents.training import attach_env, make_vec_env, resumable_checkpoint
 
@@ -311,6 +312,7 @@ def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
     tb_dir = str(run_dir / "tensorboard")
     if args.resume:
         ckpt, model = resumable_checkpoint(run_dir, args.algo)
+        check_observations(model, run_dir)
         model, venv = attach_env(model, venv, ckpt, args.gamma, tb_dir)
         print(f"resuming from {ckpt} at {model.num_timesteps} timesteps")
         return model, venv, True

@@ -55,6 +55,17 @@ def load_obs_norm(path: Path):
         return ObsNorm.of(pickle.load(fh))
 
 
+def check_observations(model, run: Path) -> None:
+    """A model trained on another version's observation vector is refused in one line."""
+    from envs import ENV_ID
+    from envs.observation import OBSERVATION_FIELDS
+
+    got = model.observation_space.shape[0] if model.observation_space.shape else 0
+    if got != len(OBSERVATION_FIELDS):
+        raise ConfigError(f"model: {str(run)!r} was trained on {got} observations, {ENV_ID} has "
+                          f"{len(OBSERVATION_FIELDS)}; train it again with this version")
+
+
 def load_run(run_dir: str | Path, slo=None, name: str | None = None):
     """The policy of a train.py run directory: its best model when it kept one (with the
     observation statistics saved with it), else its final model."""
@@ -72,7 +83,9 @@ def load_run(run_dir: str | Path, slo=None, name: str | None = None):
     if slo is None:
         sc = config["scenario"]
         slo = SLO(sc["slo_ttft_s"], sc["slo_itl_s"])
-    policy = ModelPolicy(load_model(config["args"]["algo"], model_path), slo, tuple(config["ladder"]),
+    model = load_model(config["args"]["algo"], model_path)
+    check_observations(model, run)
+    policy = ModelPolicy(model, slo, tuple(config["ladder"]),
                          config["action_type"], name=name or f"model:{run}",
                          actions=config.get("actions", "tokens"), obs_norm=load_obs_norm(norm))
     policy.config = config

@@ -81,23 +81,26 @@ class ChunkBudgetEnv(gym.Env):
     | 8 | share of the head request's prompt already prefilled | fraction |
     | 9 | last pass's duration | duration / ITL target / 4 |
     | 10 | mean decode context, tokens | log1p(x)/log1p(131072) |
-    | 11 | p99 ITL slack: passes over the ITL target the running decodes could take while under 0.8% of decode tokens (last few minutes) run slow (``envs.slack``) | log1p(x)/log1p(64) |
+    | 11 | p99 ITL slack: passes over the ITL target the running decodes could take | log1p(x)/log1p(64) |
+    |    | while under 0.8% of decode tokens (last few minutes) run slow (``envs.slack``) | |
     | 12 | TTFT target | log1p(s)/log1p(30) |
     | 13 | ITL target | log1p(1000 s)/log1p(1000) |
 
     All of them are cheap for a real engine to read or compute each pass (counts, KV
     usage, the head request's computed tokens, running requests' context lengths, the
-    cost model's coefficients, and the time between steps for the slack). ``train.py`` normalises them further with SB3's
-    ``VecNormalize``.
+    cost model's coefficients, and the time between steps for the slack). ``train.py``
+    normalises them further with SB3's ``VecNormalize``.
 
     ## Rewards
 
     The SLO itself (``envs.reward``): each step is charged ``ttft_miss`` (1) per request
     whose TTFT deadline passed in it without a first token, and ``slow_tokens`` (10) per
     request's worth (the episode's mean output length) of decode tokens whose gap
-    exceeded the ITL target, both in percent of the episode's requests. A p99 target is
-    a count of such events, so a budget just past the cliff costs much more than one
-    just under it. ``info`` carries both charges.
+    exceeded the ITL target beyond the 1% a p99 target tolerates (the growth of the
+    episode's excess over 1% of its decode tokens; negative when on-time tokens bring it
+    back down), both in percent of the episode's requests. A p99 target is a count of
+    such events, so a budget just past the cliff costs much more than one just under it.
+    ``info`` carries both charges.
 
     ## Starting State
 
@@ -114,7 +117,7 @@ class ChunkBudgetEnv(gym.Env):
 
     ## Arguments
 
-    ``gymnasium.make("chunkpilot/ChunkBudget-v1", hardware="h100-sxm",
+    ``gymnasium.make("chunkpilot/ChunkBudget-v2", hardware="h100-sxm",
     model="llama-3-8b", workload="mixed-bursty", slo=(2.0, 0.1), actions="time",
     action_type="discrete", budgets=DEFAULT_LADDER, fractions=FRACTION_LADDER,
     decision_interval_s=None, sampler=EpisodeSampler(), reward=RewardWeights(),
@@ -125,6 +128,8 @@ class ChunkBudgetEnv(gym.Env):
 
     ## Version History
 
+    - v2: the p99 ITL slack observed (14 entries), fractions up to 16, slow tokens charged
+      beyond the 1% a p99 target tolerates.
     - v1: time-budget actions, the SLO as reward, decision intervals of simulated time,
       condition-identifying observations.
     - v0: token-ladder actions, a reward with an accrued-wait term, one step per pass.

@@ -176,3 +176,17 @@ def test_teacher_is_the_best_measured_capacity_among_cost_ties():
     assert teacher_choice(costs, ranking) == "h16"  # f0.5 serves more but costs clearly more
     costs["h16"] = base + 1.0  # no longer a tie
     assert teacher_choice(costs, ranking) == "k1"
+
+
+def test_a_model_of_another_observation_version_is_refused_in_one_line(tmp_path):
+    from types import SimpleNamespace
+
+    from agents.runs import check_observations
+    from envs.errors import ConfigError
+    from envs.observation import OBSERVATION_FIELDS
+
+    ok = SimpleNamespace(observation_space=SimpleNamespace(shape=(len(OBSERVATION_FIELDS),)))
+    check_observations(ok, tmp_path)
+    old = SimpleNamespace(observation_space=SimpleNamespace(shape=(13,)))
+    with pytest.raises(ConfigError, match="was trained on 13 observations, chunkpilot/ChunkBudget-v2 has 14"):
+        check_observations(old, tmp_path)
