@@ -403,10 +403,8 @@ class Simulator:
         new._finish_heap = list(self._finish_heap)
         new._cnt = list(self._cnt)
         new.log = PassLog(self.pass_index)
-        new._slack = {}
-        for itl, counter in self._slack.items():
-            counter.update(self.log, self.now)
-            new._slack[itl] = counter.forked(new.log.position())
+        new._slack = {itl: c.forked(self.log, self.now, new.log.position())
+                      for itl, c in self._slack.items()}  # this simulator's counts stay as they are
         new.stream = None
         new.requests = RequestBook(new.log)
         for r in sorted(clones.values(), key=lambda r: (r.arrival, r.rid)):
@@ -419,8 +417,8 @@ class Simulator:
         """The decode tokens so far over ``itl_s`` and in all, over the last few minutes
         (:mod:`envs.slack`): how much of a p99 target's slack is left."""
         counter = self._slack.get(itl_s)
-        if counter is None:
-            counter = self._slack[itl_s] = SlackCounter(itl_s)
+        if counter is None:  # counts from its first reading on
+            counter = self._slack[itl_s] = SlackCounter(itl_s, self.now, self.log.position())
         return counter.update(self.log, self.now)
 
     # --- setting up --------------------------------------------------------------------

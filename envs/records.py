@@ -184,10 +184,17 @@ class PassLog:
 
     def tokens_over_since(self, mark: int, itl_s: float) -> tuple[int, int]:
         """(decode tokens of the passes since ``mark`` whose gap exceeded ``itl_s``; the new
-        mark), counted in closed form over each run's arithmetic sequence."""
+        mark)."""
+        slow, _, mark = self.decode_tokens_since(mark, itl_s)
+        return slow, mark
+
+    def decode_tokens_since(self, mark: int, itl_s: float) -> tuple[int, int, int]:
+        """(decode tokens of the passes since ``mark`` whose gap exceeded ``itl_s``, all
+        their decode tokens, the new mark), counted in closed form over each run's
+        arithmetic sequence."""
         start, rec = max(mark - self._dropped, 0), self._runs
         pieces = ((rec.buf, (start - rec.count) * RUN),) if start >= rec.count else rec.since(start)
-        count = 0
+        count = total = 0
         for runs, i in pieces:
             end = len(runs)
             while i < end:
@@ -196,6 +203,7 @@ class PassLog:
                 if not n:
                     continue
                 k = int(k)
+                total += n * k
                 if b <= 0:
                     if a > itl_s:
                         count += n * k
@@ -203,7 +211,7 @@ class PassLog:
                 i0 = 0 if a > itl_s else int((itl_s - a) / b) + 1  # first pass over the target
                 if i0 < k:
                     count += n * (k - i0)
-        return int(count), self.position()
+        return int(count), int(total), self.position()
 
     def pass_records(self, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """(duration in seconds, decodes carried) of every pass from pass ``start`` on."""

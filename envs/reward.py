@@ -72,10 +72,13 @@ class SLOMeter:
         self.sim, self.slo = sim, slo
         self.clock = DeadlineClock(sim, slo.ttft_s)
         self.log_mark = sim.log.position()
+        self.decode_tokens = 0
+        """Decode tokens of the passes charged so far."""
 
     def charges(self, final: bool = False) -> tuple[int, int]:
         """(TTFT deadlines missed, decode tokens over the ITL target)."""
-        slow, self.log_mark = self.sim.log.tokens_over_since(self.log_mark, self.slo.itl_s)
+        slow, tokens, self.log_mark = self.sim.log.decode_tokens_since(self.log_mark, self.slo.itl_s)
+        self.decode_tokens += tokens
         return self.clock.missed(final), slow
 
 
@@ -100,16 +103,14 @@ class RewardMeter:
         self.per_request = 100.0 / max(requests or 100, 1)  # charges in % of the episode's requests
         self.meter = SLOMeter(sim, slo)
         self.allowance = allowance
-        self._mark, self._slow, self._tokens, self._excess = sim.log.position(), 0, 0, 0.0
+        self._slow, self._excess = 0, 0.0
 
     def charges(self, final: bool = False) -> tuple[float, float]:
         """(TTFT deadlines missed, growth of the slow decode tokens beyond the allowance, in
         requests' worth), both in percent of the episode's requests."""
         missed, slow = self.meter.charges(final)
-        tokens, self._mark = self.meter.sim.log.tokens_over_since(self._mark, -1.0)
         self._slow += slow
-        self._tokens += tokens
-        excess = max(0.0, self._slow - self.allowance * self._tokens)
+        excess = max(0.0, self._slow - self.allowance * self.meter.decode_tokens)
         grown, self._excess = excess - self._excess, excess
         return missed * self.per_request, grown / self.mean_output * self.per_request
 

@@ -7,9 +7,14 @@ fewer, cheaper passes) keeps the p99 within the target. The count covers the las
 minutes (an exponential window): a p99 over a recent window, as a serving dashboard
 shows it, not over the whole uptime.
 
-The simulator keeps one :class:`SlackCounter` per ITL target (``Simulator.itl_slack``);
-the table runtime and the vLLM adapter keep the same counts from the engine's step times
-(``policies.table.SLACK_SHARE`` repeats :data:`SLACK_SHARE`; a test compares them).
+The simulator keeps one :class:`SlackCounter` per ITL target (``Simulator.itl_slack``),
+from the first reading on. It reads the pass log's exact per-token gaps, and dates the
+tokens logged since the last reading at the time of this one (readings come every
+decision, a fraction of a second apart against a 300 s window). The table runtime and
+the vLLM adapter count from the engine's step times instead
+(``policies.table.SlackCount``: a step's decodes still running at the next step are
+slow when it starts more than the target later). ``policies.table`` repeats
+:data:`SLACK_SHARE` and :data:`SLACK_TAU_S`; a test compares them.
 """
 
 from __future__ import annotations
@@ -74,14 +79,17 @@ class SlackCounter:
 
     def update(self, log, now_s: float) -> ItlSlackMeter:
         """Add the passes logged since the last update (``log``: an ``envs.records.PassLog``)."""
-        if log.position() != self.mark:
-            slow, _ = log.tokens_over_since(self.mark, self.itl_s)
-            tokens, self.mark = log.tokens_over_since(self.mark, -1.0)
-            self.meter.add(now_s, slow, tokens)
-        else:
-            self.meter.add(now_s, 0, 0)
+        slow, tokens, self.mark = log.decode_tokens_since(self.mark, self.itl_s)
+        self.meter.add(now_s, slow, tokens)
         return self.meter
 
-    def forked(self, mark: int) -> "SlackCounter":
-        """A copy for a fork whose fresh log is at ``mark``."""
-        return SlackCounter(self.itl_s, mark=mark, meter=self.meter.copy())
+    def peek(self, log, now_s: float) -> ItlSlackMeter:
+        """What :meth:`update` would return, leaving this counter as it is."""
+        slow, tokens, _ = log.decode_tokens_since(self.mark, self.itl_s)
+        meter = self.meter.copy()
+        meter.add(now_s, slow, tokens)
+        return meter
+
+    def forked(self, log, now_s: float, mark: int) -> "SlackCounter":
+        """A copy, up to date with ``log``, for a fork whose fresh log is at ``mark``."""
+        return SlackCounter(self.itl_s, mark=mark, meter=self.peek(log, now_s))

@@ -103,8 +103,8 @@ def test_slow_tokens_within_the_p99_allowance_are_free():
         def position(self):
             return 0
 
-        def tokens_over_since(self, mark, itl_s):
-            return (self.deltas[0] if itl_s > 0 else self.deltas[1]), 0
+        def decode_tokens_since(self, mark, itl_s):
+            return self.deltas[0], self.deltas[1], 0
 
     class Sim:
         log, requests, now = Log(), [], 0.0
