@@ -13,6 +13,8 @@ Episodes are run as independent tasks of an executor (Ray or in-process).
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from envs.episodes import EpisodeSampler, draw_episode
@@ -46,9 +48,7 @@ def constant_policy(name: str, scenario: Scenario):
                                     TimeBudgetPolicy, TimeBudgetSlackPolicy)
 
     rules = {"f": TimeBudgetPolicy, "k": TimeBudgetKVPolicy, "d": TimeBudgetFewPolicy,
-             "g": TimeBudgetSlackPolicy}
-    if name[0] == "h":
-        return TimeBudgetSlackPolicy(scenario.slo_itl_s, float(name[1:]), kv_aware=True)
+             "g": TimeBudgetSlackPolicy, "h": partial(TimeBudgetSlackPolicy, kv_aware=True)}
     if name[0] in rules:
         return rules[name[0]](scenario.slo_itl_s, float(name[1:]))
     return StaticPolicy(int(name[1:]))

@@ -41,12 +41,12 @@ from envs.workload import check_num_requests
 from envs.scenario import Scenario
 from envs.seeds import TABLE_BUILD_SEEDS, TABLE_FIDELITY_SEEDS
 from eval.harness import run_policy
-from policies.table import (DERIVED, KIND, SCHEMA_VERSION, STATE, BudgetTable, hardware_provenance,
-                            model_provenance, write_atomic)
+from policies.table import (DERIVED, KIND, SCHEMA_VERSION, SLACK_COUNTS, STATE, BudgetTable,
+                            hardware_provenance, model_provenance, write_atomic)
 from policies.table_policy import FEATURE_GETTERS
 
 LOUD_CAPACITY_LOSS = 0.01
-CANDIDATES = tuple(n for n in STATE if n not in ("itl_slow_tokens", "itl_decode_tokens")) + tuple(DERIVED)
+CANDIDATES = tuple(n for n in STATE if n not in SLACK_COUNTS) + tuple(DERIVED)
 """Features a table may bucket (the slack counts enter only through ``itl_slack_passes``)."""
 MAX_BUCKETS = 32
 """Buckets per feature: 32 over four features is a million cells (a few MB of JSON)."""
@@ -143,8 +143,8 @@ def feature_values(name: str, state: dict, cost: dict | None) -> np.ndarray:
     if name == "itl_slack_passes":
         from policies.table import slack_passes
 
-        return np.array([slack_passes(s, t, int(n)) for s, t, n in
-                         zip(state["itl_slow_tokens"], state["itl_decode_tokens"], state["running_decodes"])])
+        return np.array([slack_passes(s, t, int(n)) for s, t, n in zip(
+            state["itl_slow_tokens"], state["itl_decode_tokens"], state["running_decodes"])])
     return state[name]
 
 

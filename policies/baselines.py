@@ -237,7 +237,6 @@ class TimeBudgetFewPolicy(TimeBudgetPolicy):
                            state.head_prefilled_tokens, seconds, self.cap)
 
 
-
 class TimeBudgetSlackPolicy(TimeBudgetPolicy):
     """The time-budget rule that spends the p99 ITL slack: a pass may take up to ``top``
     times the ITL target while the decode tokens over the target stay under 0.8% of all
