@@ -145,10 +145,10 @@ def test_slack_table_counts_slow_tokens_from_step_times(model, monkeypatch):
     for i in range(4):
         sched.add_request(make_request(f"short{i}", 20, 400))
     mirror, spent, kept = SlackCount(0.02), 0, 0
-    for step in range(120):
+    for step in range(300):  # 0.8% of 4 decodes a step: slack for one slow pass after 125 steps
         if step % 10 == 5:
             sched.add_request(make_request(f"long{step}", 3000, 4))
-        clock[0] += 0.1 if step == 60 else 0.01  # one gap of 100 ms: the decodes before it were slow
+        clock[0] += 0.1 if step == 160 else 0.01  # one gap of 100 ms: the decodes before it were slow
         decodes = [r.num_computed_tokens for r in sched.running
                    if r.num_computed_tokens >= r.num_prompt_tokens]
         heads = [r.num_computed_tokens for r in sched.running
