@@ -238,21 +238,37 @@ def default_budget(budgets: np.ndarray) -> int:
     return int(min(max(np.median(budgets), 1), DEFAULT_BUDGET_CAP)) if len(budgets) else 2048
 
 
-def agreement(table: BudgetTable, feats: dict, values: np.ndarray) -> float:
+def table_values(table: BudgetTable, feats: dict) -> np.ndarray:
+    """The cell value the table looks up for each row of ``feats``."""
     rows = np.column_stack([feats[n] for n in table.features])
-    got = np.array([table.action.cells[table.cell(r)] for r in rows])
-    return float(np.mean(np.isclose(got, values))) if len(values) else math.nan
+    return np.array([table.action.cells[table.cell(r)] for r in rows])
+
+
+def agreement(table: BudgetTable, feats: dict, values: np.ndarray) -> float:
+    """The share of decisions on which the table takes the policy's value."""
+    return float(np.mean(np.isclose(table_values(table, feats), values))) if len(values) else math.nan
+
+
+def log_error(table: BudgetTable, feats: dict, values: np.ndarray) -> float:
+    """The mean distance between the table's and the policy's values in log scale (a budget
+    16 times too long counts as much as 30 choices 10% off; agreement counts them 1 to 30)."""
+    if not len(values):
+        return math.nan
+    return float(np.mean(np.abs(np.log(table_values(table, feats)) - np.log(values))))
 
 
 def pick_features(build: tuple, held: tuple, buckets: int, max_features: int, provenance: dict,
                   action: dict | None) -> tuple[list[str], float]:
-    """Greedy forward selection: add the feature that most raises held-out agreement,
-    while it raises it by at least half a point."""
+    """Greedy forward selection: add the feature that most lowers the held-out log error,
+    while it lowers it by at least 0.005 (half a percent of a budget on average); returns
+    the features and the held-out agreement. The log error, not agreement, picks: a policy
+    that spends the p99 slack on 5% of passes with 16 times the target changes capacity
+    by a tenth, and agreement barely sees it."""
     (bstate, bvals), (hstate, hvals) = build, held
     cost = action.get("cost") if action else None
     candidates = [n for n in CANDIDATES if n in bstate or (
         n in DERIVED and action and all(k in bstate for k in DERIVED[n]))]
-    chosen, best = [], -1.0
+    chosen, best, table = [], math.inf, None
     while len(chosen) < max_features:
         scores = {}
         for n in candidates:
@@ -261,15 +277,17 @@ def pick_features(build: tuple, held: tuple, buckets: int, max_features: int, pr
             names = chosen + [n]
             t = build_table({m: feature_values(m, bstate, cost) for m in names}, bvals, buckets,
                             provenance, action, budgets=bstate.get("budget"))
-            scores[n] = agreement(t, {m: feature_values(m, hstate, cost) for m in names}, hvals)
+            scores[n] = (log_error(t, {m: feature_values(m, hstate, cost) for m in names}, hvals), t)
         if not scores:
             break
-        n, s = max(scores.items(), key=lambda kv: kv[1])
-        if chosen and s < best + 0.005:
+        n, (err, t) = min(scores.items(), key=lambda kv: kv[1][0])
+        if chosen and err > best - 0.005:
             break
         chosen.append(n)
-        best = s
-    return chosen, best
+        best, table = err, t
+    if table is None:
+        return chosen, math.nan
+    return chosen, agreement(table, {m: feature_values(m, hstate, cost) for m in chosen}, hvals)
 
 
 def parse_args(argv: list[str]) -> ExportArgs:

@@ -319,3 +319,35 @@ def test_a_table_over_the_slack_spends_it_as_the_engine_counts_it():
     assert t.budget({**base, "itl_slow_tokens": 25, "itl_decode_tokens": 2000}) == keep
     with pytest.raises(runtime.TableError, match="is derived by a time_fraction action only"):
         BudgetTable({**data, "action": {"kind": "tokens"}, "budgets": [512, 4096]})
+
+
+def test_export_picks_the_slack_feature_a_rare_long_pass_hangs_on():
+    """A policy at 1 or 0.917 of the target by KV usage, and 16 times it on the 5% of
+    decisions with slack for a pass: the rare long pass decides capacity, so the export
+    picks the slack first (agreement alone would pick KV usage, which moves more cells)."""
+    from envs.scenario import Scenario
+    from eval.export import action_spec, pick_features
+    from policies.table import slack_passes
+
+    rng = np.random.default_rng(1)
+
+    def states(n):
+        tokens = rng.uniform(0, 1e4, n)
+        slow = np.where(rng.random(n) < 0.05, 0.0, 0.008 * tokens + 1)  # 5%: slack to spend
+        return {"kv_usage": rng.random(n), "running_decodes": rng.integers(1, 40, n).astype(float),
+                "itl_slow_tokens": slow, "itl_decode_tokens": tokens,
+                "decode_context_tokens": rng.uniform(0, 1e6, n)}
+
+    def rule(s):
+        passes = np.array([slack_passes(a, b, int(c)) for a, b, c in
+                           zip(s["itl_slow_tokens"], s["itl_decode_tokens"], s["running_decodes"])])
+        return np.where(passes >= 1, 16.0, np.where(s["kv_usage"] > 0.5, 0.917, 1.0))
+
+    class Model:
+        actions = "time"
+
+    sc = Scenario()
+    build, held = states(4000), states(1000)
+    names, score = pick_features((build, rule(build)), (held, rule(held)), 8, 3,
+                                 scenario_provenance(sc), action_spec(Model(), sc))
+    assert names[0] == "itl_slack_passes" and "kv_usage" in names and score > 0.9
