@@ -7,8 +7,8 @@
    otherwise); every decision's engine-readable quantities and the model's action (a
    fraction of the ITL target, or a token budget) are recorded.
 2. Features: those the policy's choices depend on, picked greedily (up to
-   ``--max-features``) by how much each adds to the share of held-out decisions the
-   table reproduces; ``--features`` names them instead.
+   ``--max-features``) by how much each lowers the held-out log error between the
+   table's and the model's values; ``--features`` names them instead.
 3. Buckets: each feature's edges are quantiles of the values visited, so cells sit where
    the policy spends its time. Cells: the action chosen most often there; unvisited
    cells take the nearest visited cell's (fewest bucket steps, ties to the more
@@ -66,7 +66,7 @@ class ExportArgs:
     buckets: int = 8
     """Buckets per feature (fewer when a feature takes fewer distinct values)."""
     max_features: int = 4
-    """Features picked at most (greedily, by agreement with the model on held-out decisions)."""
+    """Features picked at most (greedily, by the held-out log error against the model)."""
     features: str | None = None
     """Comma-separated features to use instead of picking them."""
     slo_ttft_s: float | None = None
