@@ -241,7 +241,10 @@ def table_files() -> list[tuple[str, object]]:
     good = json.loads(TABLE_OK.read_text())
     cells = len(good["fractions"])
     tokens = {k: v for k, v in good.items() if k not in ("fractions", "action")}
-    tokens.update(action={"kind": "tokens"}, budgets=[2048] * cells)
+    tokens.update(action={"kind": "tokens"}, budgets=[2048] * cells, features=[
+        {"name": n, "edges": f["edges"]}  # state quantities a token table reads as they are
+        for n, f in zip(("running_decodes", "kv_usage", "waiting_requests", "oldest_wait_s"),
+                        good["features"])])
 
     def edit(base, fn) -> bytes:
         data = json.loads(json.dumps(base))
@@ -279,7 +282,7 @@ def table_files() -> list[tuple[str, object]]:
         setter("default_budget", "x"), setter("features", []), setter("features", 5),
         setter("features", 0, "edges", [True]), setter("features", 0, "edges", ["x"]),
         setter("features", 0, "edges", [5.0, 1.0]), setter("features", 0, "edges", [1e400]),
-        setter("features", 0, "name", "gpu_temperature"), setter("features", 1, "name", "running_decodes"),
+        setter("features", 0, "name", "gpu_temperature"), lambda d: d["features"][1].update(name=d["features"][0]["name"]),
         setter("visited", [1]), setter("kind", "other"), setter("schema_version", 1), setter("schema_version", 3),
         setter("provenance", None), setter("provenance", "hardware", "memory_bytes", -1),
         setter("provenance", "hardware", "memory_bytes", 1e400), setter("provenance", "hardware", "memory_bytes", True),
