@@ -31,10 +31,11 @@ def main() -> None:
     rng = random.Random(0)
     ranges = {"running_decodes": 256, "waiting_requests": 64, "waiting_prefill_tokens": 200_000,
               "decode_context_tokens": 2_000_000, "head_prefilled_tokens": 16_384,
-              "head_remaining_tokens": 16_384}
+              "head_remaining_tokens": 16_384, "itl_slow_tokens": 400, "itl_decode_tokens": 50_000}
     states = [{n: (rng.randint(0, ranges[n]) if n in ranges else rng.random())
                for n in table.needs} for _ in range(1000)]
-    rows = [[s[n] for n in table.features] for s in states]
+    value = getattr(table.action, "value", lambda n, s: s[n])  # derived features, e.g. the slack
+    rows = [[value(n, s) for n in table.features] for s in states]
     budget_us = per_call_us(table.budget, states, args.lookups)
     values_us = per_call_us(table.lookup_values, rows, args.lookups)
     print(f"{table.cells} cells, {len(table.features)} features ({table.action.kind}): "
