@@ -22,6 +22,7 @@ import json
 import platform
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
@@ -88,6 +89,9 @@ class Args:
     """Hidden layer sizes of the policy and value networks."""
     checks: bool = True
     """Before training, check the reward's ranking of fixed choices and the room beyond them."""
+    condition_teachers: bool = True
+    """Start from each training condition's best fixed choice (agents.checks.condition_teachers),
+    not from the one best overall."""
     eval_every: int = 50_000
     """Evaluate on held-out episodes every this many steps (TensorBoard eval/*)."""
     eval_episodes: int = 24
@@ -232,14 +236,18 @@ while the p99 ITL slack lasts (g) and the same over the KV-aware rule (h), and s
 budgets (s); the best of them is the policy's teacher."""
 TIME_RULES = "fkdgh"
 """Prefixes of the fixed choices that act in time (a teacher the policy can clone)."""
+CONDITION_TEACHERS = ("f1", *CHECK_RULES)
+"""The fixed choices each training condition's teacher is picked from..."""
+CONDITION_EPISODES = 4
+"""...on this many episodes of that condition, loaded at SELECTION_LOADS."""
 CHECK_STATICS = (256, 512, 1024, 2048, 4096, 8192)
 
 
 def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], executor) -> dict:
     """The reward's ranking of fixed choices against their capacity, and the room a
     reference controller finds beyond the best of them (see agents/checks.py)."""
-    from agents.checks import (constant_costs, draw_episodes, ranking_check, room_check,
-                               teacher_choice)
+    from agents.checks import (condition_teachers, constant_costs, draw_episodes, ranking_check,
+                               room_check, teacher_choice)
     from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS
     from eval.parallel import progress_bar
 
@@ -258,6 +266,13 @@ def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], e
     with progress_bar(5 * len(names) * 2, "checks: capacity ranking") as bar:
         out["ranking"] = ranking_check(scenario, conditions, costs, executor=executor, progress=bar)
     out["best_constant"] = best = teacher_choice(costs, out["ranking"])
+    if best[0] in TIME_RULES and args.condition_teachers:
+        cond_sampler = replace(sampler, load_range=SELECTION_LOADS)
+        with progress_bar(len(conditions) * CONDITION_EPISODES * len(CONDITION_TEACHERS),
+                          "checks: teachers per condition") as bar:
+            out["condition_teachers"] = condition_teachers(
+                scenario, cond_sampler, list(CONDITION_TEACHERS), best, CONDITION_EPISODES,
+                PERIODIC_EVAL_SEEDS + 2000, executor=executor, progress=bar)
     if best[0] in TIME_RULES:
         with progress_bar(6, "checks: room") as bar:
             out["room"] = room_check(episodes[:6], best, costs[best], executor=executor, progress=bar)
@@ -322,9 +337,17 @@ def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
     best = config["checks"].get("best_constant", "")
     if args.actions == "time" and best[:1] in tuple(TIME_RULES) and config["action_type"] == "discrete" \
             and hasattr(model.policy, "get_distribution"):
-        agree = imitate(model, best, config["ladder"], seed=args.seed)
-        print(f"starting from the best fixed choice, {best}: cloned on 20,000 decisions "
-              f"({agree:.1%} agreement)")
+        per = config["checks"].get("condition_teachers")
+        agree = imitate(model, best, config["ladder"], seed=args.seed, teachers=per,
+                        conditions=config["conditions"])
+        if per:
+            counts = Counter(per)
+            which = ", ".join(f"{n} on {k}" for n, k in counts.most_common())
+            print(f"starting from each condition's best fixed choice ({which} of {len(per)} "
+                  f"conditions): cloned on 20,000 decisions ({agree:.1%} agreement)")
+        else:
+            print(f"starting from the best fixed choice, {best}: cloned on 20,000 decisions "
+                  f"({agree:.1%} agreement)")
     return model, venv, False
 
 

@@ -6,6 +6,9 @@ that say afterwards what the policy does.
 - :func:`room_check`: a reference controller (model-predictive, it sees the future)
   must beat the best fixed choice on the training distribution (otherwise there is no
   room for a state-dependent policy, and a constant is the honest answer);
+- :func:`condition_teachers`: the fixed choice that serves each training condition best,
+  which the policy imitates before learning (a privileged teacher: it knows the
+  condition, the policy must tell it from what it observes);
 - :func:`action_histogram`: which actions a policy takes, over which states.
 
 Episodes are run as independent tasks of an executor (Ray or in-process).
@@ -110,6 +113,48 @@ def teacher_choice(costs: dict, ranking: dict | None = None) -> str:
     capacity = {r["policy"]: r["relative_capacity"] for r in ranking["rows"]}
     tied = [n for n in costs if n == low or paired_verdict(costs[n], costs[low]).kind == "ties"]
     return max(tied, key=lambda n: (capacity.get(n, 0.0), -costs[n].mean()))
+
+
+def condition_teachers(base: Scenario, sampler: EpisodeSampler, names: list[str], teacher: str,
+                       per_condition: int = 4, seed: int = 0, executor=None,
+                       progress=None) -> list[str]:
+    """For each of ``sampler``'s conditions, the fixed choice among ``names`` with the lowest
+    mean cost on ``per_condition`` episodes of that condition alone, where it beats
+    ``teacher`` there (paired, beyond the 95% interval); ``teacher`` otherwise.
+
+    No one rule serves every condition: among an H100's training conditions, the KV-aware
+    rules serve tight caches of 2K-8K-token prompts better than the slack rule ``g4``,
+    and a tight cache of short conversations far worse (tests/test_train.py). A policy
+    cloned from each condition's own best rule has to tell the conditions apart from
+    what it observes."""
+    from dataclasses import replace
+
+    from eval.harness import paired_verdict
+
+    names = list(dict.fromkeys([teacher, *names]))
+    episodes, owner = [], []
+    for i, cond in enumerate(sampler.conditions):
+        one = replace(sampler, conditions=(cond,))
+        episodes += draw_episodes(base, one, per_condition, seed + 1000 * i)
+        owner += [i] * per_condition
+    costs = constant_costs(episodes, names, executor=executor, progress=progress)
+    owner = np.asarray(owner)
+    picks = []
+    for i in range(len(sampler.conditions)):
+        mine = {n: c[owner == i] for n, c in costs.items()}
+        better = [n for n in names if n != teacher
+                  and paired_verdict(mine[teacher], mine[n]).kind == "beats"]
+        picks.append(min(better, key=lambda n: mine[n].mean()) if better else teacher)
+    return picks
+
+
+def condition_index(scenario: Scenario, conditions) -> int | None:
+    """Which of ``conditions`` (Scenario fields, plus ``capacity_rps``) ``scenario`` was
+    drawn from, or None."""
+    for i, cond in enumerate(conditions):
+        if all(getattr(scenario, k) == v for k, v in cond.items() if k != "capacity_rps"):
+            return i
+    return None
 
 
 def _room_task(scenario, workload, best, weights):

@@ -83,13 +83,36 @@ def teacher_actions(name: str, ladder, raw_obs, max_num_seqs: int = 256):
     return np.argmin(np.abs(np.log(fractions)[:, None] - logs[None, :]), axis=1)
 
 
+def _teacher_actions_by_env(venv, raw_obs, teacher: str, ladder, teachers, conditions):
+    import numpy as np
+
+    from agents.checks import condition_index
+
+    if not teachers:
+        return teacher_actions(teacher, ladder, raw_obs)
+    names = []
+    for sc in venv.get_attr("episode_scenario"):
+        i = condition_index(sc, conditions)
+        names.append(teacher if i is None else teachers[i])
+    names = np.asarray(names)
+    out = np.empty(len(raw_obs), dtype=int)
+    for n in set(names.tolist()):
+        rows = names == n
+        out[rows] = teacher_actions(n, ladder, raw_obs[rows])
+    return out
+
+
 def imitate(model, teacher: str, ladder, steps: int = 20_000, epochs: int = 8,
-            batch: int = 256, seed: int = 0) -> float:
+            batch: int = 256, seed: int = 0, teachers: list[str] | None = None,
+            conditions=()) -> float:
     """Behaviour cloning of a teacher rule before reinforcement learning (the pretraining
     SB3's documentation describes: the policy's own distribution trained by maximum
     likelihood on the teacher's actions). The teacher drives the model's environments for
-    ``steps`` decisions, which also warms up their observation statistics. Returns the
-    share of those decisions on which the cloned policy agrees with the teacher."""
+    ``steps`` decisions, which also warms up their observation statistics. With
+    ``teachers`` (one fixed choice per training condition, see
+    agents.checks.condition_teachers), each environment follows its episode's condition's
+    teacher, and ``teacher`` where the episode comes from none of ``conditions``. Returns
+    the share of those decisions on which the cloned policy agrees with the teacher."""
     import numpy as np
     import torch
 
@@ -98,7 +121,7 @@ def imitate(model, teacher: str, ladder, steps: int = 20_000, epochs: int = 8,
     venv.reset()
     for _ in range(max(steps // venv.num_envs, 1)):
         raw = venv.get_original_obs()
-        a = teacher_actions(teacher, ladder, raw)
+        a = _teacher_actions_by_env(venv, raw, teacher, ladder, teachers, conditions)
         obs_norm.append(venv.normalize_obs(raw))
         acts.append(a)
         venv.step(a)

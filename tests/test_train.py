@@ -190,3 +190,48 @@ def test_a_model_of_another_observation_version_is_refused_in_one_line(tmp_path)
     old = SimpleNamespace(observation_space=SimpleNamespace(shape=(13,)))
     with pytest.raises(ConfigError, match="was trained on 13 observations, chunkpilot/ChunkBudget-v2 has 14"):
         check_observations(old, tmp_path)
+
+
+def test_each_condition_keeps_its_own_best_fixed_choice():
+    """On a tight cache of short conversations the slack rule, which ignores the cache,
+    serves far better than the KV-aware rule; where every choice meets the SLO, the
+    overall teacher stays."""
+    from agents.checks import condition_teachers
+    from envs.episodes import EpisodeSampler
+    from envs.scenario import Scenario
+
+    base = Scenario(hardware="h100-sxm", model="llama-3-8b")
+    tight = dict(prompt="empirical:azure_conv_2023", output="empirical:azure_conv_2023:output_tokens",
+                 arrival="poisson", slo_ttft_s=10.0, slo_itl_s=0.2, per_pass_overhead_s=0.00271,
+                 num_kv_blocks=3837, capacity_rps=12.06)
+    light = dict(prompt="short-long", output="lognormal:128:0.8:1024", arrival="poisson",
+                 slo_ttft_s=10.0, slo_itl_s=0.2, capacity_rps=0.5)
+    sampler = EpisodeSampler(load_range=(1.1, 1.3), episode_s=60.0, conditions=(tight, light))
+    assert condition_teachers(base, sampler, ["g4"], "k1", per_condition=3, seed=5) == ["g4", "k1"]
+
+
+def test_imitation_follows_each_environments_condition():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from agents.checks import condition_index
+    from agents.setup import _teacher_actions_by_env, teacher_actions
+    from envs.actions import FRACTION_LADDER
+    from envs.observation import OBSERVATION_FIELDS
+    from envs.scenario import Scenario
+
+    conds = [dict(slo_itl_s=0.05, num_kv_blocks=4000, capacity_rps=2.0), dict(slo_itl_s=0.2, capacity_rps=9.0)]
+    base = Scenario(hardware="h100-sxm", model="llama-3-8b")
+    scs = [base.with_fields(**{k: v for k, v in c.items() if k != "capacity_rps"}) for c in conds]
+    scs.append(base.with_fields(slo_itl_s=0.03))  # from no condition: the overall teacher
+    assert [condition_index(sc, conds) for sc in scs] == [0, 1, None]
+    raw = np.zeros((3, len(OBSERVATION_FIELDS)), dtype=np.float32)
+    raw[:, 3] = 0.9  # a nearly full cache: k1 shrinks the time budget
+    venv = SimpleNamespace(get_attr=lambda name: scs if name == "episode_scenario" else None)
+    got = _teacher_actions_by_env(venv, raw, "f0.5", FRACTION_LADDER, ["k1", "f1"], conds)
+    want = [teacher_actions(n, FRACTION_LADDER, raw[i:i + 1])[0] for i, n in enumerate(["k1", "f1", "f0.5"])]
+    assert got.tolist() == want
+    assert FRACTION_LADDER[got[0]] < 1.0 == FRACTION_LADDER[got[1]]
+    assert _teacher_actions_by_env(venv, raw, "f0.5", FRACTION_LADDER, None, conds).tolist() == \
+        teacher_actions("f0.5", FRACTION_LADDER, raw).tolist()
