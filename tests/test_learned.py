@@ -351,3 +351,35 @@ def test_export_picks_the_slack_feature_a_rare_long_pass_hangs_on():
     names, score = pick_features((build, rule(build)), (held, rule(held)), 8, 3,
                                  scenario_provenance(sc), action_spec(Model(), sc))
     assert names[0] == "itl_slack_passes" and "kv_usage" in names and score > 0.9
+
+
+def test_export_adds_two_features_that_matter_only_together():
+    """A long pass where exactly one of two conditions holds (the head has waited long,
+    the last step was slow): neither quantity alone tells anything, so single-feature
+    forward selection stops at KV usage; the export tries the pair and keeps both."""
+    import itertools
+
+    from envs.scenario import Scenario
+    from eval.export import action_spec, pick_features
+
+    def states(repeat):  # every combination equally often: no feature helps by chance
+        grid = np.array(list(itertools.product([0.2, 0.8], [0.5, 2.5], [0.02, 0.08])) * repeat)
+        return {"kv_usage": grid[:, 0], "oldest_wait_s": grid[:, 1], "last_step_s": grid[:, 2]}
+
+    def rule(s):
+        one = (s["oldest_wait_s"] > 1.5) != (s["last_step_s"] > 0.05)
+        return np.where(s["kv_usage"] > 0.5, 0.25, 4.0) * np.where(one, 4.0, 1.0)
+
+    class Model:
+        actions = "time"
+
+    sc = Scenario()
+    action = action_spec(Model(), sc)
+    build, held = states(500), states(125)
+    names, score = pick_features((build, rule(build)), (held, rule(held)), 8, 3,
+                                 scenario_provenance(sc), action)
+    assert names[0] == "kv_usage" and set(names[1:]) == {"oldest_wait_s", "last_step_s"}
+    assert score == 1.0
+    names, score = pick_features((build, rule(build)), (held, rule(held)), 8, 2,
+                                 scenario_provenance(sc), action)
+    assert names == ["kv_usage"] and score == 0.5  # no room for the pair
