@@ -235,3 +235,31 @@ def test_imitation_follows_each_environments_condition():
     assert FRACTION_LADDER[got[0]] < 1.0 == FRACTION_LADDER[got[1]]
     assert _teacher_actions_by_env(venv, raw, "f0.5", FRACTION_LADDER, None, conds).tolist() == \
         teacher_actions("f0.5", FRACTION_LADDER, raw).tolist()
+
+
+def test_a_condition_teacher_keeps_the_overall_teachers_top_among_ties(monkeypatch):
+    """Where several rules beat the overall teacher equally, the condition's teacher is the
+    one nearest it (its top), so the clones disagree only where the condition needs it."""
+    import numpy as np
+
+    import agents.checks as checks
+    from envs.episodes import EpisodeSampler
+    from envs.scenario import Scenario
+
+    per = 4
+    table = {  # condition -> name -> costs of its episodes
+        0: {"g4": [8, 9, 7, 8], "k0.917": [0, 0, 0, 0], "h4": [0, 0, 0, 0], "f1": [9, 9, 9, 9]},
+        1: {"g4": [3, 0, 2, 1], "k0.917": [9, 9, 8, 9], "h4": [3, 0, 2, 1], "f1": [3, 1, 2, 1]},
+        2: {"g4": [9, 8, 9, 9], "k0.917": [1, 0, 1, 0], "h4": [5, 4, 6, 5], "f1": [9, 9, 9, 9]},
+    }
+    monkeypatch.setattr(checks, "draw_episodes", lambda base, one, n, seed: [one.conditions[0]] * n)
+
+    def costs(episodes, names, **_):
+        return {n: np.concatenate([table[c["i"]][n] for c in episodes[::per]]).astype(float)
+                for n in names}
+
+    monkeypatch.setattr(checks, "constant_costs", costs)
+    sampler = EpisodeSampler(conditions=tuple({"i": i} for i in range(3)))
+    picks = checks.condition_teachers(Scenario(), sampler, ["k0.917", "h4", "f1"], "g4",
+                                      per_condition=per)
+    assert picks == ["h4", "g4", "k0.917"]
