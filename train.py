@@ -266,16 +266,17 @@ def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], e
     with progress_bar(5 * len(names) * 2, "checks: capacity ranking") as bar:
         out["ranking"] = ranking_check(scenario, conditions, costs, executor=executor, progress=bar)
     out["best_constant"] = best = teacher_choice(costs, out["ranking"])
-    if best[0] in TIME_RULES and args.condition_teachers:
-        cond_sampler = replace(sampler, load_range=SELECTION_LOADS)
+    if best[0] not in TIME_RULES:
+        return out
+    if args.condition_teachers:
         with progress_bar(len(conditions) * CONDITION_EPISODES * len(CONDITION_TEACHERS),
                           "checks: teachers per condition") as bar:
             out["condition_teachers"] = condition_teachers(
-                scenario, cond_sampler, list(CONDITION_TEACHERS), best, CONDITION_EPISODES,
-                PERIODIC_EVAL_SEEDS + 2000, executor=executor, progress=bar)
-    if best[0] in TIME_RULES:
-        with progress_bar(6, "checks: room") as bar:
-            out["room"] = room_check(episodes[:6], best, costs[best], executor=executor, progress=bar)
+                scenario, replace(sampler, load_range=SELECTION_LOADS), list(CONDITION_TEACHERS),
+                best, CONDITION_EPISODES, PERIODIC_EVAL_SEEDS + 2000, executor=executor,
+                progress=bar)
+    with progress_bar(6, "checks: room") as bar:
+        out["room"] = room_check(episodes[:6], best, costs[best], executor=executor, progress=bar)
     return out
 
 
