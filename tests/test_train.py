@@ -263,3 +263,26 @@ def test_a_condition_teacher_keeps_the_overall_teachers_top_among_ties(monkeypat
     picks = checks.condition_teachers(Scenario(), sampler, ["k0.917", "h4", "f1"], "g4",
                                       per_condition=per)
     assert picks == ["h4", "g4", "k0.917"]
+
+
+def test_presets_pass_each_preset_flags_and_the_final_streams(monkeypatch, tmp_path):
+    """`python -m agents.presets --only NAME` trains that preset with its scenario's flags and
+    8 held-out streams, then exports its table next to the others; an unknown name is a
+    one-line error naming the known ones."""
+    import train
+    from agents import presets
+    from envs.errors import ConfigError
+    import eval.export
+
+    calls = []
+    monkeypatch.setattr(train, "main", lambda argv: calls.append(("train", argv)) or 0)
+    monkeypatch.setattr(eval.export, "main", lambda argv: calls.append(("export", argv)) or 0)
+    assert presets.main(["--only", "l40s__llama-3-8b", "--runs", str(tmp_path), "--workers", "1"]) == 0
+    (_, targs), (_, eargs) = calls
+    flag = lambda argv, name: argv[argv.index(name) + 1]
+    assert flag(targs, "--hardware") == "l40s" and flag(targs, "--rate") == "1.5"
+    assert flag(targs, "--final-seeds") == "8" and flag(targs, "--workers") == "1"
+    assert flag(targs, "--run-dir") == f"{tmp_path}/l40s__llama-3-8b"
+    assert eargs[0] == f"{tmp_path}/l40s__llama-3-8b" and flag(eargs, "--out") == "tables/l40s__llama-3-8b.json"
+    with pytest.raises(ConfigError, match="only: unknown nope; known: h100-sxm__llama-3-8b"):
+        presets.main(["--only", "nope"])
