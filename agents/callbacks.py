@@ -21,27 +21,34 @@ class Recorder:
     def __init__(self, policy: ModelPolicy):
         self.policy, self.name, self.kind = policy, policy.name, policy.kind
         self.values: list[float] = []
+        self.budgets: list[int] = []
+        self.decodes: list[int] = []
 
     def reset(self) -> None:
         self.policy.reset()
 
     def __call__(self, state) -> int:
         v = self.policy.action_value(state)
+        budget = clamp_budget(self.policy.budget_for_value(state, v), state.num_decodes)
         self.values.append(v)
-        return clamp_budget(self.policy.budget_for_value(state, v), state.num_decodes)
+        self.budgets.append(budget)
+        self.decodes.append(state.num_decodes)
+        return budget
 
 
 def evaluate_model(model, obs_norm, episodes, ladder, actions: str, action_type: str,
                    weights=None) -> tuple[float, list[float], dict]:
     """(mean cost, per-episode costs, action histogram) of ``model`` on ``episodes``, each
     pass decided by the model (as a table or an engine would)."""
-    costs, values = [], []
+    costs, values, budgets, decodes = [], [], [], []
     for sc, w in episodes:
         rec = Recorder(ModelPolicy(model, sc.slo(), ladder, action_type, actions=actions,
                                    obs_norm=obs_norm))
         costs.append(episode_cost(sc, w, rec, weights))
         values += rec.values
-    return float(np.mean(costs)), costs, action_histogram(values, ladder)
+        budgets += rec.budgets
+        decodes += rec.decodes
+    return float(np.mean(costs)), costs, action_histogram(values, ladder, budgets, decodes, actions)
 
 
 class SimEvalCallback(BaseCallback):

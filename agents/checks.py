@@ -194,9 +194,39 @@ def room_check(episodes, best: str, best_costs: np.ndarray, weights=None, execut
             "episodes": len(ref)}
 
 
-def action_histogram(values, ladder) -> dict:
-    """Share of passes per action value, and how many values are each used in >= 5%."""
+BUDGET_BIN_EDGES = tuple(int(round(64 * 2 ** (k / 4))) for k in range(33))
+"""Token budgets are counted in bins of 2^(1/4), 64 to 16,384 tokens (the fine ladder's
+steps): a time fraction turns into a different budget with each pass's decodes."""
+DECODE_GROUPS = ((0, 0), (1, 3), (4, 15), (16, 63), (64, None))
+"""Running decodes, grouped for the budget-against-state table."""
+
+
+def action_histogram(values, ladder, budgets=None, decodes=None, actions: str = "time") -> dict:
+    """Share of passes per action value, and how many values are each used in >= 5%; with
+    each pass's token budget and running decodes, also the share of passes per budget bin
+    (:data:`BUDGET_BIN_EDGES`, keyed by the bin's lower edge) and, per group of running
+    decodes, the share of passes, the median budget and, acting in time, the share above
+    the ITL target (a fraction over 1)."""
     values = np.asarray(values, dtype=float)
     shares = {f"{v:g}": float(np.mean(np.isclose(values, v))) for v in ladder} if len(values) else {}
-    return {"shares": shares, "used_5pct": int(sum(s >= 0.05 for s in shares.values())),
-            "passes": int(len(values))}
+    out = {"shares": shares, "used_5pct": int(sum(s >= 0.05 for s in shares.values())),
+           "passes": int(len(values))}
+    if budgets is None or not len(values):
+        return out
+    budgets, decodes = np.asarray(budgets, dtype=float), np.asarray(decodes)
+    edges = np.asarray(BUDGET_BIN_EDGES, dtype=float)
+    bins = np.clip(np.searchsorted(edges, budgets, side="right") - 1, 0, len(edges) - 1)
+    counts = np.bincount(bins, minlength=len(edges)) / len(budgets)
+    out["budget_shares"] = {str(BUDGET_BIN_EDGES[i]): float(c) for i, c in enumerate(counts) if c > 0}
+    out["budgets_5pct"] = int((counts >= 0.05).sum())
+    rows = []
+    for lo, hi in DECODE_GROUPS:
+        m = (decodes >= lo) & (decodes <= (hi if hi is not None else np.inf))
+        if m.any():
+            row = {"decodes": f"{lo}" if hi == lo else f"{lo}-{hi}" if hi else f"{lo}+",
+                   "share": float(m.mean()), "median_budget": float(np.median(budgets[m]))}
+            if actions == "time":
+                row["over_target"] = float(np.mean(values[m] > 1.0))
+            rows.append(row)
+    out["by_decodes"] = rows
+    return out

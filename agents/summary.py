@@ -80,6 +80,27 @@ def job_lines(studies: dict, learned_name: str, rule_name: str = "time-budget") 
     return lines
 
 
+def budget_lines(actions: dict) -> list[str]:
+    """The token budgets the policy asked for, and the budget against the running decodes
+    (absent from runs summarised before they were recorded)."""
+    shares, rows = actions.get("budget_shares"), actions.get("by_decodes")
+    if not shares or not rows:
+        return []
+    top = sorted(shares.items(), key=lambda kv: -kv[1])
+    used = ", ".join(f"{int(k):,}+ {v:.0%}" for k, v in top if v >= 0.05) or "none"
+    time = "over_target" in rows[0]
+    lines = [f"Token budgets asked (each pass's choice turned into tokens with its decodes), in "
+             f"bins of 2^(1/4) tokens: {actions['budgets_5pct']} bins each hold at least 5% of "
+             f"passes ({used}).", "",
+             "| running decodes | share of passes | median budget (tokens) |"
+             + (" share over 1x the target |" if time else ""),
+             "|---|---:|---:|" + ("---:|" if time else "")]
+    for r in rows:
+        lines.append(f"| {r['decodes']} | {r['share']:.3f} | {r['median_budget']:,.0f} |"
+                     + (f" {r['over_target']:.3f} |" if time else ""))
+    return lines + [""]
+
+
 def summary_text(run_name: str, desc: str, facts: dict, checks: dict | None, history: list,
                  studies: dict, learned_name: str, actions: dict) -> str:
     lines = [f"# chunkpilot training run: {run_name}", "", f"- scenario: {desc}"]
@@ -109,7 +130,7 @@ def summary_text(run_name: str, desc: str, facts: dict, checks: dict | None, his
               "| fraction | " + " | ".join(actions.get("shares", {})) + " |",
               "|---|" + "---:|" * len(actions.get("shares", {})),
               "| share | " + " | ".join(f"{v:.3f}" for v in actions.get("shares", {}).values()) + " |",
-              "", "Capacity: per stream, the highest load at which p99 TTFT and p99 ITL meet the "
+              ""] + budget_lines(actions) + ["Capacity: per stream, the highest load at which p99 TTFT and p99 ITL meet the "
               "SLO; ± is a 95% interval over streams; each verdict compares the policy with the "
               "hindsight static stream by stream.", ""]
     return "\n".join(lines)

@@ -286,3 +286,25 @@ def test_presets_pass_each_preset_flags_and_the_final_streams(monkeypatch, tmp_p
     assert eargs[0] == f"{tmp_path}/l40s__llama-3-8b" and flag(eargs, "--out") == "tables/l40s__llama-3-8b.json"
     with pytest.raises(ConfigError, match="only: unknown nope; known: h100-sxm__llama-3-8b"):
         presets.main(["--only", "nope"])
+
+
+def test_action_histogram_counts_budgets_in_quarter_octaves_and_by_running_decodes():
+    """Hand-computed: 1,000 tokens falls in the bin from 861 (64 * 2^(15/4)), 1,100 in the
+    one from 1,024; with nothing decoding the 16x pass asks the cap."""
+    from agents.checks import action_histogram
+    from agents.summary import budget_lines
+
+    h = action_histogram([1, 1, 16, 1, 0.5], [0.5, 1, 16], [1000, 1100, 16384, 990, 64],
+                         [3, 5, 0, 2, 80])
+    assert h["shares"] == {"0.5": 0.2, "1": 0.6, "16": 0.2} and h["used_5pct"] == 3
+    assert h["budget_shares"] == {"64": 0.2, "861": 0.4, "1024": 0.2, "16384": 0.2}
+    assert h["budgets_5pct"] == 4
+    rows = {r["decodes"]: r for r in h["by_decodes"]}
+    assert set(rows) == {"0", "1-3", "4-15", "64+"}
+    assert rows["1-3"]["median_budget"] == 995 and rows["1-3"]["share"] == 0.4
+    assert rows["0"]["over_target"] == 1.0 and rows["4-15"]["over_target"] == 0.0
+    text = "\n".join(budget_lines(h))
+    assert "4 bins each hold at least 5% of passes (861+ 40%" in text and "| 1-3 | 0.400 | 995 | 0.000 |" in text
+    tokens = action_histogram([512, 2048], [512, 2048], [512, 2048], [1, 1], actions="tokens")
+    assert "over_target" not in tokens["by_decodes"][0]
+    assert action_histogram([1.0], [1.0]).keys() == {"shares", "used_5pct", "passes"}
