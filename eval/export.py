@@ -46,6 +46,7 @@ from policies.table import (DERIVED, KIND, SCHEMA_VERSION, SLACK_COUNTS, STATE, 
 from policies.table_policy import FEATURE_GETTERS
 
 LOUD_CAPACITY_LOSS = 0.01
+LOUD_GOODPUT_LOSS = 0.05
 CANDIDATES = tuple(n for n in STATE if n not in SLACK_COUNTS) + tuple(DERIVED)
 """Features a table may bucket (the slack counts enter only through ``itl_slack_passes``)."""
 MAX_BUCKETS = 32
@@ -412,6 +413,46 @@ def fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs) -> 
     return out
 
 
+def _goodput_task(scenario: Scenario, policy, workload) -> float:
+    policy.reset()
+    return float(scenario.simulator(workload).run(policy).summary(scenario.slo())["goodput"])
+
+
+def load_fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs) -> dict:
+    """Goodput of the model and of the table at each final scenario's own load (the run's
+    serving rate, beyond capacity on the slower parts), on the fidelity's number of held-out
+    streams. Capacity only asks where the SLO still holds; a table can match its model
+    there and still fall apart past it, where a closed loop visits states the model never
+    led to (an L40S table kept the model's capacity and lost a fifth of its goodput at
+    1.5 req/s)."""
+    if not args.fidelity_seeds:
+        return {}
+    from agents.summary import final_scenarios
+    from eval.harness import evaluation_workloads, paired_verdict
+    from eval.parallel import make_executor, progress_bar
+    from policies.table_policy import TablePolicy
+
+    tpol = TablePolicy(table, name="table")
+    scenarios = final_scenarios(serving)
+    tasks, index = [], []
+    for name, sc in scenarios.items():
+        for i, w in enumerate(evaluation_workloads(sc, args.fidelity_seeds, args.fidelity_requests)):
+            for which, p in (("model", policy_for(model, sc)), ("table", tpol)):
+                tasks.append((sc, p, w))
+                index.append((name, which))
+    with progress_bar(len(tasks), "fidelity at load") as bar:
+        found = make_executor(args.workers).map(_goodput_task, tasks, bar)
+    out = {}
+    for name, sc in scenarios.items():
+        m = [g for (n, k), g in zip(index, found) if n == name and k == "model"]
+        t = [g for (n, k), g in zip(index, found) if n == name and k == "table"]
+        v = paired_verdict(t, m)
+        out[name] = {"rate_rps": None if sc.trace else sc.rate, "model_goodput": float(np.mean(m)),
+                     "table_goodput": float(np.mean(t)), "loss": -v.rel, "loss_ci95": v.half,
+                     "verdict": v.kind}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     from agents.runs import load_run
@@ -438,7 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     data["fidelity"] = {"held_out_decisions": int(len(held[1])), "build_decisions": int(len(build[1])),
                         "agreement": agreement(table, {n: feature_values(n, held[0], cost) for n in names},
                                                held[1]),
-                        "capacity": fidelity(model, table, serving, args)}
+                        "capacity": fidelity(model, table, serving, args),
+                        "goodput": load_fidelity(model, table, serving, args)}
     final = BudgetTable(data, args.out)
     final.save(args.out)
     if args.csv:
@@ -475,6 +517,14 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
         print(f"capacity on {name}: model {f['model_capacity_rps']:.3f}, table "
               f"{f['table_capacity_rps']:.3f} req/s ({-f['loss']:+.1%} ± {f['loss_ci95']:.1%}, "
               f"table {f['verdict']} model)")
+    low = 0.0
+    for name, f in fid.get("goodput", {}).items():
+        if f["verdict"] == "falls short":
+            low = max(low, f["loss"])
+        rate = f" at {f['rate_rps']:g} req/s" if f.get("rate_rps") else ""
+        print(f"goodput on {name}{rate}: model {f['model_goodput']:.3f}, table "
+              f"{f['table_goodput']:.3f} ({-f['loss']:+.1%} ± {f['loss_ci95']:.1%}, table "
+              f"{f['verdict']} model)")
     if len(values) == 1:
         same = (f"the time-budget rule at {values[0]:g} (time-budget:{values[0]:g})"
                 if kind == "time_fraction" else f"a static budget (static:{values[0]:g})")
@@ -483,6 +533,11 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
     if worst > LOUD_CAPACITY_LOSS:
         print(f"WARNING: the table loses {worst:.1%} of the model's capacity somewhere (more than "
               f"{LOUD_CAPACITY_LOSS:.0%}); use more buckets or features, or serve the model",
+              file=sys.stderr)
+    if low > LOUD_GOODPUT_LOSS:
+        print(f"WARNING: at the serving load the table loses {low:.1%} of the model's goodput "
+              f"somewhere (more than {LOUD_GOODPUT_LOSS:.0%}): past capacity it drives the "
+              "engine into states its model does not; use other features, or serve the model",
               file=sys.stderr)
     if table.max_budget is None:
         print(f"serve it in vLLM with --max-num-batched-tokens {table.action.cap} (its budgets' cap; "

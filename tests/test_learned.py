@@ -383,3 +383,32 @@ def test_export_adds_two_features_that_matter_only_together():
     names, score = pick_features((build, rule(build)), (held, rule(held)), 8, 2,
                                  scenario_provenance(sc), action)
     assert names == ["kv_usage"] and score == 0.5  # no room for the pair
+
+
+def test_export_checks_the_table_at_the_serving_load(monkeypatch, capsys, tmp_path):
+    """The fidelity at load replays the final scenarios at their own rate: a table that is
+    its model's rule matches it stream for stream; one that takes a quarter of the target in
+    every pass falls short past capacity, and the report warns."""
+    from types import SimpleNamespace
+
+    import eval.export as export
+    from envs.scenario import Scenario
+    from policies.baselines import TimeBudgetPolicy
+
+    sc = Scenario(rate=12.0, num_requests=80)
+    monkeypatch.setattr(export, "policy_for", lambda model, s: TimeBudgetPolicy(s.slo_itl_s, 1.0))
+    args = SimpleNamespace(fidelity_seeds=4, fidelity_requests=80, workers=1, out=str(tmp_path / "t.json"))
+    same = export.load_fidelity(None, time_table([1.0, 1.0, 1.0], sc), sc, args)
+    assert set(same) == {"serving", "+3 ms per pass", "tight KV cache"}
+    for f in same.values():
+        assert f["rate_rps"] == 12.0 and f["model_goodput"] == f["table_goodput"] and f["verdict"] == "ties"
+    low = export.load_fidelity(None, time_table([0.25, 0.25, 0.25], sc), sc, args)
+    assert all(f["table_goodput"] < f["model_goodput"] and f["verdict"] == "falls short" for f in low.values())
+    data = time_table([0.25, 0.25, 0.25], sc).to_dict()
+    data["fidelity"] = {"build_decisions": 100, "held_out_decisions": 50, "agreement": 1.0, "goodput": low}
+    BudgetTable(data).save(args.out)
+    export.report(BudgetTable.load(args.out), 1.0, args)
+    out = capsys.readouterr()
+    assert "goodput on serving at 12 req/s: model" in out.out
+    assert "WARNING: at the serving load the table loses" in out.err
+    assert export.load_fidelity(None, None, sc, SimpleNamespace(fidelity_seeds=0)) == {}
