@@ -420,15 +420,15 @@ def _goodput_task(scenario: Scenario, policy, workload) -> float:
 
 def load_fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs) -> dict:
     """Goodput of the model and of the table at each final scenario's own load (the run's
-    serving rate, beyond capacity on the slower parts), on the fidelity's number of held-out
-    streams. Capacity only asks where the SLO still holds; a table can match its model
+    serving rate, beyond capacity on the slower parts), on the fidelity's number of streams
+    (synthetic ones seeded apart from the build's; a trace's window cut into parts). Capacity only asks where the SLO still holds; a table can match its model
     there and still fall apart past it, where a closed loop visits states the model never
     led to (an L40S table kept the model's capacity and lost a fifth of its goodput at
     1.5 req/s)."""
     if not args.fidelity_seeds:
         return {}
     from agents.summary import final_scenarios
-    from eval.harness import evaluation_workloads, paired_verdict
+    from eval.harness import paired_verdict
     from eval.parallel import make_executor, progress_bar
     from policies.table_policy import TablePolicy
 
@@ -436,7 +436,7 @@ def load_fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs
     scenarios = final_scenarios(serving)
     tasks, index = [], []
     for name, sc in scenarios.items():
-        for i, w in enumerate(evaluation_workloads(sc, args.fidelity_seeds, args.fidelity_requests)):
+        for w in sc.streams(args.fidelity_seeds, TABLE_FIDELITY_SEEDS, args.fidelity_requests):
             for which, p in (("model", policy_for(model, sc)), ("table", tpol)):
                 tasks.append((sc, p, w))
                 index.append((name, which))
