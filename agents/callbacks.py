@@ -48,7 +48,7 @@ def evaluate_model(model, obs_norm, episodes, ladder, actions: str, action_type:
         values += rec.values
         budgets += rec.budgets
         decodes += rec.decodes
-    return float(np.mean(costs)), costs, action_histogram(values, ladder, budgets, decodes, actions)
+    return float(np.mean(costs)), costs, action_histogram(values, ladder, budgets, decodes, time_fractions=actions == "time")
 
 
 class SimEvalCallback(BaseCallback):

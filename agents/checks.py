@@ -194,19 +194,24 @@ def room_check(episodes, best: str, best_costs: np.ndarray, weights=None, execut
             "episodes": len(ref)}
 
 
-BUDGET_BIN_EDGES = tuple(int(round(64 * 2 ** (k / 4))) for k in range(33))
-"""Token budgets are counted in bins of 2^(1/4), 64 to 16,384 tokens (the fine ladder's
-steps): a time fraction turns into a different budget with each pass's decodes."""
 DECODE_GROUPS = ((0, 0), (1, 3), (4, 15), (16, 63), (64, None))
 """Running decodes, grouped for the budget-against-state table."""
 
 
-def action_histogram(values, ladder, budgets=None, decodes=None, actions: str = "time") -> dict:
+def budget_bin_edges() -> tuple[int, ...]:
+    """Lower edges of the token-budget bins: 1 (budgets under 64), then the fine ladder's
+    rungs, 64 to 16,384 in steps of 2^(1/4) (the last bin takes every budget from 16,384)."""
+    from eval.capacity import FINE_LADDER
+
+    return (1, *FINE_LADDER)
+
+
+def action_histogram(values, ladder, budgets=None, decodes=None, time_fractions: bool = False) -> dict:
     """Share of passes per action value, and how many values are each used in >= 5%; with
     each pass's token budget and running decodes, also the share of passes per budget bin
-    (:data:`BUDGET_BIN_EDGES`, keyed by the bin's lower edge) and, per group of running
-    decodes, the share of passes, the median budget and, acting in time, the share above
-    the ITL target (a fraction over 1)."""
+    (:func:`budget_bin_edges`, keyed by the bin's lower edge) and, per group of running
+    decodes, the share of passes, the median budget and, where the values are
+    ``time_fractions``, the share above the ITL target (a fraction over 1)."""
     values = np.asarray(values, dtype=float)
     shares = {f"{v:g}": float(np.mean(np.isclose(values, v))) for v in ladder} if len(values) else {}
     out = {"shares": shares, "used_5pct": int(sum(s >= 0.05 for s in shares.values())),
@@ -214,10 +219,11 @@ def action_histogram(values, ladder, budgets=None, decodes=None, actions: str = 
     if budgets is None or not len(values):
         return out
     budgets, decodes = np.asarray(budgets, dtype=float), np.asarray(decodes)
-    edges = np.asarray(BUDGET_BIN_EDGES, dtype=float)
-    bins = np.clip(np.searchsorted(edges, budgets, side="right") - 1, 0, len(edges) - 1)
-    counts = np.bincount(bins, minlength=len(edges)) / len(budgets)
-    out["budget_shares"] = {str(BUDGET_BIN_EDGES[i]): float(c) for i, c in enumerate(counts) if c > 0}
+    lows = budget_bin_edges()
+    bins = np.clip(np.searchsorted(np.asarray(lows, dtype=float), budgets, side="right") - 1,
+                   0, len(lows) - 1)
+    counts = np.bincount(bins, minlength=len(lows)) / len(budgets)
+    out["budget_shares"] = {str(lows[i]): float(c) for i, c in enumerate(counts) if c > 0}
     out["budgets_5pct"] = int((counts >= 0.05).sum())
     rows = []
     for lo, hi in DECODE_GROUPS:
@@ -225,7 +231,7 @@ def action_histogram(values, ladder, budgets=None, decodes=None, actions: str = 
         if m.any():
             row = {"decodes": f"{lo}" if hi == lo else f"{lo}-{hi}" if hi else f"{lo}+",
                    "share": float(m.mean()), "median_budget": float(np.median(budgets[m]))}
-            if actions == "time":
+            if time_fractions:
                 row["over_target"] = float(np.mean(values[m] > 1.0))
             rows.append(row)
     out["by_decodes"] = rows

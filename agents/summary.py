@@ -87,17 +87,18 @@ def budget_lines(actions: dict) -> list[str]:
     if not shares or not rows:
         return []
     top = sorted(shares.items(), key=lambda kv: -kv[1])
-    used = ", ".join(f"{int(k):,}+ {v:.0%}" for k, v in top if v >= 0.05) or "none"
-    time = "over_target" in rows[0]
-    lines = [f"Token budgets asked (each pass's choice turned into tokens with its decodes), in "
-             f"bins of 2^(1/4) tokens: {actions['budgets_5pct']} bins each hold at least 5% of "
-             f"passes ({used}).", "",
+    used = ", ".join(f"{'under 64' if k == '1' else f'{int(k):,}+'} {v:.0%}" for k, v in top
+                     if v >= 0.05) or "none"
+    in_time = "over_target" in rows[0]
+    lines = [f"Token budgets asked (a time fraction becomes a different budget with each pass's "
+             f"decodes), in bins of 2^(1/4) tokens: {actions['budgets_5pct']} bins each hold at "
+             f"least 5% of passes ({used}).", "",
              "| running decodes | share of passes | median budget (tokens) |"
-             + (" share over 1x the target |" if time else ""),
-             "|---|---:|---:|" + ("---:|" if time else "")]
+             + (" share over 1x the target |" if in_time else ""),
+             "|---|---:|---:|" + ("---:|" if in_time else "")]
     for r in rows:
         lines.append(f"| {r['decodes']} | {r['share']:.3f} | {r['median_budget']:,.0f} |"
-                     + (f" {r['over_target']:.3f} |" if time else ""))
+                     + (f" {r['over_target']:.3f} |" if in_time else ""))
     return lines + [""]
 
 

@@ -414,17 +414,18 @@ def fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs) -> 
 
 
 def _goodput_task(scenario: Scenario, policy, workload) -> float:
-    policy.reset()
-    return float(scenario.simulator(workload).run(policy).summary(scenario.slo())["goodput"])
+    return float(run_policy(scenario, policy, [workload]).runs[0]["goodput"])
 
 
 def load_fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs) -> dict:
     """Goodput of the model and of the table at each final scenario's own load (the run's
-    serving rate, beyond capacity on the slower parts), on the fidelity's number of streams
-    (synthetic ones seeded apart from the build's; a trace's window cut into parts). Capacity only asks where the SLO still holds; a table can match its model
+    serving rate, beyond capacity on the slower parts), on the fidelity's number of
+    streams (synthetic ones seeded apart from the build's; a trace's window cut into
+    parts). Capacity only asks where the SLO still holds; a table can match its model
     there and still fall apart past it, where a closed loop visits states the model never
-    led to (an L40S table kept the model's capacity and lost a fifth of its goodput at
-    1.5 req/s)."""
+    led to (the L40S table keeps its model's capacity and loses a quarter to nearly half
+    of its goodput at 1.5 req/s). Streams where either goodput is undefined (nothing
+    finished) are left out; with fewer than two left there is no verdict."""
     if not args.fidelity_seeds:
         return {}
     from agents.summary import final_scenarios
@@ -444,12 +445,20 @@ def load_fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs
         found = make_executor(args.workers).map(_goodput_task, tasks, bar)
     out = {}
     for name, sc in scenarios.items():
-        m = [g for (n, k), g in zip(index, found) if n == name and k == "model"]
-        t = [g for (n, k), g in zip(index, found) if n == name and k == "table"]
-        v = paired_verdict(t, m)
-        out[name] = {"rate_rps": None if sc.trace else sc.rate, "model_goodput": float(np.mean(m)),
-                     "table_goodput": float(np.mean(t)), "loss": -v.rel, "loss_ci95": v.half,
-                     "verdict": v.kind}
+        m = np.array([g for (n, k), g in zip(index, found) if n == name and k == "model"])
+        t = np.array([g for (n, k), g in zip(index, found) if n == name and k == "table"])
+        keep = np.isfinite(m) & np.isfinite(t)
+        m, t = m[keep], t[keep]
+        load = {"trace_speed": sc.rate_scale} if sc.trace else {"rate_rps": sc.rate}
+        row = {**load, "streams": int(len(m)),
+               "model_goodput": float(m.mean()) if len(m) else None,
+               "table_goodput": float(t.mean()) if len(t) else None}
+        if len(m) >= 2 and m.mean() > 0:
+            v = paired_verdict(t, m)
+            row.update(loss=-v.rel, loss_ci95=v.half, verdict=v.kind)
+        else:
+            row.update(loss=None, loss_ci95=None, verdict="not judged")
+        out[name] = row
     return out
 
 
@@ -521,10 +530,14 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
     for name, f in fid.get("goodput", {}).items():
         if f["verdict"] == "falls short":
             low = max(low, f["loss"])
-        rate = f" at {f['rate_rps']:g} req/s" if f.get("rate_rps") else ""
-        print(f"goodput on {name}{rate}: model {f['model_goodput']:.3f}, table "
-              f"{f['table_goodput']:.3f} ({-f['loss']:+.1%} ± {f['loss_ci95']:.1%}, table "
-              f"{f['verdict']} model)")
+        load = (f" at {f['rate_rps']:g} req/s" if f.get("rate_rps") else
+                f" at {f['trace_speed']:g}x the trace" if f.get("trace_speed") else "")
+        judged = (f"{-f['loss']:+.1%} ± {f['loss_ci95']:.1%}, table {f['verdict']} model"
+                  if f["verdict"] != "not judged" else "not judged: fewer than two streams with "
+                  "a goodput, or none for the model")
+        both = ("model {:.3f}, table {:.3f}".format(f["model_goodput"], f["table_goodput"])
+                if f["model_goodput"] is not None else "nothing finished")
+        print(f"goodput on {name}{load}: {both} ({judged})")
     if len(values) == 1:
         same = (f"the time-budget rule at {values[0]:g} (time-budget:{values[0]:g})"
                 if kind == "time_fraction" else f"a static budget (static:{values[0]:g})")
@@ -535,10 +548,10 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
               f"{LOUD_CAPACITY_LOSS:.0%}); use more buckets or features, or serve the model",
               file=sys.stderr)
     if low > LOUD_GOODPUT_LOSS:
-        print(f"WARNING: at the serving load the table loses {low:.1%} of the model's goodput "
-              f"somewhere (more than {LOUD_GOODPUT_LOSS:.0%}): past capacity it drives the "
-              "engine into states its model does not; use other features, or serve the model",
-              file=sys.stderr)
+        print(f"WARNING: at the serving load the table falls short of the model's goodput by "
+              f"{low:.1%} somewhere (beyond the interval, and more than {LOUD_GOODPUT_LOSS:.0%}): "
+              "past capacity it drives the engine into states its model does not; use other "
+              "features, or serve the model", file=sys.stderr)
     if table.max_budget is None:
         print(f"serve it in vLLM with --max-num-batched-tokens {table.action.cap} (its budgets' cap; "
               "a lower ceiling clamps them); see docs/serving.md")

@@ -387,8 +387,9 @@ def test_export_adds_two_features_that_matter_only_together():
 
 def test_export_checks_the_table_at_the_serving_load(monkeypatch, capsys, tmp_path):
     """The fidelity at load replays the final scenarios at their own rate: a table that is
-    its model's rule matches it stream for stream; one that takes a quarter of the target in
-    every pass falls short past capacity, and the report warns."""
+    its model's rule matches it stream for stream and draws no warning; one that takes a
+    quarter of the target in every pass falls short past capacity, and the report warns;
+    one stream is not judged."""
     from types import SimpleNamespace
 
     import eval.export as export
@@ -398,17 +399,34 @@ def test_export_checks_the_table_at_the_serving_load(monkeypatch, capsys, tmp_pa
     sc = Scenario(rate=12.0, num_requests=80)
     monkeypatch.setattr(export, "policy_for", lambda model, s: TimeBudgetPolicy(s.slo_itl_s, 1.0))
     args = SimpleNamespace(fidelity_seeds=4, fidelity_requests=80, workers=1, out=str(tmp_path / "t.json"))
+
+    def reported(cells, fid):
+        data = time_table(cells, sc).to_dict()
+        data["fidelity"] = {"build_decisions": 100, "held_out_decisions": 50, "agreement": 1.0,
+                            "goodput": fid}
+        BudgetTable(data).save(args.out)
+        export.report(BudgetTable.load(args.out), 1.0, args)
+        return capsys.readouterr()
+
     same = export.load_fidelity(None, time_table([1.0, 1.0, 1.0], sc), sc, args)
     assert set(same) == {"serving", "+3 ms per pass", "tight KV cache"}
     for f in same.values():
-        assert f["rate_rps"] == 12.0 and f["model_goodput"] == f["table_goodput"] and f["verdict"] == "ties"
+        assert f["rate_rps"] == 12.0 and f["streams"] == 4 and f["verdict"] == "ties"
+        assert f["model_goodput"] == f["table_goodput"] and f["loss"] == 0.0
+    out = reported([1.0, 1.0, 1.0], same)
+    assert "goodput on serving at 12 req/s: model" in out.out and "WARNING" not in out.err
     low = export.load_fidelity(None, time_table([0.25, 0.25, 0.25], sc), sc, args)
-    assert all(f["table_goodput"] < f["model_goodput"] and f["verdict"] == "falls short" for f in low.values())
-    data = time_table([0.25, 0.25, 0.25], sc).to_dict()
-    data["fidelity"] = {"build_decisions": 100, "held_out_decisions": 50, "agreement": 1.0, "goodput": low}
-    BudgetTable(data).save(args.out)
-    export.report(BudgetTable.load(args.out), 1.0, args)
-    out = capsys.readouterr()
-    assert "goodput on serving at 12 req/s: model" in out.out
-    assert "WARNING: at the serving load the table loses" in out.err
+    for f in low.values():
+        assert f["table_goodput"] < f["model_goodput"] and f["verdict"] == "falls short"
+        assert f["loss"] == pytest.approx(1 - f["table_goodput"] / f["model_goodput"])
+    f = low["serving"]
+    out = reported([0.25, 0.25, 0.25], low)
+    assert (f"goodput on serving at 12 req/s: model {f['model_goodput']:.3f}, table "
+            f"{f['table_goodput']:.3f} ({-f['loss']:+.1%}") in out.out
+    assert "WARNING: at the serving load the table falls short of the model's goodput" in out.err
+    one = export.load_fidelity(None, time_table([0.25, 0.25, 0.25], sc), sc,
+                               SimpleNamespace(fidelity_seeds=1, fidelity_requests=80, workers=1))
+    assert all(f["verdict"] == "not judged" and f["loss"] is None for f in one.values())
+    out = reported([0.25, 0.25, 0.25], one)
+    assert "not judged" in out.out and "goodput" not in out.err
     assert export.load_fidelity(None, None, sc, SimpleNamespace(fidelity_seeds=0)) == {}

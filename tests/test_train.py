@@ -265,7 +265,7 @@ def test_a_condition_teacher_keeps_the_overall_teachers_top_among_ties(monkeypat
     assert picks == ["h4", "g4", "k0.917"]
 
 
-def test_presets_pass_each_preset_flags_and_the_final_streams(monkeypatch, tmp_path):
+def test_presets_pass_a_preset_flags_and_the_final_streams(monkeypatch, tmp_path):
     """`python -m agents.presets --only NAME` trains that preset with its scenario's flags and
     8 held-out streams, then exports its table next to the others; an unknown name is a
     one-line error naming the known ones."""
@@ -290,21 +290,26 @@ def test_presets_pass_each_preset_flags_and_the_final_streams(monkeypatch, tmp_p
 
 def test_action_histogram_counts_budgets_in_quarter_octaves_and_by_running_decodes():
     """Hand-computed: 1,000 tokens falls in the bin from 861 (64 * 2^(15/4)), 1,100 in the
-    one from 1,024; with nothing decoding the 16x pass asks the cap."""
+    one from 1,024, 20 tokens under the ladder and 20,000 in the last bin; the share over
+    the target counts fractions above 1 only when the values are time fractions."""
     from agents.checks import action_histogram
     from agents.summary import budget_lines
 
-    h = action_histogram([1, 1, 16, 1, 0.5], [0.5, 1, 16], [1000, 1100, 16384, 990, 64],
-                         [3, 5, 0, 2, 80])
-    assert h["shares"] == {"0.5": 0.2, "1": 0.6, "16": 0.2} and h["used_5pct"] == 3
-    assert h["budget_shares"] == {"64": 0.2, "861": 0.4, "1024": 0.2, "16384": 0.2}
-    assert h["budgets_5pct"] == 4
+    h = action_histogram([1, 1, 16, 1, 0.5, 0.25], [0.25, 0.5, 1, 16],
+                         [1000, 1100, 20000, 990, 64, 20], [3, 5, 9, 2, 80, 1], time_fractions=True)
+    assert h["shares"] == pytest.approx({"0.25": 1 / 6, "0.5": 1 / 6, "1": 0.5, "16": 1 / 6})
+    assert h["used_5pct"] == 4
+    assert h["budget_shares"] == pytest.approx({"1": 1 / 6, "64": 1 / 6, "861": 2 / 6, "1024": 1 / 6,
+                                                "16384": 1 / 6})
+    assert h["budgets_5pct"] == 5
     rows = {r["decodes"]: r for r in h["by_decodes"]}
-    assert set(rows) == {"0", "1-3", "4-15", "64+"}
-    assert rows["1-3"]["median_budget"] == 995 and rows["1-3"]["share"] == 0.4
-    assert rows["0"]["over_target"] == 1.0 and rows["4-15"]["over_target"] == 0.0
+    assert set(rows) == {"1-3", "4-15", "64+"}
+    assert rows["1-3"]["median_budget"] == pytest.approx(990) and rows["1-3"]["share"] == pytest.approx(0.5)
+    assert rows["4-15"]["over_target"] == pytest.approx(0.5) and rows["1-3"]["over_target"] == 0.0
     text = "\n".join(budget_lines(h))
-    assert "4 bins each hold at least 5% of passes (861+ 40%" in text and "| 1-3 | 0.400 | 995 | 0.000 |" in text
-    tokens = action_histogram([512, 2048], [512, 2048], [512, 2048], [1, 1], actions="tokens")
+    assert "5 bins each hold at least 5% of passes (861+ 33%" in text and "under 64 17%" in text
+    assert "| 1-3 | 0.500 | 990 | 0.000 |" in text and "| 4-15 | 0.333 | 10,550 | 0.500 |" in text
+    tokens = action_histogram([512, 2048], [512, 2048], [512, 2048], [1, 1])
     assert "over_target" not in tokens["by_decodes"][0]
+    assert "share over 1x the target" not in "\n".join(budget_lines(tokens))
     assert action_histogram([1.0], [1.0]).keys() == {"shares", "used_5pct", "passes"}
