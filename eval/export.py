@@ -435,20 +435,17 @@ def load_fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs
 
     tpol = TablePolicy(table, name="table")
     scenarios = final_scenarios(serving)
-    tasks, index = [], []
-    for name, sc in scenarios.items():
+    tasks = []  # scenario, stream, then (model, table): the answers reshape the same way
+    for sc in scenarios.values():
+        mpol = policy_for(model, sc)
         for w in sc.streams(args.fidelity_seeds, TABLE_FIDELITY_SEEDS, args.fidelity_requests):
-            for which, p in (("model", policy_for(model, sc)), ("table", tpol)):
-                tasks.append((sc, p, w))
-                index.append((name, which))
+            tasks += [(sc, mpol, w), (sc, tpol, w)]
     with progress_bar(len(tasks), "fidelity at load") as bar:
-        found = make_executor(args.workers).map(_goodput_task, tasks, bar)
+        found = np.asarray(make_executor(args.workers).map(_goodput_task, tasks, bar), dtype=float)
     out = {}
-    for name, sc in scenarios.items():
-        m = np.array([g for (n, k), g in zip(index, found) if n == name and k == "model"])
-        t = np.array([g for (n, k), g in zip(index, found) if n == name and k == "table"])
-        keep = np.isfinite(m) & np.isfinite(t)
-        m, t = m[keep], t[keep]
+    for (name, sc), pairs in zip(scenarios.items(), found.reshape(len(scenarios), -1, 2)):
+        pairs = pairs[np.isfinite(pairs).all(axis=1)]
+        m, t = pairs[:, 0], pairs[:, 1]
         load = {"trace_speed": sc.rate_scale} if sc.trace else {"rate_rps": sc.rate}
         row = {**load, "streams": int(len(m)),
                "model_goodput": float(m.mean()) if len(m) else None,
