@@ -17,3 +17,5 @@ TABLE_BUILD_SEEDS = EVAL_SEED_BASE + 5000
 """Streams whose decisions a lookup table is built from."""
 TABLE_FIDELITY_SEEDS = EVAL_SEED_BASE + 6000
 """Held-out streams of a table's fidelity check."""
+TABLE_SELECT_SEEDS = EVAL_SEED_BASE + 7000
+"""Streams on which the export chooses among its candidate tables (not those it reports)."""

@@ -17,6 +17,10 @@
    its hardware and model (``policies.table.COST_FIELDS``) and its ITL target, so that
    an engine turns a fraction into tokens exactly as the simulator does; the model's
    observation normalisation is recorded with the provenance.
+   Then DAgger: the table drives the same episodes, the model labels the states it leads
+   to, and features and cells are made again from all the decisions, for
+   ``--dagger-rounds`` rounds; the round whose table keeps most of the model's goodput
+   at load, on streams of its own, is kept.
 5. Fidelity, on arrivals the table was not built from: agreement on decisions, and the
    capacity under the SLO of the model and of the table on the run's held-out final
    scenarios (with 95% intervals). A table more than 1% below the model says so loudly.
@@ -39,7 +43,7 @@ from envs.errors import ConfigError, integer, number, require, show
 from envs.files import check_distinct, check_output
 from envs.workload import check_num_requests
 from envs.scenario import Scenario
-from envs.seeds import TABLE_BUILD_SEEDS, TABLE_FIDELITY_SEEDS
+from envs.seeds import TABLE_BUILD_SEEDS, TABLE_FIDELITY_SEEDS, TABLE_SELECT_SEEDS
 from eval.harness import run_policy
 from policies.table import (DERIVED, KIND, SCHEMA_VERSION, SLACK_COUNTS, STATE, BudgetTable,
                             hardware_provenance, model_provenance, write_atomic)
@@ -78,6 +82,10 @@ class ExportArgs:
     """Episodes of the training conditions whose decisions build the table."""
     held_episodes: int = 8
     """Held-out episodes for the agreement figure."""
+    dagger_rounds: int = 2
+    """Rounds of dataset aggregation: the table drives the build episodes, the model labels
+    every state the table leads to, and the table is rebuilt on all the decisions so far
+    (0: the model's own decisions only)."""
     fidelity_seeds: int = 5
     """Streams per capacity in the fidelity check (0: skip it)."""
     fidelity_requests: int = 600
@@ -87,10 +95,13 @@ class ExportArgs:
 
 
 class Recorder:
-    """Wraps a model policy; records every decision's state quantities and action value."""
+    """Wraps a model policy; records every decision's state quantities and action value.
+    With a ``driver`` (a table policy), the driver's budget is applied and the model only
+    labels the states the driver leads to."""
 
-    def __init__(self, policy, names):
+    def __init__(self, policy, names, driver=None):
         self.policy, self.name, self.kind = policy, policy.name, policy.kind
+        self.driver = driver
         self.getters = [FEATURE_GETTERS[n] for n in names if n in FEATURE_GETTERS]
         self.names = [n for n in names if n in FEATURE_GETTERS]
         self.rows: list[list[float]] = []
@@ -107,16 +118,17 @@ class Recorder:
         self.values.append(v)
         b = max(self.policy.budget_for_value(state, v), state.num_decodes, 1)
         self.budgets.append(b)
-        return b
+        return b if self.driver is None else self.driver(state)
 
 
-def collect(policy, episodes) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """(every engine-readable quantity by name, with the token budget applied as
-    ``"budget"``; the action value) of every decision."""
+def collect(policy, episodes, driver=None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(every engine-readable quantity by name, with the model's token budget as
+    ``"budget"``; the model's action value) of every decision, the model driving or, with
+    ``driver``, the driver."""
     names = list(STATE)
     rows, values, budgets = [], [], []
     for sc, w in episodes:
-        rec = Recorder(policy_for(policy, sc), names)
+        rec = Recorder(policy_for(policy, sc), names, driver)
         run_policy(sc, rec, [w])
         rows += rec.rows
         values += rec.values
@@ -318,6 +330,7 @@ def parse_args(argv: list[str]) -> ExportArgs:
         raise ConfigError("run_dir: missing; usage: python -m eval export RUN_DIR --out PATH")
     integer("buckets", args.buckets, 2, MAX_BUCKETS, f"{MAX_BUCKETS}^4 cells is a million")
     integer("max_features", args.max_features, 1, 6)
+    integer("dagger_rounds", args.dagger_rounds, 0, 10)
     for f in ("build_episodes", "held_episodes"):
         integer(f, getattr(args, f), 1, MAX_EPISODES)
     integer("fidelity_seeds", args.fidelity_seeds, 0, 50)
@@ -417,33 +430,45 @@ def _goodput_task(scenario: Scenario, policy, workload) -> float:
     return float(run_policy(scenario, policy, [workload]).runs[0]["goodput"])
 
 
+def goodput_runs(model, tables: list[BudgetTable], scenarios: dict, streams: int, seed_base: int,
+                 num_requests: int, workers, label: str) -> np.ndarray:
+    """Goodput of the model and of each table at each scenario's own load, on ``streams``
+    streams from ``seed_base``: an array indexed (scenario, stream, policy), the model
+    first."""
+    from eval.parallel import make_executor, progress_bar
+    from policies.table_policy import TablePolicy
+
+    tpols = [TablePolicy(t, name="table") for t in tables]
+    tasks = []
+    for sc in scenarios.values():
+        mpol = policy_for(model, sc)
+        for w in sc.streams(streams, seed_base, num_requests):
+            tasks += [(sc, p, w) for p in (mpol, *tpols)]
+    with progress_bar(len(tasks), label) as bar:
+        found = np.asarray(make_executor(workers).map(_goodput_task, tasks, bar), dtype=float)
+    return found.reshape(len(scenarios), -1, 1 + len(tables))
+
+
 def load_fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs) -> dict:
     """Goodput of the model and of the table at each final scenario's own load (the run's
     serving rate, beyond capacity on the slower parts), on the fidelity's number of
     streams (synthetic ones seeded apart from the build's; a trace's window cut into
     parts). Capacity only asks where the SLO still holds; a table can match its model
     there and still fall apart past it, where a closed loop visits states the model never
-    led to (the L40S table keeps its model's capacity and loses a quarter to nearly half
-    of its goodput at 1.5 req/s). Streams where either goodput is undefined (nothing
-    finished) are left out; with fewer than two left there is no verdict."""
+    led to (the L40S table built from its model's decisions alone keeps its model's
+    capacity and loses a quarter to nearly half of its goodput at 1.5 req/s). Streams
+    where either goodput is undefined (nothing finished) are left out; with fewer than two
+    left there is no verdict."""
     if not args.fidelity_seeds:
         return {}
     from agents.summary import final_scenarios
     from eval.harness import paired_verdict
-    from eval.parallel import make_executor, progress_bar
-    from policies.table_policy import TablePolicy
 
-    tpol = TablePolicy(table, name="table")
     scenarios = final_scenarios(serving)
-    tasks = []  # scenario, stream, then (model, table): the answers reshape the same way
-    for sc in scenarios.values():
-        mpol = policy_for(model, sc)
-        for w in sc.streams(args.fidelity_seeds, TABLE_FIDELITY_SEEDS, args.fidelity_requests):
-            tasks += [(sc, mpol, w), (sc, tpol, w)]
-    with progress_bar(len(tasks), "fidelity at load") as bar:
-        found = np.asarray(make_executor(args.workers).map(_goodput_task, tasks, bar), dtype=float)
+    found = goodput_runs(model, [table], scenarios, args.fidelity_seeds, TABLE_FIDELITY_SEEDS,
+                         args.fidelity_requests, args.workers, "fidelity at load")
     out = {}
-    for (name, sc), pairs in zip(scenarios.items(), found.reshape(len(scenarios), -1, 2)):
+    for (name, sc), pairs in zip(scenarios.items(), found):
         pairs = pairs[np.isfinite(pairs).all(axis=1)]
         m, t = pairs[:, 0], pairs[:, 1]
         load = {"trace_speed": sc.rate_scale} if sc.trace else {"rate_rps": sc.rate}
@@ -459,6 +484,35 @@ def load_fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs
     return out
 
 
+SELECT_STREAMS = 3
+SELECT_MARGIN = 0.01
+"""A later DAgger round's table is chosen only if its mean goodput loss is this much lower."""
+
+
+def select_round(model, tables: list[BudgetTable], serving: Scenario, args: ExportArgs) -> tuple[int, list]:
+    """The round whose table keeps most of the model's goodput at the final scenarios' own
+    loads, on ``SELECT_STREAMS`` streams of their own (a trace: its window cut into that
+    many parts), then the fewest rounds within ``SELECT_MARGIN`` of it: each table's mean
+    over scenarios of 1 - table goodput / model goodput (scenarios where the model
+    finishes nothing are left out). Aggregating the states a poor table leads to can also
+    shift cells the model's own states need (the m5-max table after two rounds lost 4% of
+    its capacity), so the rounds compete. Returns the round and every round's loss."""
+    from agents.summary import final_scenarios
+
+    if len(tables) == 1 or not args.fidelity_seeds:
+        return len(tables) - 1, []
+    found = goodput_runs(model, tables, final_scenarios(serving), SELECT_STREAMS, TABLE_SELECT_SEEDS,
+                         args.fidelity_requests, args.workers, "choosing a round")
+    with np.errstate(invalid="ignore"):
+        means = np.nanmean(found, axis=1)  # (scenario, policy)
+    means = means[np.isfinite(means).all(axis=1) & (means[:, 0] > 0)]
+    if not len(means):
+        return len(tables) - 1, []
+    losses = [float(np.mean(1 - means[:, k + 1] / means[:, 0])) for k in range(len(tables))]
+    best = min(losses)
+    return next(k for k, v in enumerate(losses) if v <= best + SELECT_MARGIN), losses
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     from agents.runs import load_run
@@ -472,16 +526,18 @@ def main(argv: list[str] | None = None) -> int:
     build, held = collect(model, build_eps), collect(model, held_eps)
     prov = {**scenario_provenance(serving), **run_provenance(model, args)}
     action = action_spec(model, serving)
+    names = None
     if args.features:
         names = [n.strip() for n in args.features.split(",") if n.strip()]
         bad = [n for n in names if n not in CANDIDATES or (n in DERIVED and not action)]
         require(not bad, "features", args.features, f"must name quantities among {', '.join(CANDIDATES)}")
-    else:
-        names, _ = pick_features(build, held, args.buckets, args.max_features, prov, action)
     cost = action.get("cost") if action else None
-    table = build_table({n: feature_values(n, build[0], cost) for n in names}, build[1],
-                        args.buckets, prov, action, budgets=build[0]["budget"])
+    rounds = aggregate(model, (build_eps, held_eps), (build, held), names, args, prov, action)
+    chosen, losses = select_round(model, [r[0] for r in rounds], serving, args)
+    table, names, build, held = rounds[chosen]
     data = table.to_dict()
+    data["provenance"] = {**data["provenance"], "dagger": {
+        "rounds": args.dagger_rounds, "chosen": chosen, "selection_goodput_loss": losses}}
     data["fidelity"] = {"held_out_decisions": int(len(held[1])), "build_decisions": int(len(build[1])),
                         "agreement": agreement(table, {n: feature_values(n, held[0], cost) for n in names},
                                                held[1]),
@@ -495,12 +551,49 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def aggregate(model, episodes: tuple, decisions: tuple, names: list[str] | None,
+              args: ExportArgs, prov: dict, action: dict | None):
+    """The table built from the model's decisions, then ``args.dagger_rounds`` rounds of
+    dataset aggregation (DAgger, Ross et al. 2011): the table drives the same build and
+    held-out episodes, the model labels the states it visits, the features are picked
+    again (unless named) and the table rebuilt on every decision so far. A table copies its
+    model only where the model went; in closed loop a few cells off lead the engine, past
+    capacity above all, into states the model never visits and the table never saw (the
+    L40S table without it kept its model's capacity and lost a quarter to nearly half of
+    its goodput at 1.5 req/s). Returns, per round, the table, its features, and the build
+    and held-out decisions it was made from."""
+    from policies.table_policy import TablePolicy
+
+    cost = action.get("cost") if action else None
+    build, held = decisions
+    fixed = names is not None
+
+    def rebuild(names):
+        return build_table({n: feature_values(n, build[0], cost) for n in names}, build[1],
+                           args.buckets, prov, action, budgets=build[0]["budget"])
+
+    def join(a, b):
+        return {k: np.concatenate([a[0][k], b[0][k]]) for k in a[0]}, np.concatenate([a[1], b[1]])
+
+    rounds = []
+    for r in range(args.dagger_rounds + 1):
+        if r:
+            driver = TablePolicy(rounds[-1][0], name="table")
+            build = join(build, collect(model, episodes[0], driver))
+            held = join(held, collect(model, episodes[1], driver))
+        if not fixed:
+            names, _ = pick_features(build, held, args.buckets, args.max_features, prov, action)
+        rounds.append((rebuild(names), names, build, held))
+    return rounds
+
+
 def run_provenance(model, args: ExportArgs) -> dict:
     config = model.config
     prov = {"run_dir": str(args.run_dir), "algo": config["args"].get("algo"),
             "commit": config.get("commit"), "exported": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "rule": "cell = the model's most frequent action among visited decisions; unvisited "
-                    "cells = nearest visited cell"}
+            "rule": "cell = the model's most frequent action among visited decisions (the "
+                    "model's own, and those of the states earlier tables led to, labelled by "
+                    "the model: see dagger); unvisited cells = nearest visited cell"}
     if model.obs_norm is not None:
         prov["observation_normalisation"] = {"mean": list(model.obs_norm.mean),
                                              "var": list(model.obs_norm.var),
@@ -517,6 +610,12 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
           f"{fid['build_decisions']:,} decisions in {seconds:.0f} s)")
     print(f"agreement with the model on {fid['held_out_decisions']:,} held-out decisions: "
           f"{fid['agreement']:.1%}")
+    dagger = table.provenance.get("dagger")
+    if dagger and dagger["rounds"]:
+        losses = ", ".join(f"{v:+.1%}" for v in dagger["selection_goodput_loss"])
+        print(f"DAgger: round {dagger['chosen']} of {dagger['rounds']} chosen"
+              + (f" (goodput lost to the model at load, by round, on {SELECT_STREAMS} streams of "
+                 f"their own: {losses})" if losses else ""))
     worst = 0.0
     for name, f in fid.get("capacity", {}).items():
         worst = max(worst, f["loss"])

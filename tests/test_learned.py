@@ -430,3 +430,58 @@ def test_export_checks_the_table_at_the_serving_load(monkeypatch, capsys, tmp_pa
     out = reported([0.25, 0.25, 0.25], one)
     assert "not judged" in out.out and "goodput" not in out.err
     assert export.load_fidelity(None, None, sc, SimpleNamespace(fidelity_seeds=0)) == {}
+
+
+def test_export_aggregates_the_states_its_table_leads_to(monkeypatch):
+    """DAgger: the first table, over a feature the model ignores, drives the same episodes;
+    every state it leads to is added with the model's own label (not the table's), the
+    table's closed loop visits states the model's did not, and the table is rebuilt on
+    both. With no rounds the table is built from the model's decisions alone."""
+    from types import SimpleNamespace
+
+    import eval.export as export
+    from envs.actions import pass_budget
+    from envs.scenario import Scenario
+
+    class Rule:
+        """A model stand-in: a quarter of the target once three requests wait, else four times."""
+
+        name, kind = "rule", "learned"
+
+        def __init__(self, sc):
+            self.slo = sc.slo()
+
+        def reset(self):
+            pass
+
+        def action_value(self, state):
+            return 0.25 if state.num_waiting >= 3 else 4.0
+
+        def budget_for_value(self, state, v):
+            return pass_budget(state.simulator, "time", v, self.slo.itl_s)
+
+    monkeypatch.setattr(export, "policy_for", lambda model, s: Rule(s))
+    sc = Scenario(rate=10.0, num_requests=120)
+    episodes = ([(sc, sc.stream(0, 1, 5))], [(sc, sc.stream(0, 1, 6))])
+    own = tuple(export.collect(None, eps) for eps in episodes)
+    action = export.action_spec(SimpleNamespace(actions="time"), sc)
+    prov = scenario_provenance(sc)
+
+    def run(rounds):
+        args = SimpleNamespace(dagger_rounds=rounds, buckets=4)
+        return export.aggregate(None, episodes, own, ["running_decodes"], args, prov, action)
+
+    (table0, names, build0, held0), = run(0)
+    assert names == ["running_decodes"] and len(build0[1]) == len(own[0][1])
+    first, (table1, _, build1, held1) = run(1)
+    assert first[0].to_dict() == table0.to_dict()
+    n = len(own[0][1])
+    assert len(build1[1]) > n and len(held1[1]) > len(own[1][1])
+    led = {k: v[n:] for k, v in build1[0].items()}
+    np.testing.assert_array_equal(build1[1][n:], np.where(led["waiting_requests"] >= 3, 0.25, 4.0))
+    assert not np.array_equal(np.sort(led["waiting_requests"]), np.sort(own[0][0]["waiting_requests"]))
+    # Each visited cell of the rebuilt table holds the most frequent label over both runs.
+    cells = np.array([table1.cell([x]) for x in build1[0]["running_decodes"]])
+    for c in np.unique(cells):
+        labels, counts = np.unique(build1[1][cells == c], return_counts=True)
+        assert table1.action.cells[c] == labels[np.argmax(counts)]
