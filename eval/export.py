@@ -35,6 +35,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -83,15 +84,16 @@ class ExportArgs:
     held_episodes: int = 8
     """Held-out episodes for the agreement figure."""
     dagger_rounds: int = 2
-    """Rounds of dataset aggregation: the table drives the build episodes, the model labels
-    every state the table leads to, and the table is rebuilt on all the decisions so far
-    (0: the model's own decisions only)."""
+    """Rounds of dataset aggregation (DAgger): the table drives the build and held-out
+    episodes, the model labels every state it leads to, and features and cells are made
+    again from all the decisions so far; the round whose table keeps most of the model's
+    goodput at load is kept (0: the model's own decisions only)."""
     fidelity_seeds: int = 5
     """Streams per capacity in the fidelity check (0: skip it)."""
     fidelity_requests: int = 600
     """Requests per stream of the fidelity check."""
     workers: int | None = None
-    """The fidelity check's capacity searches on a local Ray instance (default: all cores)."""
+    """The fidelity check's and the round choice's runs on a local Ray instance (default: all cores)."""
 
 
 class Recorder:
@@ -159,6 +161,11 @@ def feature_values(name: str, state: dict, cost: dict | None) -> np.ndarray:
         return np.array([slack_passes(s, t, int(n)) for s, t, n in zip(
             state["itl_slow_tokens"], state["itl_decode_tokens"], state["running_decodes"])])
     return state[name]
+
+
+def features_of(names: list[str], state: dict, cost: dict | None) -> dict[str, np.ndarray]:
+    """The named features' values per decision."""
+    return {n: feature_values(n, state, cost) for n in names}
 
 
 def quantile_edges(values: np.ndarray, buckets: int) -> list[float]:
@@ -293,9 +300,9 @@ def pick_features(build: tuple, held: tuple, buckets: int, max_features: int, pr
         n in DERIVED and action and all(k in bstate for k in DERIVED[n]))]
 
     def score(names):
-        t = build_table({m: feature_values(m, bstate, cost) for m in names}, bvals, buckets,
-                        provenance, action, budgets=bstate.get("budget"))
-        return log_error(t, {m: feature_values(m, hstate, cost) for m in names}, hvals), t
+        t = build_table(features_of(names, bstate, cost), bvals, buckets, provenance, action,
+                        budgets=bstate.get("budget"))
+        return log_error(t, features_of(names, hstate, cost), hvals), t
 
     chosen, best, table = [], math.inf, None
     while len(chosen) < max_features:
@@ -317,7 +324,7 @@ def pick_features(build: tuple, held: tuple, buckets: int, max_features: int, pr
         best, table = err, t
     if table is None:
         return chosen, math.nan
-    return chosen, agreement(table, {m: feature_values(m, hstate, cost) for m in chosen}, hvals)
+    return chosen, agreement(table, features_of(chosen, hstate, cost), hvals)
 
 
 def parse_args(argv: list[str]) -> ExportArgs:
@@ -485,32 +492,39 @@ def load_fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs
 
 
 SELECT_STREAMS = 3
-SELECT_MARGIN = 0.01
-"""A later DAgger round's table is chosen only if its mean goodput loss is this much lower."""
+"""Streams per final scenario on which the export chooses among its rounds' tables."""
 
 
-def select_round(model, tables: list[BudgetTable], serving: Scenario, args: ExportArgs) -> tuple[int, list]:
-    """The round whose table keeps most of the model's goodput at the final scenarios' own
-    loads, on ``SELECT_STREAMS`` streams of their own (a trace: its window cut into that
-    many parts), then the fewest rounds within ``SELECT_MARGIN`` of it: each table's mean
-    over scenarios of 1 - table goodput / model goodput (scenarios where the model
-    finishes nothing are left out). Aggregating the states a poor table leads to can also
-    shift cells the model's own states need (the m5-max table after two rounds lost 4% of
-    its capacity), so the rounds compete. Returns the round and every round's loss."""
+def select_round(model, tables: list[BudgetTable], serving: Scenario, args: ExportArgs) -> dict:
+    """The DAgger round whose table to keep, judged by goodput at the final scenarios' own
+    loads on ``SELECT_STREAMS`` streams of their own (synthetic streams seeded apart from
+    the fidelity's; a trace has no other arrivals, so its window is cut into that many
+    parts, and its fidelity replays the same requests). Each stream scores a table by its
+    goodput over the model's (a table that finishes nothing scores 0; streams where the
+    model finishes nothing are left out); a later round is kept only when it beats the
+    round kept so far beyond the paired interval. Aggregating the states a poor table
+    leads to can also move cells the model's own states need (two rounds over the laptop
+    part's named features lost 4% of its capacity), so the rounds compete; goodput at a
+    load far below capacity does not tell them apart (the laptop's 0.05 req/s), and the
+    earliest round stays. Returns the choice and the figures behind it."""
     from agents.summary import final_scenarios
+    from eval.harness import paired_verdict
 
-    if len(tables) == 1 or not args.fidelity_seeds:
-        return len(tables) - 1, []
+    if len(tables) == 1:
+        return {"chosen": 0}
     found = goodput_runs(model, tables, final_scenarios(serving), SELECT_STREAMS, TABLE_SELECT_SEEDS,
                          args.fidelity_requests, args.workers, "choosing a round")
-    with np.errstate(invalid="ignore"):
-        means = np.nanmean(found, axis=1)  # (scenario, policy)
-    means = means[np.isfinite(means).all(axis=1) & (means[:, 0] > 0)]
-    if not len(means):
-        return len(tables) - 1, []
-    losses = [float(np.mean(1 - means[:, k + 1] / means[:, 0])) for k in range(len(tables))]
-    best = min(losses)
-    return next(k for k, v in enumerate(losses) if v <= best + SELECT_MARGIN), losses
+    rows = found.reshape(-1, 1 + len(tables))
+    rows = rows[np.isfinite(rows[:, 0]) & (rows[:, 0] > 0)]
+    if not len(rows):
+        return {"chosen": 0, "streams": 0}
+    kept = np.nan_to_num(rows[:, 1:], nan=0.0) / rows[:, :1]
+    chosen = 0
+    for k in range(1, len(tables)):
+        if paired_verdict(kept[:, k], kept[:, chosen]).kind == "beats":
+            chosen = k
+    return {"chosen": chosen, "streams": int(len(rows)), "seed_base": TABLE_SELECT_SEEDS,
+            "goodput_kept": [float(v) for v in kept.mean(axis=0)]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -532,15 +546,17 @@ def main(argv: list[str] | None = None) -> int:
         bad = [n for n in names if n not in CANDIDATES or (n in DERIVED and not action)]
         require(not bad, "features", args.features, f"must name quantities among {', '.join(CANDIDATES)}")
     cost = action.get("cost") if action else None
-    rounds = aggregate(model, (build_eps, held_eps), (build, held), names, args, prov, action)
-    chosen, losses = select_round(model, [r[0] for r in rounds], serving, args)
-    table, names, build, held = rounds[chosen]
+    rounds = dagger_rounds(model, (build_eps, held_eps), (build, held), names, args, prov, action)
+    selection = select_round(model, [r.table for r in rounds], serving, args)
+    table, names = rounds[selection["chosen"]].table, rounds[selection["chosen"]].features
     data = table.to_dict()
-    data["provenance"] = {**data["provenance"], "dagger": {
-        "rounds": args.dagger_rounds, "chosen": chosen, "selection_goodput_loss": losses}}
-    data["fidelity"] = {"held_out_decisions": int(len(held[1])), "build_decisions": int(len(build[1])),
-                        "agreement": agreement(table, {n: feature_values(n, held[0], cost) for n in names},
-                                               held[1]),
+    data["provenance"] = {**data["provenance"], "dagger": {"rounds": args.dagger_rounds, **selection}}
+    if selection["chosen"]:
+        data["provenance"]["rule"] += (f"; cells also from the states the tables of the first "
+                                       f"{selection['chosen']} DAgger round(s) led to, labelled by the model")
+    data["fidelity"] = {"held_out_decisions": int(len(held[1])),
+                        "build_decisions": int(len(rounds[selection["chosen"]].build[1])),
+                        "agreement": agreement(table, features_of(names, held[0], cost), held[1]),
                         "capacity": fidelity(model, table, serving, args),
                         "goodput": load_fidelity(model, table, serving, args)}
     final = BudgetTable(data, args.out)
@@ -551,49 +567,54 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def aggregate(model, episodes: tuple, decisions: tuple, names: list[str] | None,
-              args: ExportArgs, prov: dict, action: dict | None):
-    """The table built from the model's decisions, then ``args.dagger_rounds`` rounds of
-    dataset aggregation (DAgger, Ross et al. 2011): the table drives the same build and
-    held-out episodes, the model labels the states it visits, the features are picked
-    again (unless named) and the table rebuilt on every decision so far. A table copies its
-    model only where the model went; in closed loop a few cells off lead the engine, past
-    capacity above all, into states the model never visits and the table never saw (the
-    L40S table without it kept its model's capacity and lost a quarter to nearly half of
-    its goodput at 1.5 req/s). Returns, per round, the table, its features, and the build
-    and held-out decisions it was made from."""
+class Round(NamedTuple):
+    table: BudgetTable
+    features: list[str]
+    build: tuple
+    """(state quantities, the model's action values) of the decisions the table was built from."""
+    held: tuple
+    """The same, of the held-out decisions its features were picked on."""
+
+
+def dagger_rounds(model, episodes: tuple, decisions: tuple, names: list[str] | None,
+                  args: ExportArgs, prov: dict, action: dict | None) -> list[Round]:
+    """The table built from the model's decisions, then one per round of dataset
+    aggregation (DAgger, Ross et al. 2011), ``args.dagger_rounds`` of them: the last
+    table drives the same build and held-out episodes, the model labels every state it
+    leads to, the features are picked again (unless named) and the table rebuilt on all
+    the decisions so far. A table copies its model only where the model went; in closed
+    loop a few cells off lead the engine, past capacity above all, into states the model
+    never visits and the table never saw (built from its model's decisions alone, the
+    L40S table kept its model's capacity and lost a quarter to nearly half of its goodput
+    at 1.5 req/s)."""
     from policies.table_policy import TablePolicy
 
     cost = action.get("cost") if action else None
     build, held = decisions
-    fixed = names is not None
-
-    def rebuild(names):
-        return build_table({n: feature_values(n, build[0], cost) for n in names}, build[1],
-                           args.buckets, prov, action, budgets=build[0]["budget"])
-
-    def join(a, b):
-        return {k: np.concatenate([a[0][k], b[0][k]]) for k in a[0]}, np.concatenate([a[1], b[1]])
-
-    rounds = []
+    out: list[Round] = []
     for r in range(args.dagger_rounds + 1):
         if r:
-            driver = TablePolicy(rounds[-1][0], name="table")
-            build = join(build, collect(model, episodes[0], driver))
-            held = join(held, collect(model, episodes[1], driver))
-        if not fixed:
-            names, _ = pick_features(build, held, args.buckets, args.max_features, prov, action)
-        rounds.append((rebuild(names), names, build, held))
-    return rounds
+            driver = TablePolicy(out[-1].table, name="table")
+            build = join_decisions(build, collect(model, episodes[0], driver))
+            held = join_decisions(held, collect(model, episodes[1], driver))
+        features = names or pick_features(build, held, args.buckets, args.max_features, prov, action)[0]
+        table = build_table(features_of(features, build[0], cost), build[1], args.buckets, prov,
+                            action, budgets=build[0]["budget"])
+        out.append(Round(table, features, build, held))
+    return out
+
+
+def join_decisions(a: tuple, b: tuple) -> tuple:
+    """Two ``collect`` results as one."""
+    return {k: np.concatenate([a[0][k], b[0][k]]) for k in a[0]}, np.concatenate([a[1], b[1]])
 
 
 def run_provenance(model, args: ExportArgs) -> dict:
     config = model.config
     prov = {"run_dir": str(args.run_dir), "algo": config["args"].get("algo"),
             "commit": config.get("commit"), "exported": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "rule": "cell = the model's most frequent action among visited decisions (the "
-                    "model's own, and those of the states earlier tables led to, labelled by "
-                    "the model: see dagger); unvisited cells = nearest visited cell"}
+            "rule": "cell = the model's most frequent action among visited decisions; unvisited "
+                    "cells = nearest visited cell"}
     if model.obs_norm is not None:
         prov["observation_normalisation"] = {"mean": list(model.obs_norm.mean),
                                              "var": list(model.obs_norm.var),
@@ -610,12 +631,13 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
           f"{fid['build_decisions']:,} decisions in {seconds:.0f} s)")
     print(f"agreement with the model on {fid['held_out_decisions']:,} held-out decisions: "
           f"{fid['agreement']:.1%}")
-    dagger = table.provenance.get("dagger")
-    if dagger and dagger["rounds"]:
-        losses = ", ".join(f"{v:+.1%}" for v in dagger["selection_goodput_loss"])
-        print(f"DAgger: round {dagger['chosen']} of {dagger['rounds']} chosen"
-              + (f" (goodput lost to the model at load, by round, on {SELECT_STREAMS} streams of "
-                 f"their own: {losses})" if losses else ""))
+    dagger = table.provenance.get("dagger") or {}
+    if dagger.get("rounds"):
+        kept = ", ".join(f"{v:.1%}" for v in dagger.get("goodput_kept", []))
+        print(f"DAgger: round {dagger['chosen']} of {dagger['rounds']} kept" + (
+            f" (goodput at load against the model's, by round, on {dagger['streams']} streams of "
+            f"their own: {kept}; a later round is kept only when it beats the earlier beyond "
+            "the interval)" if kept else " (no stream where the model finishes a request: not compared)"))
     worst = 0.0
     for name, f in fid.get("capacity", {}).items():
         worst = max(worst, f["loss"])

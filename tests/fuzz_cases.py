@@ -471,6 +471,7 @@ def eval_cases() -> list[Case]:
     for flag, bad in [("--buckets", INT_JUNK + ["0", "-1", "100000", "9" * 30]),
                       ("--build-episodes", ["0", "-1", "abc", "100000000"]),
                       ("--held-episodes", ["0", "-1", "abc"]), ("--max-features", ["0", "7", "x"]),
+                      ("--dagger-rounds", ["-1", "11", "x", "9" * 30]),
                       ("--fidelity-seeds", ["-1", "abc", "9" * 30]), ("--fidelity-requests", ["0", "-5", "nan"]),
                       ("--slo-ttft-s", ["0", "-1", "nan", "inf"]), ("--slo-itl-s", ["0", "1e9"])]:
         out += [Case(c, tuple(_replace(exp, flag, v)), flag[2:].replace("-", "_"), run) for v in bad]

@@ -3,6 +3,7 @@ tables (the runtime converts exactly as the simulator), export and its fidelity.
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -433,10 +434,11 @@ def test_export_checks_the_table_at_the_serving_load(monkeypatch, capsys, tmp_pa
 
 
 def test_export_aggregates_the_states_its_table_leads_to(monkeypatch):
-    """DAgger: the first table, over a feature the model ignores, drives the same episodes;
-    every state it leads to is added with the model's own label (not the table's), the
-    table's closed loop visits states the model's did not, and the table is rebuilt on
-    both. With no rounds the table is built from the model's decisions alone."""
+    """DAgger: each round's table, over a feature the model ignores, drives the same
+    episodes; every state it leads to is added after the model's own decisions, with the
+    model's label (not the table's); the closed loop visits states the model's did not;
+    the next table is built on all of them. With no rounds the table is built from the
+    model's decisions alone."""
     from types import SimpleNamespace
 
     import eval.export as export
@@ -469,19 +471,70 @@ def test_export_aggregates_the_states_its_table_leads_to(monkeypatch):
 
     def run(rounds):
         args = SimpleNamespace(dagger_rounds=rounds, buckets=4)
-        return export.aggregate(None, episodes, own, ["running_decodes"], args, prov, action)
+        return export.dagger_rounds(None, episodes, own, ["running_decodes"], args, prov, action)
 
-    (table0, names, build0, held0), = run(0)
-    assert names == ["running_decodes"] and len(build0[1]) == len(own[0][1])
-    first, (table1, _, build1, held1) = run(1)
-    assert first[0].to_dict() == table0.to_dict()
-    n = len(own[0][1])
-    assert len(build1[1]) > n and len(held1[1]) > len(own[1][1])
-    led = {k: v[n:] for k, v in build1[0].items()}
-    np.testing.assert_array_equal(build1[1][n:], np.where(led["waiting_requests"] >= 3, 0.25, 4.0))
-    assert not np.array_equal(np.sort(led["waiting_requests"]), np.sort(own[0][0]["waiting_requests"]))
-    # Each visited cell of the rebuilt table holds the most frequent label over both runs.
-    cells = np.array([table1.cell([x]) for x in build1[0]["running_decodes"]])
-    for c in np.unique(cells):
-        labels, counts = np.unique(build1[1][cells == c], return_counts=True)
-        assert table1.action.cells[c] == labels[np.argmax(counts)]
+    (only,) = run(0)
+    assert only.features == ["running_decodes"] and only.build[1].tolist() == own[0][1].tolist()
+    rounds = run(2)
+    assert rounds[0].table.to_dict() == only.table.to_dict()
+    for before, r in zip(rounds, rounds[1:]):
+        n = len(before.build[1])
+        assert len(r.build[1]) > n and len(r.held[1]) > len(before.held[1])
+        np.testing.assert_array_equal(r.build[1][:n], before.build[1])  # kept, then added to
+        led = {k: v[n:] for k, v in r.build[0].items()}
+        np.testing.assert_array_equal(r.build[1][n:], np.where(led["waiting_requests"] >= 3, 0.25, 4.0))
+        # The table drove: the queues it led to are not the model's.
+        assert set(led["waiting_requests"]) != set(own[0][0]["waiting_requests"])
+        # Each visited cell holds the most frequent label over every decision so far.
+        cells = np.array([r.table.cell([x]) for x in r.build[0]["running_decodes"]])
+        for c in np.unique(cells):
+            labels, counts = np.unique(r.build[1][cells == c], return_counts=True)
+            assert r.table.action.cells[c] == labels[np.argmax(counts)]
+
+
+def test_export_keeps_a_later_round_only_when_it_beats_the_earlier(monkeypatch):
+    """Round choice on hand-made goodputs (scenario, stream, model then rounds): a round
+    that keeps more of the model's goodput on every stream is kept; one within the noise
+    is not; a table that finishes nothing (NaN) scores 0, not a skipped stream; streams
+    where the model finishes nothing are left out."""
+    from types import SimpleNamespace
+
+    import eval.export as export
+    from envs.scenario import Scenario
+
+    def choose(found):
+        monkeypatch.setattr(export, "goodput_runs", lambda *a, **k: np.asarray(found, dtype=float))
+        return export.select_round(None, [None] * (len(found[0][0]) - 1), Scenario(),
+                                   SimpleNamespace(fidelity_requests=80, workers=1))
+
+    # Round 1 keeps 0.9 of the model where round 0 keeps 0.5; round 2 is round 1 within noise.
+    found = [[[0.8, 0.40, 0.72, 0.73], [0.6, 0.30, 0.54, 0.53], [0.7, 0.35, 0.63, 0.64]]]
+    got = choose(found)
+    assert got["chosen"] == 1 and got["streams"] == 3
+    assert got["goodput_kept"] == pytest.approx([0.5, 0.9, 0.9], abs=0.02)
+    # A round that finishes nothing on a stream where the others do is not rewarded for it.
+    found = [[[0.8, 0.72, math.nan], [0.6, 0.54, 0.6], [0.7, 0.63, 0.7], [math.nan, 0.1, 0.9]]]
+    got = choose(found)
+    assert got["chosen"] == 0 and got["streams"] == 3 and got["goodput_kept"][1] < 0.7
+    assert choose([[[math.nan, 0.5, 0.9]]]) == {"chosen": 0, "streams": 0}
+    assert export.select_round(None, [None], Scenario(), None) == {"chosen": 0}
+
+
+def test_export_report_names_the_round_kept(capsys, tmp_path):
+    from types import SimpleNamespace
+
+    import eval.export as export
+    from envs.scenario import Scenario
+
+    data = time_table([1.0, 0.5, 0.25], Scenario()).to_dict()
+    data["fidelity"] = {"build_decisions": 100, "held_out_decisions": 50, "agreement": 1.0}
+    for dagger, line in [({"rounds": 2, "chosen": 1, "streams": 9, "goodput_kept": [0.62, 0.99, 0.97]},
+                          "DAgger: round 1 of 2 kept (goodput at load against the model's, by round, "
+                          "on 9 streams of their own: 62.0%, 99.0%, 97.0%;"),
+                         ({"rounds": 2, "chosen": 0, "streams": 0}, "DAgger: round 0 of 2 kept (no stream"),
+                         ({"rounds": 0, "chosen": 0}, None)]:
+        data["provenance"] = {**data["provenance"], "dagger": dagger}
+        BudgetTable(data).save(tmp_path / "t.json")
+        export.report(BudgetTable.load(tmp_path / "t.json"), 1.0, SimpleNamespace(out="t.json"))
+        out = capsys.readouterr().out
+        assert (line in out) if line else "DAgger" not in out
