@@ -208,13 +208,12 @@ def feature_edges(values: np.ndarray, actions: np.ndarray, buckets: int, fine: i
 
 
 def cell_modes(cells: np.ndarray, values: np.ndarray, n_cells: int, shape: list[int]):
-    """Per cell, the value chosen most often (unvisited cells: the nearest visited one's),
-    and the visit counts."""
+    """Per cell, the value chosen most often, the smallest among ties (unvisited cells: the
+    nearest visited one's), and the visit counts."""
     counts = np.bincount(cells, minlength=n_cells)
-    table = np.zeros(n_cells)
-    for c in np.flatnonzero(counts):
-        vals, n = np.unique(values[cells == c], return_counts=True)
-        table[c] = vals[np.argmax(n)]
+    uniq, which = np.unique(values, return_inverse=True)
+    votes = np.bincount(cells * len(uniq) + which.ravel(), minlength=n_cells * len(uniq))
+    table = uniq[votes.reshape(n_cells, len(uniq)).argmax(axis=1)] if len(uniq) else np.zeros(n_cells)
     coords = np.array(np.unravel_index(np.arange(n_cells), shape)).T
     seen = np.flatnonzero(counts)
     for c in np.flatnonzero(counts == 0):
@@ -222,6 +221,15 @@ def cell_modes(cells: np.ndarray, values: np.ndarray, n_cells: int, shape: list[
         near = seen[dist == dist.min()]
         table[c] = table[near[np.argmax(counts[near])]]
     return table, counts
+
+
+def cells_of(table: BudgetTable, feats: dict[str, np.ndarray], n: int) -> np.ndarray:
+    """The flat cell index of each of ``n`` decisions, as ``BudgetTable.cell`` finds it
+    (the runtime's lookup, one decision at a time), for all of them at once."""
+    idx = np.zeros(n, dtype=np.int64)
+    for name, edges, stride in zip(table.features, table.edges, table.strides):
+        idx += np.searchsorted(np.asarray(edges, dtype=float), feats[name], side="right") * stride
+    return idx
 
 
 def build_table(feats: dict[str, np.ndarray], values: np.ndarray, buckets: int, provenance: dict,
@@ -238,9 +246,7 @@ def build_table(feats: dict[str, np.ndarray], values: np.ndarray, buckets: int, 
     data = {"schema_version": SCHEMA_VERSION, "kind": KIND, "action": action or {"kind": "tokens"},
             "features": [{"name": n, "edges": e} for n, e in zip(names, edges)],
             cells_key: [1] * n_cells, "default_budget": 1, "provenance": provenance}
-    skeleton = BudgetTable(data)
-    rows = np.column_stack([feats[n] for n in names]) if names else np.zeros((len(values), 0))
-    cells = np.array([skeleton.cell(r) for r in rows], dtype=np.int64)
+    cells = cells_of(BudgetTable(data), feats, len(values))
     table, counts = cell_modes(cells, values, n_cells, shape)
     data[cells_key] = [float(v) for v in table] if time_kind else [int(v) for v in table]
     data["visited"] = [int(v > 0) for v in counts]
@@ -258,15 +264,14 @@ def default_budget(budgets: np.ndarray) -> int:
     return int(min(max(np.median(budgets), 1), DEFAULT_BUDGET_CAP)) if len(budgets) else 2048
 
 
-def table_values(table: BudgetTable, feats: dict) -> np.ndarray:
-    """The cell value the table looks up for each row of ``feats``."""
-    rows = np.column_stack([feats[n] for n in table.features])
-    return np.array([table.action.cells[table.cell(r)] for r in rows])
+def table_values(table: BudgetTable, feats: dict, n: int) -> np.ndarray:
+    """The cell value the table looks up for each of ``n`` decisions (``feats``: their values)."""
+    return np.asarray(table.action.cells)[cells_of(table, feats, n)]
 
 
 def agreement(table: BudgetTable, feats: dict, values: np.ndarray) -> float:
     """The share of decisions on which the table takes the policy's value."""
-    return float(np.mean(np.isclose(table_values(table, feats), values))) if len(values) else math.nan
+    return float(np.mean(np.isclose(table_values(table, feats, len(values)), values))) if len(values) else math.nan
 
 
 def log_error(table: BudgetTable, feats: dict, values: np.ndarray) -> float:
@@ -274,7 +279,7 @@ def log_error(table: BudgetTable, feats: dict, values: np.ndarray) -> float:
     16 times too long counts as much as 30 choices 10% off; agreement counts them 1 to 30)."""
     if not len(values):
         return math.nan
-    return float(np.mean(np.abs(np.log(table_values(table, feats)) - np.log(values))))
+    return float(np.mean(np.abs(np.log(table_values(table, feats, len(values))) - np.log(values))))
 
 
 MIN_GAIN = 0.005

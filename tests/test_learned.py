@@ -538,3 +538,29 @@ def test_export_report_names_the_round_kept(capsys, tmp_path):
         export.report(BudgetTable.load(tmp_path / "t.json"), 1.0, SimpleNamespace(out="t.json"))
         out = capsys.readouterr().out
         assert (line in out) if line else "DAgger" not in out
+
+
+def test_export_finds_cells_as_the_runtime_looks_them_up():
+    """The export's vectorised cell index and votes agree with the runtime's one-decision
+    lookup (bisect) and with a count by hand, on values at, between and beyond the edges."""
+    from eval.export import cell_modes, cells_of
+
+    rng = np.random.default_rng(3)
+    from envs.scenario import Scenario
+
+    data = {**time_table([1.0] * 3, Scenario()).to_dict(), "fractions": [1.0] * 12, "visited": [1] * 12}
+    data["features"] = [{"name": "kv_usage", "edges": [0.2, 0.5, 0.8]},
+                        {"name": "running_decodes", "edges": [4.0, 16.0]}]
+    t = BudgetTable(data)
+    kv = np.concatenate([rng.random(300), [0.2, 0.5, 0.8, -1.0, 2.0, math.nan]])
+    dec = np.concatenate([rng.integers(0, 30, 300).astype(float), [4.0, 16.0, 0.0, 3.0, 99.0, 5.0]])
+    cells = cells_of(t, {"kv_usage": kv, "running_decodes": dec}, len(kv))
+    assert cells.tolist() == [t.cell([a, b]) for a, b in zip(kv, dec)]
+    values = rng.choice([0.25, 1.0, 4.0], len(kv))
+    modes, counts = cell_modes(cells, values, 12, [4, 3])
+    for c in range(12):
+        picked = values[cells == c]
+        assert counts[c] == len(picked)
+        if len(picked):
+            vals, n = np.unique(picked, return_counts=True)
+            assert modes[c] == vals[np.argmax(n)]
