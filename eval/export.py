@@ -233,12 +233,15 @@ def cells_of(table: BudgetTable, feats: dict[str, np.ndarray], n: int) -> np.nda
 
 
 def build_table(feats: dict[str, np.ndarray], values: np.ndarray, buckets: int, provenance: dict,
-                action: dict | None = None, budgets: np.ndarray | None = None) -> BudgetTable:
+                action: dict | None = None, budgets: np.ndarray | None = None,
+                edges: list[list[float]] | None = None) -> BudgetTable:
     """A table over the features in ``feats`` (name -> values per decision) whose cells hold
     the most frequent action value: token budgets, or fractions with ``action`` (the
-    time-fraction spec with its cost coefficients)."""
+    time-fraction spec with its cost coefficients). ``edges``: each feature's
+    ``feature_edges``, when already found."""
     names = list(feats)
-    edges = [feature_edges(feats[n], values, buckets) for n in names]
+    if edges is None:
+        edges = [feature_edges(feats[n], values, buckets) for n in names]
     shape = [len(e) + 1 for e in edges]
     n_cells = int(np.prod(shape))
     time_kind = action is not None and action.get("kind") == "time_fraction"
@@ -304,10 +307,14 @@ def pick_features(build: tuple, held: tuple, buckets: int, max_features: int, pr
     candidates = [n for n in CANDIDATES if n in bstate or (
         n in DERIVED and action and all(k in bstate for k in DERIVED[n]))]
 
+    # Each candidate's values and edges do not depend on the others: found once.
+    bfeat, hfeat = features_of(candidates, bstate, cost), features_of(candidates, hstate, cost)
+    edges = {n: feature_edges(bfeat[n], bvals, buckets) for n in candidates}
+
     def score(names):
-        t = build_table(features_of(names, bstate, cost), bvals, buckets, provenance, action,
-                        budgets=bstate.get("budget"))
-        return log_error(t, features_of(names, hstate, cost), hvals), t
+        t = build_table({m: bfeat[m] for m in names}, bvals, buckets, provenance, action,
+                        budgets=bstate.get("budget"), edges=[edges[m] for m in names])
+        return log_error(t, {m: hfeat[m] for m in names}, hvals), t
 
     chosen, best, table = [], math.inf, None
     while len(chosen) < max_features:
@@ -329,7 +336,7 @@ def pick_features(build: tuple, held: tuple, buckets: int, max_features: int, pr
         best, table = err, t
     if table is None:
         return chosen, math.nan
-    return chosen, agreement(table, features_of(chosen, hstate, cost), hvals)
+    return chosen, agreement(table, {m: hfeat[m] for m in chosen}, hvals)
 
 
 def parse_args(argv: list[str]) -> ExportArgs:
