@@ -54,6 +54,34 @@ def test_smoke_run_writes_a_complete_run_directory(tmp_path, algo):
 
 
 @pytest.mark.slow
+def test_a_trained_run_exports_a_table_the_runtime_accepts(tmp_path):
+    """The export end to end on a tiny run: DAgger rounds, the round kept, the fidelity at
+    capacity and at load, and a table that ``python -m policies.table check`` accepts for
+    the run's hardware and model."""
+    run = tmp_path / "run"
+    out = train("--total-timesteps", "128", "--run-dir", str(run), *TINY)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = tmp_path / "t.json"
+    out = subprocess.run([sys.executable, "-m", "eval", "export", str(run), "--out", str(table),
+                          "--csv", str(tmp_path / "t.csv"), "--build-episodes", "2", "--held-episodes", "1",
+                          "--fidelity-seeds", "2", "--fidelity-requests", "60", "--workers", "1"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    data = json.loads(table.read_text())
+    dagger = data["provenance"]["dagger"]
+    assert dagger["rounds"] == 2 and dagger["chosen"] in (0, 1, 2)
+    assert len(dagger["goodput_kept"]) == 3 and dagger["streams"] > 0
+    assert f"DAgger: round {dagger['chosen']} of 2 kept" in out.stdout
+    fid = data["fidelity"]
+    assert set(fid["capacity"]) == set(fid["goodput"]) == {"serving", "+3 ms per pass", "tight KV cache"}
+    assert fid["build_decisions"] > 0 and 0 <= fid["agreement"] <= 1
+    check = subprocess.run([sys.executable, "-m", "policies.table", "check", str(table),
+                            "--hardware", "h100-sxm", "--model", "llama-3-8b"],
+                           capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.slow
 def test_resume_continues_and_refuses_a_conflicting_flag(tmp_path):
     run = tmp_path / "r"
     first = train("--total-timesteps", "256", "--run-dir", str(run), *TINY)
