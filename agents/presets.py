@@ -76,6 +76,16 @@ def name_of(hardware: str, model: str) -> str:
     return f"{hardware}__{model}"
 
 
+def goodput_cell(f: dict) -> str:
+    """The table's goodput at the serving load against its model's, as the export recorded it."""
+    if not f:
+        return "not measured"
+    if f.get("model_goodput") is None:
+        return "nothing finished"
+    both = f"{f['table_goodput']:.3f} / {f['model_goodput']:.3f}"
+    return f"{f['verdict']} ({both})" if f.get("loss") is not None else f"not judged ({both})"
+
+
 def preset_row(name: str, summary: dict, table: dict | None) -> list[str]:
     """One markdown row per final scenario of one preset's run (and its table)."""
     rows = []
@@ -89,6 +99,7 @@ def preset_row(name: str, summary: dict, table: dict | None) -> list[str]:
         learned = next(k for k, v in study.items() if isinstance(v, dict) and v.get("kind") == "learned")
         rule = study.get("time-budget", {})
         fidelity = (table or {}).get("fidelity", {}).get("capacity", {}).get(scenario, {})
+        at_load = (table or {}).get("fidelity", {}).get("goodput", {}).get(scenario, {})
         first = scenario == next(iter(summary["capacity"]))
         rows.append("| " + " | ".join([
             name if first else "", scenario,
@@ -97,7 +108,7 @@ def preset_row(name: str, summary: dict, table: dict | None) -> list[str]:
             f"{rule['capacity_rps']:.2f} ({rule['verdict']})" if rule else "",
             fidelity.get("verdict", "not exported") + (f" ({fidelity['table_capacity_rps']:.2f})"
                                                         if fidelity else ""),
-            used if first else "", room_s if first else ""]) + " |")
+            goodput_cell(at_load), used if first else "", room_s if first else ""]) + " |")
     return rows
 
 
@@ -107,13 +118,14 @@ def report(runs: str, tables: str) -> str:
     from pathlib import Path
 
     lines = ["| preset | scenario | best fixed budget: capacity | learned | time-budget rule "
-             "| table against the model | fractions used in >= 5% of passes | room (MPC) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| table against the model | at the serving load: goodput, table / model "
+             "| fractions used in >= 5% of passes | room (MPC) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for hardware, model in PRESETS:
         name = name_of(hardware, model)
         summary, table = Path(runs, name, "summary.json"), Path(tables, f"{name}.json")
         if not summary.exists():
-            lines.append(f"| {name} | not trained | | | | | | |")
+            lines.append(f"| {name} | not trained | | | | | | | |")
             continue
         lines += preset_row(name, json.loads(summary.read_text()),
                             json.loads(table.read_text()) if table.exists() else None)

@@ -341,3 +341,32 @@ def test_action_histogram_counts_budgets_in_quarter_octaves_and_by_running_decod
     assert "over_target" not in tokens["by_decodes"][0]
     assert "share over 1x the target" not in "\n".join(budget_lines(tokens))
     assert action_histogram([1.0], [1.0]).keys() == {"shares", "used_5pct", "passes"}
+
+
+def test_presets_report_shows_the_table_at_capacity_and_at_the_serving_load(tmp_path):
+    """The report's row per final scenario: the best static, the learned policy, the
+    table's capacity and goodput-at-load verdicts against its model, as the run's summary
+    and the table's fidelity recorded them; a missing table or run says so."""
+    from agents.presets import PRESETS, name_of, report
+
+    name = name_of(*next(iter(PRESETS)))
+    study = {"_hindsight_static": {"budget": 2435, "capacity": 6.21},
+             "learned (ppo)": {"kind": "learned", "capacity_rps": 6.52, "verdict": "beats (+4.9% ± 0.8%)"},
+             "time-budget": {"capacity_rps": 6.3, "verdict": "beats (+1.4% ± 0.5%)"}}
+    summary = {"actions": {"shares": {"1": 0.7, "4": 0.26, "0.25": 0.04}}, "checks": {},
+               "capacity": {"serving": study, "tight KV cache": study}}
+    table = {"fidelity": {"capacity": {"serving": {"verdict": "ties", "table_capacity_rps": 6.5}},
+                          "goodput": {"serving": {"verdict": "falls short", "loss": 0.2, "table_goodput": 0.6,
+                                                  "model_goodput": 0.75},
+                                      "tight KV cache": {"verdict": "not judged", "loss": None,
+                                                         "table_goodput": 0.2, "model_goodput": 0.3}}}}
+    (tmp_path / "runs" / name).mkdir(parents=True)
+    (tmp_path / "runs" / name / "summary.json").write_text(json.dumps(summary))
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables" / f"{name}.json").write_text(json.dumps(table))
+    lines = report(str(tmp_path / "runs"), str(tmp_path / "tables")).splitlines()
+    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 10
+    assert lines[2] == (f"| {name} | serving | 2,435: 6.21 | 6.52 (beats (+4.9% ± 0.8%)) | 6.30 (beats "
+                        "(+1.4% ± 0.5%)) | ties (6.50) | falls short (0.600 / 0.750) | 1 70%, 4 26% | not checked |")
+    assert "| not exported | not judged (0.200 / 0.300) |" in lines[3]
+    assert all("not trained" in line for line in lines[4:])
