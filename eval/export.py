@@ -19,8 +19,9 @@
    observation normalisation is recorded with the provenance.
    Then DAgger: the table drives the same episodes, the model labels the states it leads
    to, and features and cells are made again from all the decisions, for
-   ``--dagger-rounds`` rounds; the round whose table keeps most of the model's goodput
-   at load, on streams of its own, is kept.
+   ``--dagger-rounds`` rounds; a later round's table is kept only when it keeps more of
+   the model's goodput at load than the earlier, beyond the paired interval, on streams
+   of its own.
 5. Fidelity, on arrivals the table was not built from: agreement on decisions, and the
    capacity under the SLO of the model and of the table on the run's held-out final
    scenarios (with 95% intervals). A table more than 1% below the model says so loudly.
@@ -86,8 +87,9 @@ class ExportArgs:
     dagger_rounds: int = 2
     """Rounds of dataset aggregation (DAgger): the table drives the build and held-out
     episodes, the model labels every state it leads to, and features and cells are made
-    again from all the decisions so far; the round whose table keeps most of the model's
-    goodput at load is kept (0: the model's own decisions only)."""
+    again from all the decisions so far; a later round's table is kept only when it keeps
+    more of the model's goodput at load beyond the interval (0: the model's own decisions
+    only)."""
     fidelity_seeds: int = 5
     """Streams per capacity in the fidelity check (0: skip it)."""
     fidelity_requests: int = 600
