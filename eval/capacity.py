@@ -57,14 +57,15 @@ MAX_PROBE_REQUESTS = 20000
 
 
 def _probe(scenario: Scenario, policy, stream: int, streams: int, num_requests: int,
-           factor: float, min_duration_s: float = 0.0) -> tuple[bool, float, float, float]:
+           factor: float, min_duration_s: float = 0.0,
+           seed_base: int = CAPACITY_SEEDS) -> tuple[bool, float, float, float]:
     """(meets the SLO, p99 TTFT, p99 ITL, arrival rate in req/s) of one stream at a load.
     A synthetic stream lasts at least ``min_duration_s`` (more requests at higher loads):
     a short stream at a high rate ends before a loose TTFT target can bind."""
     sc = scenario.at_load(factor)
     if min_duration_s and not sc.trace:
         num_requests = int(min(max(num_requests, sc.rate * min_duration_s), MAX_PROBE_REQUESTS))
-    w = sc.stream(stream, streams, CAPACITY_SEEDS, num_requests)
+    w = sc.stream(stream, streams, seed_base, num_requests)
     policy.reset()
     s = sc.simulator(w).run(policy).summary(sc.slo())
     itl = 0.0 if math.isnan(s["itl_p99_s"]) else s["itl_p99_s"]
@@ -75,15 +76,15 @@ def _probe(scenario: Scenario, policy, stream: int, streams: int, num_requests: 
 
 def stream_capacity(scenario: Scenario, policy, stream: int, streams: int, num_requests: int,
                     rel_tol: float = 0.02, max_probes: int = 16, start: float = 1.0,
-                    step: float = 2.0, min_duration_s: float = 0.0):
+                    step: float = 2.0, min_duration_s: float = 0.0, seed_base: int = CAPACITY_SEEDS):
     """One stream's (capacity in req/s, load factor, probes): bracket the SLO's boundary by
     dividing or multiplying the load by ``step`` from ``start`` times the scenario's own,
-    then bisect to ``rel_tol``."""
+    then bisect to ``rel_tol``. Synthetic streams are seeded from ``seed_base``."""
     probes, rates = [], {}
 
     def meets(factor: float) -> bool:
         ok, t, it, rate = _probe(scenario, policy, stream, streams, num_requests, factor,
-                                 min_duration_s)
+                                 min_duration_s, seed_base)
         probes.append((stream, factor, t, it))
         rates[factor] = rate
         return ok
@@ -130,10 +131,13 @@ def capacities(scenario: Scenario, policies, seeds: int, num_requests: int, rel_
 
 def capacity_sweep(pairs, seeds: int, num_requests: int, rel_tol: float = 0.02,
                    max_probes: int = 16, executor=None, progress=None,
-                   starts: list | None = None, min_duration_s: float = 0.0) -> list[CapacityResult]:
+                   starts: list | None = None, min_duration_s: float = 0.0,
+                   seed_base: int = CAPACITY_SEEDS) -> list[CapacityResult]:
     """Capacities of (scenario, policy) pairs, in order, every stream's search fanned out
     at once. ``starts`` may give each pair its streams' first load factors (a hint such
-    as another policy's capacity), searched then in steps of 1.25 instead of 2."""
+    as another policy's capacity), searched then in steps of 1.25 instead of 2.
+    ``seed_base``: the synthetic streams' first seed (others than the evaluation's keep a
+    choice made on them apart from the figures that judge it)."""
     from eval.parallel import LocalExecutor
 
     tasks = []
@@ -141,7 +145,7 @@ def capacity_sweep(pairs, seeds: int, num_requests: int, rel_tol: float = 0.02,
         for i in range(seeds):
             hint = starts[k][i] if starts and starts[k] and starts[k][i] > 0 else None
             tasks.append((sc, p, i, seeds, num_requests, rel_tol, max_probes,
-                          hint or 1.0, 1.25 if hint else 2.0, min_duration_s))
+                          hint or 1.0, 1.25 if hint else 2.0, min_duration_s, seed_base))
     found = (executor or LocalExecutor()).map(stream_capacity, tasks, progress)
     out = []
     for k, (_, p) in enumerate(pairs):

@@ -492,31 +492,41 @@ def test_export_aggregates_the_states_its_table_leads_to(monkeypatch):
             assert r.table.action.cells[c] == labels[np.argmax(counts)]
 
 
-def test_export_keeps_a_later_round_only_when_it_beats_the_earlier(monkeypatch):
-    """Round choice on hand-made goodputs (scenario, stream, model then rounds): a round
-    that keeps more of the model's goodput on every stream is kept; one within the noise
-    is not; a table that finishes nothing (NaN) scores 0, not a skipped stream; streams
-    where the model finishes nothing are left out."""
+def test_export_keeps_the_round_that_keeps_most_of_its_model(monkeypatch):
+    """Round choice on hand-made figures (scenario, stream, model then rounds): the round
+    with the highest mean of the capacity and goodput it keeps of the model's is kept, the
+    earliest on a tie; goodput that cannot tell the rounds apart leaves the choice to
+    capacity; a table that serves nothing (NaN) scores 0, not a skipped stream; streams
+    where the model serves nothing are left out."""
     from types import SimpleNamespace
 
     import eval.export as export
     from envs.scenario import Scenario
 
-    def choose(found):
-        monkeypatch.setattr(export, "goodput_runs", lambda *a, **k: np.asarray(found, dtype=float))
-        return export.select_round(None, [None] * (len(found[0][0]) - 1), Scenario(),
+    def choose(goodput, capacity):
+        monkeypatch.setattr(export, "goodput_runs", lambda *a, **k: np.asarray(goodput, dtype=float))
+        monkeypatch.setattr(export, "capacity_runs", lambda *a, **k: np.asarray(capacity, dtype=float))
+        return export.select_round(None, [None] * (len(goodput[0][0]) - 1), Scenario(),
                                    SimpleNamespace(fidelity_requests=80, workers=1))
 
-    # Round 1 keeps 0.9 of the model where round 0 keeps 0.5; round 2 is round 1 within noise.
-    found = [[[0.8, 0.40, 0.72, 0.73], [0.6, 0.30, 0.54, 0.53], [0.7, 0.35, 0.63, 0.64]]]
-    got = choose(found)
+    same = [[[2.0, 2.0, 2.0, 2.0]] * 3]
+    # Round 1 keeps 0.9 of the model's goodput where round 0 keeps 0.5 and round 2 0.85.
+    found = [[[0.8, 0.40, 0.72, 0.68], [0.6, 0.30, 0.54, 0.51], [0.7, 0.35, 0.63, 0.60]]]
+    got = choose(found, same)
     assert got["chosen"] == 1 and got["streams"] == 3
-    assert got["goodput_kept"] == pytest.approx([0.5, 0.9, 0.9], abs=0.02)
-    # A round that finishes nothing on a stream where the others do is not rewarded for it.
+    assert got["goodput_kept"] == pytest.approx([0.5, 0.9, 0.85], abs=0.01)
+    assert got["capacity_kept"] == [1.0, 1.0, 1.0]
+    # Goodput far below capacity is the model's for every round: capacity decides.
+    full = [[[1.0, 1.0, 1.0]] * 3]
+    assert choose(full, [[[0.6, 0.60, 0.57], [0.5, 0.50, 0.48], [0.7, 0.70, 0.69]]])["chosen"] == 0
+    assert choose(full, [[[0.6, 0.57, 0.60], [0.5, 0.48, 0.50], [0.7, 0.69, 0.70]]])["chosen"] == 1
+    # Equal on both: the earliest round.
+    assert choose(full, [[[0.6, 0.6, 0.6]] * 3])["chosen"] == 0
+    # A round that serves nothing on a stream where the others do is not rewarded for it.
     found = [[[0.8, 0.72, math.nan], [0.6, 0.54, 0.6], [0.7, 0.63, 0.7], [math.nan, 0.1, 0.9]]]
-    got = choose(found)
-    assert got["chosen"] == 0 and got["streams"] == 3 and got["goodput_kept"][1] < 0.7
-    assert choose([[[math.nan, 0.5, 0.9]]]) == {"chosen": 0, "streams": 0}
+    got = choose(found, [[[1.0, 1.0, 1.0]] * 4])
+    assert got["chosen"] == 0 and got["streams"] == 4 and got["goodput_kept"][1] < 0.7
+    assert choose([[[math.nan, 0.5, 0.9]]], [[[0.0, 0.5, 0.9]]]) == {"chosen": 0, "streams": 0}
     assert export.select_round(None, [None], Scenario(), None) == {"chosen": 0}
 
 
@@ -528,9 +538,11 @@ def test_export_report_names_the_round_kept(capsys, tmp_path):
 
     data = time_table([1.0, 0.5, 0.25], Scenario()).to_dict()
     data["fidelity"] = {"build_decisions": 100, "held_out_decisions": 50, "agreement": 1.0}
-    for dagger, line in [({"rounds": 2, "chosen": 1, "streams": 9, "goodput_kept": [0.62, 0.99, 0.97]},
-                          "DAgger: round 1 of 2 kept (goodput at load against the model's, by round, "
-                          "on 9 streams of their own: 62.0%, 99.0%, 97.0%;"),
+    for dagger, line in [({"rounds": 2, "chosen": 1, "streams": 9, "goodput_kept": [0.62, 0.99, 0.97],
+                           "capacity_kept": [0.95, 1.0, 1.01]},
+                          "DAgger: round 1 of 2 kept (the model's figures its tables keep, by round, "
+                          "on 9 streams of their own: capacity 95.0%, 100.0%, 101.0%; goodput at "
+                          "load 62.0%, 99.0%, 97.0%; the round keeping most of both is kept)"),
                          ({"rounds": 2, "chosen": 0, "streams": 0}, "DAgger: round 0 of 2 kept (no stream"),
                          ({"rounds": 0, "chosen": 0}, None)]:
         data["provenance"] = {**data["provenance"], "dagger": dagger}
