@@ -526,11 +526,18 @@ def capacity_runs(model, tables: list[BudgetTable], scenarios: dict, streams: in
     return per.reshape(len(scenarios), 1 + len(tables), streams).transpose(0, 2, 1)
 
 
-def kept_share(found: np.ndarray) -> np.ndarray:
+MIN_MODEL_GOODPUT = 0.1
+"""Goodput of the model below which a stream does not judge the rounds: where it serves a
+few requests in a hundred (70B at 1x the Mooncake trace: 3%), a table's share is a matter
+of which few it serves (its first table "kept" 155% of the model's goodput there while
+losing 4.6% of its capacity)."""
+
+
+def kept_share(found: np.ndarray, floor: float = 0.0) -> np.ndarray:
     """Each table's figure over the model's, per (scenario, stream) where the model's is
-    positive: rows of streams, a column per table. A table with no figure scores 0."""
+    above ``floor``: rows of streams, a column per table. A table with no figure scores 0."""
     rows = found.reshape(-1, found.shape[-1])
-    rows = rows[np.isfinite(rows[:, 0]) & (rows[:, 0] > 0)]
+    rows = rows[np.isfinite(rows[:, 0]) & (rows[:, 0] > floor)]
     return np.nan_to_num(rows[:, 1:], nan=0.0) / rows[:, :1]
 
 
@@ -539,31 +546,33 @@ def select_round(model, tables: list[BudgetTable], serving: Scenario, args: Expo
     capacity under the SLO and goodput at the final scenarios' own loads (the mean of the
     two shares), on ``SELECT_STREAMS`` streams per scenario of their own (synthetic streams
     seeded apart from the fidelity's; a trace's window is cut into that many parts, and
-    its fidelity replays the same requests). The earliest round wins a tie. Both measures
-    are needed: goodput at a load far below capacity cannot tell rounds apart (the
-    laptop's 0.05 req/s, where two rounds over its named features lost 4% of its
-    capacity), and a table can keep its model's capacity and lose past it (the L40S's
-    first table kept its capacity and lost a quarter to nearly half of its goodput at
-    1.5 req/s). Judged by goodput alone, beyond the paired interval, the H100's first
-    table was kept and lost 4.8% of its model's capacity under a tight cache and 2.4% of
-    the best static's on the worked example, where its next round's lost 1.5% and 1.3%.
-    Returns the choice and the figures behind it."""
+    its fidelity replays the same requests). Streams where the model serves no request
+    (capacity) or under ``MIN_MODEL_GOODPUT`` (goodput) are left out. The earliest round
+    wins a tie. Both measures are needed: goodput at a load far below capacity cannot
+    tell rounds apart (the laptop's 0.05 req/s, where two rounds over its named features
+    lost 4% of its capacity), and a table can keep its model's capacity and lose past it
+    (the L40S's first table kept its capacity and lost a quarter to nearly half of its
+    goodput at 1.5 req/s). Judged by goodput alone, beyond the paired interval, the H100's
+    first table was kept and lost 4.8% of its model's capacity under a tight cache and
+    2.4% of the best static's on the worked example, where its next round's lost 1.5% and
+    1.3%. Returns the choice and the figures behind it."""
     from agents.summary import final_scenarios
 
     if len(tables) == 1:
         return {"chosen": 0}
     scenarios = final_scenarios(serving)
     goodput = kept_share(goodput_runs(model, tables, scenarios, SELECT_STREAMS, TABLE_SELECT_SEEDS,
-                                      args.fidelity_requests, args.workers, "choosing a round: goodput"))
+                                      args.fidelity_requests, args.workers, "choosing a round: goodput"),
+                         MIN_MODEL_GOODPUT)
     capacity = kept_share(capacity_runs(model, tables, scenarios, SELECT_STREAMS, TABLE_SELECT_SEEDS,
                                         args.fidelity_requests, args.workers, "choosing a round: capacity"))
     if not len(goodput) and not len(capacity):
         return {"chosen": 0, "streams": 0}
-    shares = [m.mean(axis=0) if len(m) else np.full(len(tables), np.nan) for m in (capacity, goodput)]
-    score = np.nanmean(np.vstack(shares), axis=0)
+    shares = {key: m.mean(axis=0) for key, m in (("capacity_kept", capacity), ("goodput_kept", goodput))
+              if len(m)}
+    score = np.mean(list(shares.values()), axis=0)
     return {"chosen": int(np.argmax(score)), "streams": int(max(len(goodput), len(capacity))),
-            "seed_base": TABLE_SELECT_SEEDS, "capacity_kept": [float(v) for v in shares[0]],
-            "goodput_kept": [float(v) for v in shares[1]]}
+            "seed_base": TABLE_SELECT_SEEDS, **{k: [float(v) for v in m] for k, m in shares.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -675,6 +684,9 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
         kept = "; ".join(f"{what} {', '.join(f'{v:.1%}' for v in dagger[key])}"
                          for what, key in (("capacity", "capacity_kept"), ("goodput at load", "goodput_kept"))
                          if dagger.get(key))
+        if kept and not dagger.get("goodput_kept"):
+            kept += (f"; goodput at load not judged: the model serves under {MIN_MODEL_GOODPUT:.0%} "
+                     "of requests within the SLO there")
         print(f"DAgger: round {dagger['chosen']} of {dagger['rounds']} kept" + (
             f" (the model's figures its tables keep, by round, on {dagger['streams']} streams of "
             f"their own: {kept}; the round keeping most of both is kept)" if kept

@@ -522,6 +522,12 @@ def test_export_keeps_the_round_that_keeps_most_of_its_model(monkeypatch):
     assert choose(full, [[[0.6, 0.57, 0.60], [0.5, 0.48, 0.50], [0.7, 0.69, 0.70]]])["chosen"] == 1
     # Equal on both: the earliest round.
     assert choose(full, [[[0.6, 0.6, 0.6]] * 3])["chosen"] == 0
+    # Where the model serves a few requests in a hundred, goodput does not judge: a table
+    # "keeping" 150% of it there does not outweigh the capacity it loses.
+    few = [[[0.03, 0.045, 0.035]] * 3]
+    got = choose(few, [[[0.5, 0.47, 0.51]] * 3])
+    assert got["chosen"] == 1 and "goodput_kept" not in got
+    assert got["capacity_kept"] == pytest.approx([0.94, 1.02])
     # A round that serves nothing on a stream where the others do is not rewarded for it.
     found = [[[0.8, 0.72, math.nan], [0.6, 0.54, 0.6], [0.7, 0.63, 0.7], [math.nan, 0.1, 0.9]]]
     got = choose(found, [[[1.0, 1.0, 1.0]] * 4])
@@ -544,6 +550,9 @@ def test_export_report_names_the_round_kept(capsys, tmp_path):
                           "on 9 streams of their own: capacity 95.0%, 100.0%, 101.0%; goodput at "
                           "load 62.0%, 99.0%, 97.0%; the round keeping most of both is kept)"),
                          ({"rounds": 2, "chosen": 0, "streams": 0}, "DAgger: round 0 of 2 kept (no stream"),
+                         ({"rounds": 2, "chosen": 1, "streams": 9, "capacity_kept": [0.95, 1.03, 1.01]},
+                          "capacity 95.0%, 103.0%, 101.0%; goodput at load not judged: the model "
+                          "serves under 10% of requests within the SLO there;"),
                          ({"rounds": 0, "chosen": 0}, None)]:
         data["provenance"] = {**data["provenance"], "dagger": dagger}
         BudgetTable(data).save(tmp_path / "t.json")
