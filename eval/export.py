@@ -689,7 +689,7 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
                      "of requests within the SLO there")
         print(f"DAgger: round {dagger['chosen']} of {dagger['rounds']} kept" + (
             f" (the model's figures its tables keep, by round, on {dagger['streams']} streams of "
-            f"their own: {kept}; the round keeping most of both is kept)" if kept
+            f"their own: {kept}; the round keeping most is kept)" if kept
             else " (no stream where the model serves a request: not compared)"))
     worst = 0.0
     for name, f in fid.get("capacity", {}).items():

@@ -548,7 +548,7 @@ def test_export_report_names_the_round_kept(capsys, tmp_path):
                            "capacity_kept": [0.95, 1.0, 1.01]},
                           "DAgger: round 1 of 2 kept (the model's figures its tables keep, by round, "
                           "on 9 streams of their own: capacity 95.0%, 100.0%, 101.0%; goodput at "
-                          "load 62.0%, 99.0%, 97.0%; the round keeping most of both is kept)"),
+                          "load 62.0%, 99.0%, 97.0%; the round keeping most is kept)"),
                          ({"rounds": 2, "chosen": 0, "streams": 0}, "DAgger: round 0 of 2 kept (no stream"),
                          ({"rounds": 2, "chosen": 1, "streams": 9, "capacity_kept": [0.95, 1.03, 1.01]},
                           "capacity 95.0%, 103.0%, 101.0%; goodput at load not judged: the model "
