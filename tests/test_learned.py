@@ -536,6 +536,55 @@ def test_export_keeps_the_round_that_keeps_most_of_its_model(monkeypatch):
     assert export.select_round(None, [None], Scenario(), None) == {"chosen": 0}
 
 
+def test_export_lays_out_capacities_by_scenario_stream_and_policy(monkeypatch):
+    """``capacity_runs`` returns (scenario, stream, policy) with the model first, whatever
+    order the sweep runs its pairs in, and passes its seed base to the sweep."""
+    import eval.capacity as capacity
+    import eval.export as export
+    from eval.capacity import CapacityResult
+
+    seen = {}
+
+    def sweep(pairs, seeds, num_requests, executor=None, progress=None, seed_base=None):
+        seen["seed_base"] = seed_base
+        # Each result encodes its pair: scenario s, policy p (0: model), stream i.
+        return [CapacityResult(str(k), "x", tuple(100 * (k // 3) + 10 * (k % 3) + i for i in range(seeds)), ())
+                for k in range(len(pairs))]
+
+    monkeypatch.setattr(capacity, "capacity_sweep", sweep)
+    monkeypatch.setattr(export, "policy_for", lambda model, sc: "model")
+    monkeypatch.setattr("policies.table_policy.TablePolicy", lambda t, name: t)
+    got = export.capacity_runs(None, ["t1", "t2"], {"a": "A", "b": "B"}, 4, 123, 50, 1, "x")
+    assert got.shape == (2, 4, 3) and seen["seed_base"] == 123
+    for s in range(2):
+        for i in range(4):
+            assert got[s, i].tolist() == [100 * s + 10 * p + i for p in range(3)]
+
+
+def test_capacity_streams_come_from_the_seed_base_asked_for(monkeypatch):
+    """A capacity search draws its synthetic streams from ``seed_base`` (the evaluation's
+    by default), so that a choice made on some streams is judged on others."""
+    from envs.scenario import Scenario
+    from envs.seeds import CAPACITY_SEEDS
+    from eval.capacity import capacity_sweep
+    from policies.baselines import StaticPolicy
+
+    drawn = []
+    stream = Scenario.stream
+
+    def spy(self, i, n, seed_base, num_requests=None):
+        drawn.append(seed_base + i)
+        return stream(self, i, n, seed_base, num_requests)
+
+    monkeypatch.setattr(Scenario, "stream", spy)
+    sc = Scenario(rate=2.0)
+    capacity_sweep([(sc, StaticPolicy(2048))], 2, 30, max_probes=3)
+    assert set(drawn) == {CAPACITY_SEEDS, CAPACITY_SEEDS + 1}
+    drawn.clear()
+    capacity_sweep([(sc, StaticPolicy(2048))], 2, 30, max_probes=3, seed_base=555)
+    assert set(drawn) == {555, 556}
+
+
 def test_export_report_names_the_round_kept(capsys, tmp_path):
     from types import SimpleNamespace
 
@@ -548,11 +597,11 @@ def test_export_report_names_the_round_kept(capsys, tmp_path):
                            "capacity_kept": [0.95, 1.0, 1.01]},
                           "DAgger: round 1 of 2 kept (the model's figures its tables keep, by round, "
                           "on 9 streams of their own: capacity 95.0%, 100.0%, 101.0%; goodput at "
-                          "load 62.0%, 99.0%, 97.0%; the round keeping most is kept)"),
+                          "load 62.0%, 99.0%, 97.0%; kept: the highest mean of the shares, the earliest on a tie)"),
                          ({"rounds": 2, "chosen": 0, "streams": 0}, "DAgger: round 0 of 2 kept (no stream"),
                          ({"rounds": 2, "chosen": 1, "streams": 9, "capacity_kept": [0.95, 1.03, 1.01]},
                           "capacity 95.0%, 103.0%, 101.0%; goodput at load not judged: the model "
-                          "serves under 10% of requests within the SLO there;"),
+                          "serves at most 10% of requests within the SLO there;"),
                          ({"rounds": 0, "chosen": 0}, None)]:
         data["provenance"] = {**data["provenance"], "dagger": dagger}
         BudgetTable(data).save(tmp_path / "t.json")

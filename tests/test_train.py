@@ -70,7 +70,8 @@ def test_a_trained_run_exports_a_table_the_runtime_accepts(tmp_path):
     data = json.loads(table.read_text())
     dagger = data["provenance"]["dagger"]
     assert dagger["rounds"] == 2 and dagger["chosen"] in (0, 1, 2)
-    assert len(dagger["capacity_kept"]) == 3 and len(dagger.get("goodput_kept", "...")) == 3
+    assert len(dagger["capacity_kept"]) == 3
+    assert "goodput_kept" not in dagger or len(dagger["goodput_kept"]) == 3
     assert dagger["streams"] > 0
     assert f"DAgger: round {dagger['chosen']} of 2 kept" in out.stdout
     fid = data["fidelity"]
