@@ -591,14 +591,15 @@ def main(argv: list[str] | None = None) -> int:
     cost = action.get("cost") if action else None
     rounds = dagger_rounds(model, (build_eps, held_eps), (build, held), names, args, prov, action)
     selection = select_round(model, [r.table for r in rounds], serving, args)
-    table, names = rounds[selection["chosen"]].table, rounds[selection["chosen"]].features
+    kept = rounds[selection["chosen"]]
+    table, names = kept.table, kept.features
     data = table.to_dict()
     data["provenance"] = {**data["provenance"], "dagger": {"rounds": args.dagger_rounds, **selection}}
     if selection["chosen"]:
         data["provenance"]["rule"] += (f"; cells also from the states the tables of the first "
                                        f"{selection['chosen']} DAgger round(s) led to, labelled by the model")
     data["fidelity"] = {"held_out_decisions": int(len(held[1])),
-                        "build_decisions": int(len(rounds[selection["chosen"]].build[1])),
+                        "build_decisions": int(len(kept.build[1])),
                         "agreement": agreement(table, features_of(names, held[0], cost), held[1]),
                         "capacity": fidelity(model, table, serving, args),
                         "goodput": load_fidelity(model, table, serving, args)}
