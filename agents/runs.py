@@ -55,13 +55,15 @@ def load_obs_norm(path: Path):
         return ObsNorm.of(pickle.load(fh))
 
 
-def check_observations(model, run: Path) -> None:
-    """A model trained on another version's observation vector is refused in one line."""
+def check_observations(model, run: Path, resuming: bool = False) -> None:
+    """A model trained on another version's observation vector is refused in one line. An
+    earlier vector that is a prefix of this one serves (the model reads its prefix), but
+    training goes on only with the vector it started with."""
     from envs import ENV_ID
-    from envs.observation import OBSERVATION_FIELDS
+    from envs.observation import EARLIER_WIDTHS, OBSERVATION_FIELDS
 
     got = model.observation_space.shape[0] if model.observation_space.shape else 0
-    if got != len(OBSERVATION_FIELDS):
+    if got != len(OBSERVATION_FIELDS) and (resuming or got not in EARLIER_WIDTHS):
         raise ConfigError(f"model: {str(run)!r} was trained on {got} observations, {ENV_ID} has "
                           f"{len(OBSERVATION_FIELDS)}; train it again with this version")
 

@@ -66,7 +66,7 @@ class ChunkBudgetEnv(gym.Env):
 
     ## Observation Space
 
-    ``Box(0, 1, (14,), float32)``, every entry scaled to [0, 1] and clipped:
+    ``Box(0, 1, (15,), float32)``, every entry scaled to [0, 1] and clipped:
 
     | idx | observation | scaling |
     |-----|-------------|---------|
@@ -85,6 +85,8 @@ class ChunkBudgetEnv(gym.Env):
     |    | while under 0.8% of decode tokens (last few minutes) run slow (``envs.slack``) | |
     | 12 | TTFT target | log1p(s)/log1p(30) |
     | 13 | ITL target | log1p(1000 s)/log1p(1000) |
+    | 14 | when the prefill queue would be done, from its oldest request's arrival: that | seconds / TTFT target / 4 |
+    |    | request's age plus every waiting prompt token at the chunk of entry 6 per ITL target | |
 
     All of them are cheap for a real engine to read or compute each pass (counts, KV
     usage, the head request's computed tokens, running requests' context lengths, the
@@ -117,7 +119,7 @@ class ChunkBudgetEnv(gym.Env):
 
     ## Arguments
 
-    ``gymnasium.make("chunkpilot/ChunkBudget-v2", hardware="h100-sxm",
+    ``gymnasium.make("chunkpilot/ChunkBudget-v3", hardware="h100-sxm",
     model="llama-3-8b", workload="mixed-bursty", slo=(2.0, 0.1), actions="time",
     action_type="discrete", budgets=DEFAULT_LADDER, fractions=FRACTION_LADDER,
     decision_interval_s=None, sampler=EpisodeSampler(), reward=RewardWeights(),
@@ -128,6 +130,8 @@ class ChunkBudgetEnv(gym.Env):
 
     ## Version History
 
+    - v3: when the prefill queue would be done at passes within the ITL target observed
+      (15 entries; a v2 model reads the first 14).
     - v2: the p99 ITL slack observed (14 entries), fractions up to 16, slow tokens charged
       beyond the 1% a p99 target tolerates.
     - v1: time-budget actions, the SLO as reward, decision intervals of simulated time,

@@ -357,3 +357,18 @@ def _root_coefficients(r: Roofline) -> tuple[float, ...]:
                 kv)                           # c: the prefix's KV read
         _ROOT_CACHE[r] = coef
     return coef
+
+
+def prefill_due_s(r: Roofline, num_decodes: int, decode_context_tokens: int, prefix_tokens: int,
+                  prefill_tokens: int, oldest_wait_s: float, seconds: float) -> float:
+    """When the prefill queue would be done, counted from its oldest request's arrival:
+    that request's wait plus ``prefill_tokens`` (every waiting prompt token) at the rate
+    of passes priced at ``seconds`` with these decodes (the head's chunk within it per
+    ``seconds``). Infinite when not one token fits; the wait alone with nothing to prefill."""
+    if prefill_tokens <= 0:
+        return oldest_wait_s
+    chunk = chunk_within(r, num_decodes, decode_context_tokens, seconds, prefix_tokens,
+                         cap=1 << 14)
+    if chunk <= 0:
+        return math.inf
+    return oldest_wait_s + prefill_tokens * seconds / chunk

@@ -19,9 +19,15 @@ OBSERVATION_FIELDS = (
     "running_decodes", "waiting_requests", "waiting_prefill_tokens", "kv_usage",
     "oldest_wait_vs_ttft", "decode_pass_vs_itl", "chunk_at_target", "head_remaining_tokens",
     "head_prefilled_share", "last_pass_vs_itl", "decode_context_mean", "itl_slack", "slo_ttft",
-    "slo_itl",
+    "slo_itl", "prefill_due_vs_ttft",
 )
+EARLIER_WIDTHS = (14,)
+"""Widths of earlier observation vectors, each a prefix of this one (fields are only ever
+appended): a model trained on one still reads the first entries."""
 SLACK_INDEX = OBSERVATION_FIELDS.index("itl_slack")
+DUE_INDEX = OBSERVATION_FIELDS.index("prefill_due_vs_ttft")
+DUE_SCALE = 0.25
+"""The ``prefill_due_vs_ttft`` entry per TTFT target (4 targets or later read as 1)."""
 
 _INV_LOG_512 = 1 / math.log1p(512)
 _INV_LOG_16K = 1 / math.log1p(16384)
@@ -50,9 +56,10 @@ def observe(sim, slo: SLO, slo_obs: tuple[float, float] | None = None) -> np.nda
     (load, hardware, model and per-pass overheads in one number) and the chunk a pass
     could carry within the ITL target; the TTFT slack of the oldest waiting request; and
     the p99 ITL slack, in passes over the target the running decodes could still take
-    (:mod:`envs.slack`).
+    (:mod:`envs.slack`); and when the prefill queue would be done at passes within the
+    ITL target, from its oldest request's arrival (:func:`envs.cost.prefill_due_s`).
     """
-    from envs.cost import chunk_price, chunk_within
+    from envs.cost import chunk_price, chunk_within, prefill_due_s
 
     if slo_obs is None:
         slo_obs = slo_features(slo)
@@ -84,7 +91,16 @@ def observe(sim, slo: SLO, slo_obs: tuple[float, float] | None = None) -> np.nda
         log1p(ctx / n) * _INV_LOG_128K if n else 0.0,
         log1p(sim.itl_slack(slo.itl_s).passes(n)) * _INV_LOG_SLACK,
     )
-    return np.array([v if v < 1.0 else 1.0 for v in vals] + list(slo_obs), dtype=np.float32)
+    waiting = sim.waiting_prefill_tokens
+    if not waiting:
+        due = oldest
+    elif n:
+        due = oldest + waiting * slo.itl_s / chunk if chunk else math.inf
+    else:
+        due = prefill_due_s(r, 0, 0, done_tokens, waiting, oldest, slo.itl_s)
+    due = due / slo.ttft_s * DUE_SCALE
+    return np.array([v if v < 1.0 else 1.0 for v in vals] + list(slo_obs) + [due if due < 1.0 else 1.0],
+                    dtype=np.float32)
 
 
 class ObservedState:

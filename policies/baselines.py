@@ -261,6 +261,11 @@ class TimeBudgetSlackPolicy(TimeBudgetPolicy):
         name = "time-budget-slack-kv" if kv_aware else "time-budget-slack"
         self.name = name if top == 4.0 else f"{name}:{top:g}"
 
+    def spend(self, state) -> bool:
+        """Whether this pass may spend the slack beyond what :meth:`fraction_at` checks
+        (always, for this rule)."""
+        return True
+
     def fraction_at(self, num_decodes: int, slack_passes: float, kv_usage: float = 0.0) -> float:
         """``top`` while the slack covers one more pass over the target (and, KV-aware, the
         cache is below ``kv_low``), else the base fraction."""
@@ -273,7 +278,37 @@ class TimeBudgetSlackPolicy(TimeBudgetPolicy):
         from envs.actions import time_budget
 
         sim, n = state.simulator, state.num_decodes
-        fraction = self.fraction_at(n, sim.itl_slack(self.itl_s).passes(n) if n else 0.0,
-                                    state.kv_usage if self.kv is not None else 0.0)
+        slack = sim.itl_slack(self.itl_s).passes(n) if n else 0.0  # read every pass: the
+        if slack >= 1.0 and not self.spend(state):  # count starts at its first reading
+            slack = 0.0
+        fraction = self.fraction_at(n, slack, state.kv_usage if self.kv is not None else 0.0)
         return time_budget(sim.roofline, n, state.decode_context_tokens, state.head_prefilled_tokens,
                            fraction * self.itl_s, self.cap)
+
+
+class TimeBudgetDeadlinePolicy(TimeBudgetSlackPolicy):
+    """The slack rule that spends the p99 ITL slack only for TTFT deadlines: a pass goes
+    beyond the base fraction (up to ``top`` times the ITL target, while the slack lasts)
+    only when the prefill queue is due late: the oldest waiting request's wait plus the
+    time passes of the base fraction take to prefill every waiting prompt token exceeds
+    ``margin`` of the TTFT target (:func:`envs.cost.prefill_due_s`). The plain slack rule
+    spends the slack on every long prompt, also on a lone one that makes its deadline
+    anyway, and has none left when two long prompts arrive together. Measured on the
+    suite (5 streams): within 2% of the best static budget on 22 of 23 scenarios, where
+    the slack rule is within 2% on 17; the margin was chosen on a100-mixed alone (0.7,
+    0.8 and 0.9 within 1% of each other there)."""
+
+    def __init__(self, itl_s: float, ttft_s: float, top: float = 4.0, fraction: float = 1.0,
+                 margin: float = 0.8, cap: int = 16384):
+        super().__init__(itl_s, top, fraction, cap)
+        self.ttft_s, self.margin = float(ttft_s), float(margin)
+        self.name = "time-budget-deadline" if top == 4.0 else f"time-budget-deadline:{top:g}"
+
+    def spend(self, state) -> bool:
+        """Whether the prefill queue is due later than ``margin`` of the TTFT target."""
+        from envs.cost import prefill_due_s
+
+        sim = state.simulator
+        return prefill_due_s(sim.roofline, state.num_decodes, state.decode_context_tokens,
+                             state.head_prefilled_tokens, state.waiting_prefill_tokens,
+                             state.oldest_wait_s, self.fraction * self.itl_s) > self.margin * self.ttft_s

@@ -103,10 +103,14 @@ class ModelPolicy(BudgetPolicy):
         self.ladder, self.action_type, self.actions = tuple(ladder), action_type, actions
         self.obs_norm = obs_norm
         self._slo_obs = slo_features(slo)
+        shape = getattr(getattr(model, "observation_space", None), "shape", None)
+        self.width = int(shape[0]) if shape else None
+        """Entries the model reads: a model trained on an earlier, shorter observation
+        vector reads its prefix (``envs.observation.EARLIER_WIDTHS``)."""
         self._actor = NumpyActor.of(model) if action_type == "discrete" else None
 
     def observation(self, state) -> np.ndarray:
-        obs = observe(state.simulator, self.slo, self._slo_obs)
+        obs = observe(state.simulator, self.slo, self._slo_obs)[:self.width]
         return self.obs_norm(obs) if self.obs_norm is not None else obs
 
     def action(self, state):

@@ -17,6 +17,8 @@
                                   run over it (spends the p99 slack)
 ``time-budget-slack-kv[:TOP]``    the same over time-budget-kv:1, spending only below 60%
                                   KV usage
+``time-budget-deadline[:TOP]``    time-budget-slack spending the slack only when a waiting
+                                  request would miss 0.7 of the TTFT target at fraction 1
 ``reference:BUDGET[:H[:R]]``      the MPC reference over static BUDGET (not deployable: sees
                                   the future), horizon H s (2x TTFT), re-plan every R s
 ``model:RUN_DIR``                 a model trained by train.py
@@ -40,7 +42,7 @@ from policies.base import BudgetPolicy
 KNOWN = ("static:N", "vllm-default[:offline]", "queue-depth[:BASE]", "no-decode-boost[:LOW:HIGH]",
          "sarathi-slo", "free-ride[:FLOOR:CAP]", "time-budget[:FRACTION]",
          "time-budget-kv[:FRACTION]", "time-budget-few[:FRACTION]", "time-budget-slack[:TOP]",
-         "time-budget-slack-kv[:TOP]",
+         "time-budget-slack-kv[:TOP]", "time-budget-deadline[:TOP]",
          "reference:BUDGET[:HORIZON_S[:REPLAN_S]]", "model:RUN_DIR",
          "table:PATH", "table:auto")
 
@@ -133,8 +135,8 @@ def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = Fals
     """Build the policy a spec names, for a scenario (some rules read its profiles)."""
     from policies.baselines import (FreeRidePolicy, NoDecodeBoostPolicy, QueueDepthPolicy,
                                     SarathiSLOPolicy, StaticPolicy, TimeBudgetFewPolicy,
-                                    TimeBudgetKVPolicy, TimeBudgetPolicy, TimeBudgetSlackPolicy,
-                                    VllmDefaultPolicy)
+                                    TimeBudgetDeadlinePolicy, TimeBudgetKVPolicy, TimeBudgetPolicy,
+                                    TimeBudgetSlackPolicy, VllmDefaultPolicy)
 
     spec = spec.strip()
     kind, _, rest = spec.partition(":")
@@ -168,6 +170,8 @@ def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = Fals
     if kind in ("time-budget-slack", "time-budget-slack-kv"):
         return TimeBudgetSlackPolicy(scenario.slo_itl_s, _top(spec, args),
                                      kv_aware=kind.endswith("-kv"))
+    if kind == "time-budget-deadline":
+        return TimeBudgetDeadlinePolicy(scenario.slo_itl_s, scenario.slo_ttft_s, _top(spec, args))
     if kind == "reference" and args:
         from policies.reference import reference_for
 

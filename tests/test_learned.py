@@ -301,6 +301,42 @@ def test_observation_and_teacher_read_the_slack(teacher):
     assert bool(held_by_kv) == kv_aware
 
 
+def test_observation_and_teacher_read_when_the_queue_is_due():
+    """The observation's prefill_due_vs_ttft entry is the deadline rule's projection over
+    four TTFT targets, and the t4 teacher's clone targets equal the rule's choices in every
+    state: it holds the slack back while the queue is due early, and spends it when it is
+    due late."""
+    from agents.setup import teacher_actions
+    from envs.actions import FRACTION_LADDER
+    from envs.cost import prefill_due_s
+    from envs.metrics import SLO
+    from envs.observation import DUE_INDEX, observe
+    from policies.baselines import TimeBudgetDeadlinePolicy
+    from tests.conftest import make_sim
+
+    lone = [(3.0 * i, 6000, 20) for i in range(1, 10)]  # each due within 0.5 s
+    pairs = [(30.0 + 5.0 * i, 12000, 20) for i in range(4) for _ in range(2)]  # due after 1.6 s
+    sim = make_sim([(0.0, 60, 3000)] * 6 + lone + pairs, hardware="a100-80g", model="llama-3-8b")
+    rule = TimeBudgetDeadlinePolicy(0.1, 2.0, top=4.0)
+    spent = held = 0
+    while sim.advance():
+        state = sim.state()
+        n = state.num_decodes
+        due = prefill_due_s(sim.roofline, n, state.decode_context_tokens, state.head_prefilled_tokens,
+                            state.waiting_prefill_tokens, state.oldest_wait_s, 0.1)
+        obs = observe(sim, SLO(2.0, 0.1))
+        assert obs[DUE_INDEX] == pytest.approx(min(due / 2.0 / 4, 1.0), abs=1e-6)
+        late = rule.spend(state)
+        assert late == (due > 1.6)
+        want = rule.fraction_at(n, sim.itl_slack(0.1).passes(n) if late else 0.0)
+        got = FRACTION_LADDER[int(teacher_actions("t4", FRACTION_LADDER, obs[None, :])[0])]
+        assert got == pytest.approx(want, rel=0.05)
+        spent += want > 1
+        held += bool(n and sim.itl_slack(0.1).passes(n) >= 1 and not late)
+        sim.step(rule(state))
+    assert spent and held
+
+
 def test_a_table_over_the_slack_spends_it_as_the_engine_counts_it():
     """A time-fraction table bucketing itl_slack_passes: 4x the target with slack for a pass,
     1x without; the runtime derives the feature from the engine's two counts."""

@@ -177,6 +177,36 @@ def test_slack_rule_keeps_to_its_fraction_until_it_has_slack():
     assert last[0] == last[2] > last[1]
 
 
+def test_deadline_rule_spends_the_slack_only_for_a_late_queue():
+    """Slack in hand, the deadline rule keeps to fraction 1 for a lone 9K prompt that
+    100 ms passes prefill well before 0.8 of the 2 s TTFT target, and goes to its top
+    when two 12K prompts arrive together (the queue would be done after 1.6 s). Its
+    projection is the hand-computed one: the oldest request's wait plus every waiting
+    prompt token at the head's chunk per 100 ms."""
+    from envs.cost import chunk_within, prefill_due_s
+    from policies.baselines import TimeBudgetDeadlinePolicy
+
+    rule = TimeBudgetDeadlinePolicy(itl_s=0.1, ttft_s=2.0, top=4.0)
+    sim = make_sim([(0.0, 60, 6000)] * 4 + [(30.0, 9000, 10), (60.0, 12000, 10), (60.0, 12000, 10)],
+                   hardware="a100-80g", model="llama-3-8b")
+    seen = {}
+    while sim.advance():
+        state = sim.state()
+        head = sim.head()
+        if head is not None and state.num_decodes and head.computed == 0:
+            chunk = chunk_within(sim.roofline, state.num_decodes, state.decode_context_tokens,
+                                 0.1, 0, cap=16384)
+            due = state.oldest_wait_s + state.waiting_prefill_tokens * 0.1 / chunk
+            assert prefill_due_s(sim.roofline, state.num_decodes, state.decode_context_tokens, 0,
+                                 state.waiting_prefill_tokens, state.oldest_wait_s, 0.1) == due
+            seen[len(sim.waiting)] = (due, rule.spend(state), rule(state),
+                                      TimeBudgetPolicy(0.1, 1.0)(state), TimeBudgetPolicy(0.1, 4.0)(state))
+        sim.step(rule(state))
+    lone, pair = seen[1], seen[2]
+    assert lone[0] < 1.6 and not lone[1] and lone[2] == lone[3] < lone[4]
+    assert pair[0] > 1.6 and pair[1] and pair[2] == pair[4] > pair[3]
+
+
 def test_reference_is_at_least_as_good_as_the_best_static(cliff):
     """On a stream loaded past the best static's capacity, the reference controller over
     that budget misses the SLO no more often than the budget itself."""

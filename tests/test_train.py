@@ -217,8 +217,12 @@ def test_a_model_of_another_observation_version_is_refused_in_one_line(tmp_path)
 
     ok = SimpleNamespace(observation_space=SimpleNamespace(shape=(len(OBSERVATION_FIELDS),)))
     check_observations(ok, tmp_path)
+    earlier = SimpleNamespace(observation_space=SimpleNamespace(shape=(14,)))
+    check_observations(earlier, tmp_path)  # ChunkBudget-v2's vector, a prefix of this one
+    with pytest.raises(ConfigError, match="was trained on 14 observations"):
+        check_observations(earlier, tmp_path, resuming=True)  # training goes on in its own
     old = SimpleNamespace(observation_space=SimpleNamespace(shape=(13,)))
-    with pytest.raises(ConfigError, match="was trained on 13 observations, chunkpilot/ChunkBudget-v2 has 14"):
+    with pytest.raises(ConfigError, match="was trained on 13 observations, chunkpilot/ChunkBudget-v3 has 15"):
         check_observations(old, tmp_path)
 
 
