@@ -150,10 +150,13 @@ def policy_for(policy, scenario: Scenario):
                        policy.name, policy.actions, policy.obs_norm)
 
 
-def feature_values(name: str, state: dict, cost: dict | None) -> np.ndarray:
+def feature_values(name: str, state: dict, action: dict | None) -> np.ndarray:
+    """One feature's value per decision; derived ones with the time-fraction ``action``'s
+    coefficients, ITL target and cap (the runtime's own functions)."""
     if name == "decode_pass_s":
         from policies.table import pass_seconds
 
+        cost = action["cost"]
         return np.array([pass_seconds(cost, int(n), int(c), 0, 0) for n, c in
                          zip(state["running_decodes"], state["decode_context_tokens"])])
     if name == "itl_slack_passes":
@@ -161,12 +164,21 @@ def feature_values(name: str, state: dict, cost: dict | None) -> np.ndarray:
 
         return np.array([slack_passes(s, t, int(n)) for s, t, n in zip(
             state["itl_slow_tokens"], state["itl_decode_tokens"], state["running_decodes"])])
+    if name == "prefill_due_s":
+        from policies.table import prefill_due_s
+
+        cost, itl, cap = action["cost"], action["itl_s"], action["cap"]
+        return np.array([prefill_due_s(cost, int(n), int(c), int(q), int(w), o, itl, cap)
+                         for n, c, q, w, o in zip(
+                             state["running_decodes"], state["decode_context_tokens"],
+                             state["head_prefilled_tokens"], state["waiting_prefill_tokens"],
+                             state["oldest_wait_s"])])
     return state[name]
 
 
-def features_of(names: list[str], state: dict, cost: dict | None) -> dict[str, np.ndarray]:
+def features_of(names: list[str], state: dict, action: dict | None) -> dict[str, np.ndarray]:
     """The named features' values per decision."""
-    return {n: feature_values(n, state, cost) for n in names}
+    return {n: feature_values(n, state, action) for n in names}
 
 
 def quantile_edges(values: np.ndarray, buckets: int) -> list[float]:
@@ -304,12 +316,11 @@ def pick_features(build: tuple, held: tuple, buckets: int, max_features: int, pr
     from itertools import combinations
 
     (bstate, bvals), (hstate, hvals) = build, held
-    cost = action.get("cost") if action else None
     candidates = [n for n in CANDIDATES if n in bstate or (
         n in DERIVED and action and all(k in bstate for k in DERIVED[n]))]
 
     # Each candidate's values and edges do not depend on the others: found once.
-    bfeat, hfeat = features_of(candidates, bstate, cost), features_of(candidates, hstate, cost)
+    bfeat, hfeat = features_of(candidates, bstate, action), features_of(candidates, hstate, action)
     edges = {n: feature_edges(bfeat[n], bvals, buckets) for n in candidates}
 
     def score(names):
@@ -588,7 +599,6 @@ def main(argv: list[str] | None = None) -> int:
         names = [n.strip() for n in args.features.split(",") if n.strip()]
         bad = [n for n in names if n not in CANDIDATES or (n in DERIVED and not action)]
         require(not bad, "features", args.features, f"must name quantities among {', '.join(CANDIDATES)}")
-    cost = action.get("cost") if action else None
     rounds = dagger_rounds(model, (build_eps, held_eps), (build, held), names, args, prov, action)
     selection = select_round(model, [r.table for r in rounds], serving, args)
     kept = rounds[selection["chosen"]]
@@ -600,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
                                        f"{selection['chosen']} DAgger round(s) led to, labelled by the model")
     data["fidelity"] = {"held_out_decisions": int(len(held[1])),
                         "build_decisions": int(len(kept.build[1])),
-                        "agreement": agreement(table, features_of(names, held[0], cost), held[1]),
+                        "agreement": agreement(table, features_of(names, held[0], action), held[1]),
                         "capacity": fidelity(model, table, serving, args),
                         "goodput": load_fidelity(model, table, serving, args)}
     final = BudgetTable(data, args.out)
@@ -633,7 +643,6 @@ def dagger_rounds(model, episodes: tuple, decisions: tuple, names: list[str] | N
     at 1.5 req/s)."""
     from policies.table_policy import TablePolicy
 
-    cost = action.get("cost") if action else None
     build, held = decisions
     out: list[Round] = []
     for r in range(args.dagger_rounds + 1):
@@ -642,7 +651,7 @@ def dagger_rounds(model, episodes: tuple, decisions: tuple, names: list[str] | N
             build = join_decisions(build, collect(model, episodes[0], driver))
             held = join_decisions(held, collect(model, episodes[1], driver))
         features = names or pick_features(build, held, args.buckets, args.max_features, prov, action)[0]
-        table = build_table(features_of(features, build[0], cost), build[1], args.buckets, prov,
+        table = build_table(features_of(features, build[0], action), build[1], args.buckets, prov,
                             action, budgets=build[0]["budget"])
         out.append(Round(table, features, build, held))
     return out

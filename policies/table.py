@@ -187,10 +187,23 @@ def chunk_within(cost: Mapping, n: int, ctx: int, seconds: float, q: int, cap: i
     return x
 
 
+def prefill_due_s(cost: Mapping, n: int, ctx: int, q: int, waiting: int, oldest_wait_s: float,
+                  seconds: float, cap: int) -> float:
+    """When the prefill queue would be done, from its oldest request's arrival: its wait
+    plus ``waiting`` prompt tokens at the head's chunk within ``seconds`` per ``seconds``
+    (``envs.cost.prefill_due_s``; infinite when not one token fits)."""
+    if waiting <= 0:
+        return oldest_wait_s
+    chunk = chunk_within(cost, n, ctx, seconds, q, cap)
+    return oldest_wait_s + waiting * seconds / chunk if chunk > 0 else math.inf
+
+
 # Quantities a time-fraction table derives from the state (with its cost coefficients).
 DERIVED = {
     "decode_pass_s": ("running_decodes", "decode_context_tokens"),
     "itl_slack_passes": ("running_decodes", "itl_slow_tokens", "itl_decode_tokens"),
+    "prefill_due_s": ("running_decodes", "decode_context_tokens", "head_prefilled_tokens",
+                      "waiting_prefill_tokens", "oldest_wait_s"),
 }
 
 SLACK_COUNTS = ("itl_slow_tokens", "itl_decode_tokens")
@@ -282,6 +295,10 @@ class TimeFractionAction:
         if name == "itl_slack_passes":
             return slack_passes(state["itl_slow_tokens"], state["itl_decode_tokens"],
                                 int(state["running_decodes"]))
+        if name == "prefill_due_s":
+            return prefill_due_s(self.cost, int(state["running_decodes"]), int(state["decode_context_tokens"]),
+                                 int(state["head_prefilled_tokens"]), int(state["waiting_prefill_tokens"]),
+                                 state["oldest_wait_s"], self.itl_s, self.cap)
         return state[name]
 
     def fraction(self, state: Mapping[str, float]) -> float:

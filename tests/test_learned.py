@@ -11,6 +11,7 @@ import pytest
 
 from envs.cost import Roofline, chunk_price
 from envs.cost import chunk_within as sim_chunk_within
+from envs.cost import prefill_due_s as sim_prefill_due_s
 from envs.profiles import get_hardware, get_model
 from eval.export import build_table, scenario_provenance
 from policies import table as runtime
@@ -34,6 +35,9 @@ def test_runtime_converts_a_time_fraction_exactly_as_the_simulator(hardware, mod
                                                                         rel=1e-12)
         assert (runtime.chunk_within(cost, n, ctx, seconds, q, 16384 - n)
                 == sim_chunk_within(r, n, ctx, seconds, q, cap=16384 - n))
+        waiting, wait_s = rng.choice([0, rng.randint(1, 200000)]), rng.uniform(0.0, 30.0)
+        assert runtime.prefill_due_s(cost, n, ctx, q, waiting, wait_s, seconds, 16384) == pytest.approx(
+            sim_prefill_due_s(r, n, ctx, q, waiting, wait_s, seconds), rel=1e-12)
 
 
 def time_table(fractions_by_kv, sc, edges=(0.5, 0.8)):
@@ -109,9 +113,9 @@ def test_export_builds_a_table_that_reproduces_a_state_dependent_policy():
     prov = scenario_provenance(sc)
     names, score = pick_features((build, rule(build)), (held, rule(held)), 8, 3, prov, action)
     assert names[0] == "kv_usage" and score > 0.94  # quantile edges straddle the 0.8 threshold
-    t = build_table({n: feature_values(n, build, action["cost"]) for n in names}, rule(build), 8,
+    t = build_table({n: feature_values(n, build, action) for n in names}, rule(build), 8,
                     prov, action)
-    assert agreement(t, {n: feature_values(n, held, action["cost"]) for n in names}, rule(held)) > 0.94
+    assert agreement(t, {n: feature_values(n, held, action) for n in names}, rule(held)) > 0.94
     assert set(t.action.cells) == {1.0, 0.5, 0.25}
 
 
@@ -356,6 +360,36 @@ def test_a_table_over_the_slack_spends_it_as_the_engine_counts_it():
     assert t.budget({**base, "itl_slow_tokens": 25, "itl_decode_tokens": 2000}) == keep
     with pytest.raises(runtime.TableError, match="is derived by a time_fraction action only"):
         BudgetTable({**data, "action": {"kind": "tokens"}, "budgets": [512, 4096]})
+
+
+def test_a_table_over_slack_and_due_time_is_the_deadline_rule():
+    """A time-fraction table over the slack and when the prefill queue is due (4x the
+    target with slack for a pass and the queue due after 0.8 of the TTFT target, else
+    1x) makes the deadline rule's budget at every pass of a run: the runtime derives
+    both features from the engine's counts exactly as the rule reads the simulator."""
+    from envs.scenario import Scenario
+    from policies.baselines import TimeBudgetDeadlinePolicy, TimeBudgetPolicy
+    from policies.table_policy import TablePolicy
+    from tests.conftest import make_sim
+
+    sc = Scenario(hardware="a100-80g", model="llama-3-8b")
+    data = time_table([1.0, 1.0, 1.0, 4.0], sc, edges=(0.2, 0.5, 0.8)).to_dict()
+    data["features"] = [{"name": "itl_slack_passes", "edges": [1.0]},
+                        {"name": "prefill_due_s", "edges": [0.8 * sc.slo_ttft_s]}]
+    table = TablePolicy(BudgetTable(data))
+    assert {"waiting_prefill_tokens", "oldest_wait_s"} <= table.table.needs
+    rule = TimeBudgetDeadlinePolicy(sc.slo_itl_s, sc.slo_ttft_s, top=4.0)
+    lone = [(3.0 * i, 6000, 20) for i in range(1, 10)]
+    pairs = [(30.0 + 5.0 * i, 12000, 20) for i in range(4) for _ in range(2)]
+    sim = make_sim([(0.0, 60, 3000)] * 6 + lone + pairs, hardware="a100-80g", model="llama-3-8b")
+    spent = 0
+    while sim.advance():
+        state = sim.state()
+        want = rule(state)
+        assert table(state) == want
+        spent += want > TimeBudgetPolicy(sc.slo_itl_s, 1.0)(state)
+        sim.step(want)
+    assert spent
 
 
 def test_export_picks_the_slack_feature_a_rare_long_pass_hangs_on():
