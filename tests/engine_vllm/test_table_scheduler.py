@@ -167,3 +167,41 @@ def test_slack_table_counts_slow_tokens_from_step_times(model, monkeypatch):
             spent, kept = spent + (fraction > 1), kept + (fraction == 1)
         sched.update_from_output(out, fake_output(sched, out))
     assert mirror.slow > 0 and spent and kept
+
+
+def test_due_time_table_reads_the_queue_vllm_holds(model):
+    """A table over prefill_due_s in vLLM's scheduler: the adapter hands the runtime the
+    waiting prompt tokens, the oldest request's wait and the head's prefix, and the
+    runtime's due time from them picks the cell (4x the target once the queue is due
+    after 50 ms, else 1x: a 200-token prompt is due within about 10 ms, a 3,000-token one
+    after 120 ms; the wait is the wall time, milliseconds here)."""
+    import policies.vllm_scheduler as vs
+    from policies.table import chunk_within, prefill_due_s
+
+    data = table_dict([("kv_usage", [0.5])], [1, 1], default_budget=256)
+    del data["budgets"]
+    cost = {"weights_s": 0.004, "kv_s_per_token": 2e-8, "token_s": 4e-5, "pair_s": 1e-9,
+            "exposed": 0.2, "fixed_s": 0.001, "serial_s_per_token": 0.0}
+    data.update(action={"kind": "time_fraction", "itl_s": 0.02, "cap": 1024, "cost": cost},
+                features=[{"name": "prefill_due_s", "edges": [0.05]}], fractions=[1.0, 4.0])
+    sched = create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=1024,
+                             chunkpilot_table=BudgetTable(data))
+    for i in range(4):
+        sched.add_request(make_request(f"short{i}", 20, 200))
+    seen = set()
+    for step in range(120):
+        if step % 10 == 5:
+            sched.add_request(make_request(f"prompt{step}", 3000 if step % 20 == 5 else 200, 4))
+        out = sched.schedule()
+        state, got = sched.chunkpilot_history[-1]
+        n = state["running_decodes"]
+        if n and state["waiting_prefill_tokens"]:
+            q = state["head_prefilled_tokens"]
+            due = prefill_due_s(cost, n, state["decode_context_tokens"], q,
+                                state["waiting_prefill_tokens"], state["oldest_wait_s"], 0.02, 1024)
+            fraction = 4.0 if due >= 0.05 else 1.0
+            chunk = chunk_within(cost, n, state["decode_context_tokens"], fraction * 0.02, q, 1024 - n)
+            assert got == min(n + chunk, 1024), (step, got)
+            seen.add(fraction)
+        sched.update_from_output(out, fake_output(sched, out))
+    assert seen == {1.0, 4.0}
