@@ -122,6 +122,20 @@ def test_time_fraction_table_turns_its_fraction_into_tokens_each_step(model):
     assert checked >= 5
 
 
+COST = {"weights_s": 0.004, "kv_s_per_token": 2e-8, "token_s": 4e-5, "pair_s": 1e-9,
+        "exposed": 0.2, "fixed_s": 0.001, "serial_s_per_token": 0.0}
+"""A small part's cost coefficients: a 20 ms ITL target holds a few hundred tokens."""
+
+
+def two_fraction_table(feature: str, edge: float) -> dict:
+    """A time-fraction table over one feature: the 20 ms target below ``edge``, 4x it above."""
+    data = table_dict([("kv_usage", [0.5])], [1, 1], default_budget=256)
+    del data["budgets"]
+    data.update(action={"kind": "time_fraction", "itl_s": 0.02, "cap": 1024, "cost": dict(COST)},
+                features=[{"name": feature, "edges": [edge]}], fractions=[1.0, 4.0])
+    return data
+
+
 def test_slack_table_counts_slow_tokens_from_step_times(model, monkeypatch):
     """A table over the p99 ITL slack in vLLM's scheduler: the adapter counts a step's decodes
     as slow when the next step starts more than the ITL target later (its clock here is
@@ -131,12 +145,7 @@ def test_slack_table_counts_slow_tokens_from_step_times(model, monkeypatch):
     import policies.vllm_scheduler as vs
     from policies.table import SlackCount, chunk_within
 
-    data = table_dict([("kv_usage", [0.5])], [1, 1], default_budget=256)
-    del data["budgets"]
-    cost = {"weights_s": 0.004, "kv_s_per_token": 2e-8, "token_s": 4e-5, "pair_s": 1e-9,
-            "exposed": 0.2, "fixed_s": 0.001, "serial_s_per_token": 0.0}
-    data.update(action={"kind": "time_fraction", "itl_s": 0.02, "cap": 1024, "cost": cost},
-                features=[{"name": "itl_slack_passes", "edges": [1.0]}], fractions=[1.0, 4.0])
+    data = two_fraction_table("itl_slack_passes", 1.0)
     clock = [100.0]
     monkeypatch.setattr(vs, "time", types.SimpleNamespace(
         monotonic=lambda: clock[0], time=vs.time.time, perf_counter=vs.time.perf_counter))
@@ -162,7 +171,7 @@ def test_slack_table_counts_slow_tokens_from_step_times(model, monkeypatch):
             n, ctx = len(decodes), sum(decodes)
             room = 0.008 * mirror.tokens - mirror.slow
             fraction = 4.0 if room >= n else 1.0
-            chunk = chunk_within(cost, n, ctx, fraction * 0.02, heads[0], 1024 - n)
+            chunk = chunk_within(COST, n, ctx, fraction * 0.02, heads[0], 1024 - n)
             assert got == min(n + chunk, 1024), (step, got)
             spent, kept = spent + (fraction > 1), kept + (fraction == 1)
         sched.update_from_output(out, fake_output(sched, out))
@@ -178,12 +187,7 @@ def test_due_time_table_reads_the_queue_vllm_holds(model):
     import policies.vllm_scheduler as vs
     from policies.table import chunk_within, prefill_due_s
 
-    data = table_dict([("kv_usage", [0.5])], [1, 1], default_budget=256)
-    del data["budgets"]
-    cost = {"weights_s": 0.004, "kv_s_per_token": 2e-8, "token_s": 4e-5, "pair_s": 1e-9,
-            "exposed": 0.2, "fixed_s": 0.001, "serial_s_per_token": 0.0}
-    data.update(action={"kind": "time_fraction", "itl_s": 0.02, "cap": 1024, "cost": cost},
-                features=[{"name": "prefill_due_s", "edges": [0.05]}], fractions=[1.0, 4.0])
+    data = two_fraction_table("prefill_due_s", 0.05)
     sched = create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=1024,
                              chunkpilot_table=BudgetTable(data))
     for i in range(4):
@@ -197,10 +201,10 @@ def test_due_time_table_reads_the_queue_vllm_holds(model):
         n = state["running_decodes"]
         if n and state["waiting_prefill_tokens"]:
             q = state["head_prefilled_tokens"]
-            due = prefill_due_s(cost, n, state["decode_context_tokens"], q,
+            due = prefill_due_s(COST, n, state["decode_context_tokens"], q,
                                 state["waiting_prefill_tokens"], state["oldest_wait_s"], 0.02, 1024)
             fraction = 4.0 if due >= 0.05 else 1.0
-            chunk = chunk_within(cost, n, state["decode_context_tokens"], fraction * 0.02, q, 1024 - n)
+            chunk = chunk_within(COST, n, state["decode_context_tokens"], fraction * 0.02, q, 1024 - n)
             assert got == min(n + chunk, 1024), (step, got)
             seen.add(fraction)
         sched.update_from_output(out, fake_output(sched, out))
