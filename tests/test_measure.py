@@ -247,6 +247,7 @@ def test_sweeps_give_identical_json_on_one_or_two_workers(tmp_path):
     (["compare", "--policies", "time-budget-slack:1"], "TOP multiple of the ITL target must lie in (1, 16]"),
     (["compare", "--policies", "time-budget-slack:nan"], "TOP multiple of the ITL target must lie in (1, 16]"),
     (["compare", "--policies", "time-budget-slack:4:2"], "takes one TOP multiple of the ITL target"),
+    (["compare", "--policies", "time-budget-deadline:1"], "TOP multiple of the ITL target must lie in (1, 16]"),
     (["compare", "--policies", "reference:2048:inf"], "arguments must be finite and > 0"),
     (["compare", "--policies", "reference:2048:0.01"], "horizon_s: got 0.01, must be at least one pass"),
     (["compare", "--policies", "fast-rule"], "unknown spec 'fast-rule'"),
