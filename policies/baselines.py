@@ -278,8 +278,9 @@ class TimeBudgetSlackPolicy(TimeBudgetPolicy):
         from envs.actions import time_budget
 
         sim, n = state.simulator, state.num_decodes
-        slack = sim.itl_slack(self.itl_s).passes(n) if n else 0.0  # read every pass: the
-        if slack >= 1.0 and not self.spend(state):  # count starts at its first reading
+        # The slack is read every pass, spent or not: the count starts at its first reading.
+        slack = sim.itl_slack(self.itl_s).passes(n) if n else 0.0
+        if slack >= 1.0 and not self.spend(state):
             slack = 0.0
         fraction = self.fraction_at(n, slack, state.kv_usage if self.kv is not None else 0.0)
         return time_budget(sim.roofline, n, state.decode_context_tokens, state.head_prefilled_tokens,
