@@ -64,8 +64,8 @@ def teacher_actions(name: str, ladder, raw_obs, max_num_seqs: int = 256):
     import numpy as np
 
     from envs.observation import DUE_INDEX, DUE_SCALE, SLACK_INDEX, SLACK_ONE_PASS
-    from policies.baselines import (TimeBudgetDeadlinePolicy, TimeBudgetFewPolicy,
-                                    TimeBudgetKVPolicy, TimeBudgetSlackPolicy)
+    from policies.baselines import (DEADLINE_MARGIN, TimeBudgetFewPolicy, TimeBudgetKVPolicy,
+                                    TimeBudgetSlackPolicy)
 
     top = float(name[1:])
     if name.startswith("k"):
@@ -78,8 +78,7 @@ def teacher_actions(name: str, ladder, raw_obs, max_num_seqs: int = 256):
         rule = TimeBudgetSlackPolicy(1.0, top, kv_aware=name[0] == "h")
         passes = np.where(raw_obs[:, SLACK_INDEX] >= SLACK_ONE_PASS * (1 - 1e-6), 1.0, 0.0)
         if name[0] == "t":  # the slack is spent only while the queue is due late
-            due = TimeBudgetDeadlinePolicy(1.0, 1.0, top).margin * DUE_SCALE
-            passes = np.where(raw_obs[:, DUE_INDEX] > due, passes, 0.0)
+            passes = np.where(raw_obs[:, DUE_INDEX] > DEADLINE_MARGIN * DUE_SCALE, passes, 0.0)
         fractions = np.array([rule.fraction_at(int(n > 0), p, float(kv))
                               for n, p, kv in zip(raw_obs[:, 0], passes, raw_obs[:, 3])])
     else:

@@ -369,6 +369,11 @@ def prefill_due_s(r: Roofline, num_decodes: int, decode_context_tokens: int, pre
         return oldest_wait_s
     chunk = chunk_within(r, num_decodes, decode_context_tokens, seconds, prefix_tokens,
                          cap=1 << 14)
-    if chunk <= 0:
-        return math.inf
-    return oldest_wait_s + prefill_tokens * seconds / chunk
+    return queue_done_s(oldest_wait_s, prefill_tokens, seconds, chunk)
+
+
+def queue_done_s(oldest_wait_s: float, prefill_tokens: int, seconds: float, chunk: int) -> float:
+    """:func:`prefill_due_s` once the chunk that fits in ``seconds`` is known."""
+    if prefill_tokens <= 0:
+        return oldest_wait_s
+    return oldest_wait_s + prefill_tokens * seconds / chunk if chunk > 0 else math.inf

@@ -59,7 +59,7 @@ def observe(sim, slo: SLO, slo_obs: tuple[float, float] | None = None) -> np.nda
     (:mod:`envs.slack`); and when the prefill queue would be done at passes within the
     ITL target, from its oldest request's arrival (:func:`envs.cost.prefill_due_s`).
     """
-    from envs.cost import chunk_price, chunk_within, prefill_due_s
+    from envs.cost import chunk_price, chunk_within, prefill_due_s, queue_done_s
 
     if slo_obs is None:
         slo_obs = slo_features(slo)
@@ -91,13 +91,11 @@ def observe(sim, slo: SLO, slo_obs: tuple[float, float] | None = None) -> np.nda
         log1p(ctx / n) * _INV_LOG_128K if n else 0.0,
         log1p(sim.itl_slack(slo.itl_s).passes(n)) * _INV_LOG_SLACK,
     )
+    # The due time reuses this pass's chunk; with nothing decoding entry 6 is the cap, not
+    # the chunk that fits.
     waiting = sim.waiting_prefill_tokens
-    if not waiting:
-        due = oldest
-    elif n:
-        due = oldest + waiting * slo.itl_s / chunk if chunk else math.inf
-    else:
-        due = prefill_due_s(r, 0, 0, done_tokens, waiting, oldest, slo.itl_s)
+    due = (queue_done_s(oldest, waiting, slo.itl_s, chunk) if n
+           else prefill_due_s(r, 0, 0, done_tokens, waiting, oldest, slo.itl_s))
     due = due / slo.ttft_s * DUE_SCALE
     return np.array([v if v < 1.0 else 1.0 for v in vals] + list(slo_obs) + [due if due < 1.0 else 1.0],
                     dtype=np.float32)

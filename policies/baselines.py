@@ -287,6 +287,10 @@ class TimeBudgetSlackPolicy(TimeBudgetPolicy):
                            fraction * self.itl_s, self.cap)
 
 
+DEADLINE_MARGIN = 0.8
+"""Share of the TTFT target past which the deadline rule counts the prefill queue as late."""
+
+
 class TimeBudgetDeadlinePolicy(TimeBudgetSlackPolicy):
     """The slack rule that spends the p99 ITL slack only for TTFT deadlines: a pass goes
     beyond the base fraction (up to ``top`` times the ITL target, while the slack lasts)
@@ -300,7 +304,7 @@ class TimeBudgetDeadlinePolicy(TimeBudgetSlackPolicy):
     0.8 and 0.9 within 1% of each other there)."""
 
     def __init__(self, itl_s: float, ttft_s: float, top: float = 4.0, fraction: float = 1.0,
-                 margin: float = 0.8, cap: int = 16384):
+                 margin: float = DEADLINE_MARGIN, cap: int = 16384):
         super().__init__(itl_s, top, fraction, cap)
         self.ttft_s, self.margin = float(ttft_s), float(margin)
         self.name = "time-budget-deadline" if top == 4.0 else f"time-budget-deadline:{top:g}"
