@@ -5,6 +5,7 @@
     python -m eval capacity --policies time-budget,queue-depth,table:tables/h100-sxm__llama-3-8b.json
     python -m eval suite --policies vllm-default,queue-depth,sarathi-slo,time-budget --out reports/suite
     python -m eval export RUN_DIR --out tables/NAME.json [--csv tables/NAME.csv]
+    python -m eval export --rule time-budget-deadline --hardware a100-80g --out tables/NAME.json
 
 Every comparison searches the hindsight-best static budget on a fine ladder (steps of
 2^(1/4), 64 to 16,384) and says per policy whether it beats, ties with or falls short of it,
@@ -14,7 +15,7 @@ instance; default all cores; 1 runs in this process) or ``--ray-address ADDR`` (
 Policy specs: static:N, vllm-default[:offline], queue-depth[:BASE], no-decode-boost[:LOW:HIGH],
 sarathi-slo, free-ride[:FLOOR:CAP], time-budget[:FRACTION], time-budget-kv[:FRACTION],
 time-budget-few[:FRACTION], time-budget-slack[:TOP], time-budget-slack-kv[:TOP],
-reference:BUDGET[:HORIZON_S[:REPLAN_S]], model:RUN_DIR, table:PATH, table:auto.
+time-budget-deadline[:TOP], reference:BUDGET[:HORIZON_S[:REPLAN_S]], model:RUN_DIR, table:PATH, table:auto.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Export a trained policy as a lookup table that an engine reads in microseconds.
 
     python -m eval export RUN_DIR --out tables/NAME.json [--csv tables/NAME.csv]
+    python -m eval export --rule time-budget-deadline[:TOP] --hardware H --model M --out PATH
 
 1. Visited states: the trained model drives the simulator on episodes of its training
    conditions, at the table's SLO (the run's serving SLO unless ``--slo-*`` say
@@ -26,6 +27,15 @@
    scenarios (with 95% intervals). A table more than 1% below the model says so loudly.
 6. Provenance: the hardware, model shape and SLO, which the runtime compares with what
    it serves (``python -m policies.table check``, the vLLM schedulers, eval).
+
+A rule is a table too (``--rule``): the time-budget rules choose a fraction of the ITL
+target by thresholds on quantities an engine has (the p99 slack, the prefill queue's due
+time), so a table of 1, 2 or 4 cells over them makes the rule's budget at every pass; it
+is checked against the rule on a stream of the scenario before it is written. The
+export of a run weighs the deadline rules' tables (``--rules``) against its DAgger
+rounds' on the same streams and measures, and writes a rule's table where it keeps more
+of the model's figures than every round's: a learned table that does not beat the rule
+it learned from is not worth shipping.
 """
 
 from __future__ import annotations
@@ -61,7 +71,8 @@ MAX_EPISODES = 1000
 
 @dataclass(frozen=True)
 class ExportArgs:
-    """Export a train.py run's policy as a bucketed lookup table."""
+    """Export a train.py run's policy as a bucketed lookup table (a rule as a table: python -m
+    eval export --rule RULE --help)."""
 
     run_dir: str = ""
     """The train.py run directory (also accepted as the first positional argument)."""
@@ -89,12 +100,37 @@ class ExportArgs:
     again from all the decisions so far; the round whose table keeps most of the model's
     capacity and goodput at load on streams of its own is kept (0: the model's own
     decisions only)."""
+    rules: str = "time-budget-deadline:4,time-budget-deadline:16"
+    """Rules whose exact tables (as ``--rule`` writes them) compete with the DAgger rounds'
+    tables on the same streams and measures; a rule's table is written where it keeps more
+    of the model's capacity and goodput than every round's (comma-separated; "none": the
+    rounds only). Only for runs acting in time."""
     fidelity_seeds: int = 5
     """Streams per capacity in the fidelity check (0: skip it)."""
     fidelity_requests: int = 600
     """Requests per stream of the fidelity check."""
     workers: int | None = None
     """The fidelity check's and the round choice's runs on a local Ray instance (default: all cores)."""
+
+
+@dataclass(frozen=True)
+class RuleExportArgs(Scenario):
+    """Write a time-budget rule as a lookup table for a scenario's hardware, model and SLO."""
+
+    rule: str = "time-budget-deadline"
+    """The rule: time-budget[:FRACTION], time-budget-slack[:TOP] or time-budget-deadline[:TOP]."""
+    out: str = "tables/rule.json"
+    """Where to write the table (JSON, written atomically)."""
+    csv: str | None = None
+    """Also write the table as CSV for people and spreadsheets."""
+    check_requests: int = 600
+    """Requests of one stream of the scenario on which the table is checked against the
+    rule, pass by pass (its budgets also give the table's fallback budget)."""
+
+
+RULES = ("time-budget[:FRACTION]", "time-budget-slack[:TOP]", "time-budget-deadline[:TOP]")
+"""The rules a table holds exactly: each is a time fraction chosen by thresholds on
+quantities an engine has."""
 
 
 class Recorder:
@@ -364,6 +400,8 @@ def parse_args(argv: list[str]) -> ExportArgs:
     integer("dagger_rounds", args.dagger_rounds, 0, 10)
     for f in ("build_episodes", "held_episodes"):
         integer(f, getattr(args, f), 1, MAX_EPISODES)
+    for spec in rule_specs(args.rules):
+        parse_rule(spec, Scenario(), "rules")
     integer("fidelity_seeds", args.fidelity_seeds, 0, 50)
     check_num_requests("fidelity_requests", args.fidelity_requests)
     for f in ("slo_ttft_s", "slo_itl_s"):
@@ -392,13 +430,15 @@ def scenario_provenance(scenario: Scenario) -> dict:
 def action_spec(policy, scenario: Scenario) -> dict | None:
     """The time-fraction action of a run acting in time (its cost coefficients and ITL
     target), or None for a token-budget run."""
-    if policy.actions != "time":
-        return None
+    return time_action(scenario) if policy.actions == "time" else None
+
+
+def time_action(scenario: Scenario) -> dict:
+    """A time-fraction action for a scenario: its cost coefficients and ITL target."""
     from envs.actions import BUDGET_CAP
 
-    sim = scenario.simulator()
     return {"kind": "time_fraction", "itl_s": scenario.slo_itl_s, "cap": BUDGET_CAP,
-            "cost": sim.roofline.coefficients()}
+            "cost": scenario.simulator().roofline.coefficients()}
 
 
 def export_episodes(model, serving: Scenario, args: ExportArgs):
@@ -582,7 +622,10 @@ def select_round(model, tables: list[BudgetTable], serving: Scenario, args: Expo
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--rule" or a.startswith("--rule=") for a in argv):
+        return rule_main(argv)
+    args = parse_args(argv)
     from agents.runs import load_run
 
     model = load_run(args.run_dir)
@@ -590,6 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     serving = serving.with_fields(slo_ttft_s=args.slo_ttft_s or serving.slo_ttft_s,
                                   slo_itl_s=args.slo_itl_s or serving.slo_itl_s)
     t0 = time.perf_counter()
+    rules = rule_candidates(args.rules, serving, action_spec(model, serving))
     build_eps, held_eps = export_episodes(model, serving, args)
     build, held = collect(model, build_eps), collect(model, held_eps)
     prov = {**scenario_provenance(serving), **run_provenance(model, args)}
@@ -600,16 +644,26 @@ def main(argv: list[str] | None = None) -> int:
         bad = [n for n in names if n not in CANDIDATES or (n in DERIVED and not action)]
         require(not bad, "features", args.features, f"must name quantities among {', '.join(CANDIDATES)}")
     rounds = dagger_rounds(model, (build_eps, held_eps), (build, held), names, args, prov, action)
-    selection = select_round(model, [r.table for r in rounds], serving, args)
-    kept = rounds[selection["chosen"]]
-    table, names = kept.table, kept.features
-    data = table.to_dict()
-    data["provenance"] = {**data["provenance"], "dagger": {"rounds": args.dagger_rounds, **selection}}
-    if selection["chosen"]:
-        data["provenance"]["rule"] += (f"; cells also from the states the tables of the first "
-                                       f"{selection['chosen']} DAgger round(s) led to, labelled by the model")
-    data["fidelity"] = {"held_out_decisions": int(len(held[1])),
-                        "build_decisions": int(len(kept.build[1])),
+    labels = [f"round {r}" for r in range(len(rounds))] + [spec for spec, _ in rules]
+    selection = select_round(model, [r.table for r in rounds] + [t for _, t in rules], serving, args)
+    chosen = selection["chosen"]
+    dagger = {"rounds": args.dagger_rounds, "candidates": labels, **selection}
+    if chosen < len(rounds):
+        kept = rounds[chosen]
+        table, names, built = kept.table, kept.features, len(kept.build[1])
+        data = table.to_dict()
+        if chosen:
+            data["provenance"]["rule"] += (f"; cells also from the states the tables of the first "
+                                           f"{chosen} DAgger round(s) led to, labelled by the model")
+    else:
+        spec, table = rules[chosen - len(rounds)]
+        names, built = table.features, 0
+        data = table.to_dict()
+        run = {k: v for k, v in prov.items() if k != "observation_normalisation"}
+        data["provenance"] = {**run, "rule": f"{data['provenance']['rule']}: it kept more of the "
+                              "model's capacity and goodput than the tables built from the model"}
+    data["provenance"] = {**data["provenance"], "dagger": dagger}
+    data["fidelity"] = {"held_out_decisions": int(len(held[1])), "build_decisions": built,
                         "agreement": agreement(table, features_of(names, held[0], action), held[1]),
                         "capacity": fidelity(model, table, serving, args),
                         "goodput": load_fidelity(model, table, serving, args)}
@@ -619,6 +673,31 @@ def main(argv: list[str] | None = None) -> int:
         write_atomic(args.csv, final.to_csv())
     report(final, time.perf_counter() - t0, args)
     return 0
+
+
+def rule_candidates(specs: str, serving: Scenario, action: dict | None) -> list[tuple[str, BudgetTable]]:
+    """(spec, exact table) of each rule in ``specs`` for the serving scenario; none for a
+    run acting in tokens."""
+    names = rule_specs(specs)
+    if action is None or not names:
+        return []
+    out = []
+    for spec in names:
+        table = rule_table(spec, serving, RULE_CHECK_REQUESTS, field="rules")
+        check = table.fidelity["rule_check"]
+        if check["differ"]:
+            raise ConfigError(f"rules: the table of {spec} differs from the rule at {check['differ']} "
+                              f"of {check['passes']} passes")
+        out.append((spec, table))
+    return out
+
+
+def rule_specs(specs: str) -> list[str]:
+    return [s.strip() for s in specs.split(",") if s.strip() and s.strip() != "none"]
+
+
+RULE_CHECK_REQUESTS = 600
+"""Requests of the stream on which a rule's table is checked against the rule."""
 
 
 class Round(NamedTuple):
@@ -679,21 +758,25 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
     fid = table.fidelity
     kind = table.action.kind
     values = sorted(set(table.action.cells))
-    print(f"table: {args.out} ({table.cells} cells over {', '.join(table.features)}; "
-          f"{sum(table.visited)} visited; {kind} {values[0]:g}-{values[-1]:g}; built from "
-          f"{fid['build_decisions']:,} decisions in {seconds:.0f} s)")
+    dagger = table.provenance.get("dagger") or {}
+    labels = dagger.get("candidates") or [f"round {r}" for r in range(dagger.get("rounds", 0) + 1)]
+    kept = labels[dagger.get("chosen", 0)]
+    built = (f"{sum(table.visited)} visited; {kind} {values[0]:g}-{values[-1]:g}; built from "
+             f"{fid['build_decisions']:,} decisions" if kept.startswith("round") else
+             f"the {kept} rule's, exactly: {kind} {', '.join(f'{v:g}' for v in table.action.cells)}")
+    print(f"table: {args.out} ({table.cells} cells over {', '.join(table.features)}; {built}; "
+          f"made in {seconds:.0f} s)")
     print(f"agreement with the model on {fid['held_out_decisions']:,} held-out decisions: "
           f"{fid['agreement']:.1%}")
-    dagger = table.provenance.get("dagger") or {}
-    if dagger.get("rounds"):
+    if len(labels) > 1:
         kept = "; ".join(f"{what} {', '.join(f'{v:.1%}' for v in dagger[key])}"
                          for what, key in (("capacity", "capacity_kept"), ("goodput at load", "goodput_kept"))
                          if dagger.get(key))
         if kept and not dagger.get("goodput_kept"):
             kept += (f"; goodput at load not judged: the model serves at most {MIN_MODEL_GOODPUT:.0%} "
                      "of requests within the SLO there")
-        print(f"DAgger: round {dagger['chosen']} of {dagger['rounds']} kept" + (
-            f" (the model's figures its tables keep, by round, on {dagger['streams']} streams of "
+        print(f"kept: the table of {labels[dagger['chosen']]} among {', '.join(labels)}" + (
+            f" (the model's figures each keeps, in that order, on {dagger['streams']} streams of "
             f"their own: {kept}; kept: the highest mean of the shares, the earliest on a tie)" if kept
             else " (no stream where the model meets the SLO at any load: not compared)"))
     worst = 0.0
@@ -728,9 +811,114 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
               f"{low:.1%} somewhere (beyond the interval, and more than {LOUD_GOODPUT_LOSS:.0%}): "
               "past capacity it drives the engine into states its model does not; use other "
               "features, or serve the model", file=sys.stderr)
+    print(serve_line(table))
+
+
+def serve_line(table: BudgetTable) -> str:
     if table.max_budget is None:
-        print(f"serve it in vLLM with --max-num-batched-tokens {table.action.cap} (its budgets' cap; "
-              "a lower ceiling clamps them); see docs/serving.md")
-    else:
-        print(f"serve it in vLLM with --max-num-batched-tokens {table.max_budget} (the table's "
-              "largest budget); see docs/serving.md")
+        return (f"serve it in vLLM with --max-num-batched-tokens {table.action.cap} (its budgets' "
+                "cap; a lower ceiling clamps them); see docs/serving.md")
+    return (f"serve it in vLLM with --max-num-batched-tokens {table.max_budget} (the table's "
+            "largest budget); see docs/serving.md")
+
+
+def rule_cells(rule, spec: str, field: str = "rule") -> tuple[list[dict], list[float]]:
+    """The features and time fractions of a table that makes ``rule``'s budget at every
+    pass: the slack (one pass over the target or more) and, for the deadline rule, the
+    prefill queue's due time past ``margin`` of the TTFT target (the rule's strict
+    comparison, as an edge one float above the threshold)."""
+    from policies.baselines import TimeBudgetDeadlinePolicy, TimeBudgetPolicy, TimeBudgetSlackPolicy
+
+    kind = type(rule)
+    if kind is TimeBudgetPolicy:
+        return [{"name": "running_decodes", "edges": []}], [rule.fraction]
+    if kind is TimeBudgetSlackPolicy and rule.kv is None:
+        return [{"name": "itl_slack_passes", "edges": [1.0]}], [rule.fraction, rule.top]
+    if kind is TimeBudgetDeadlinePolicy and rule.kv is None and rule.fraction == 1.0:
+        due = math.nextafter(rule.margin * rule.ttft_s, math.inf)
+        return ([{"name": "itl_slack_passes", "edges": [1.0]}, {"name": "prefill_due_s", "edges": [due]}],
+                [rule.fraction] * 3 + [rule.top])
+    raise ConfigError(f"{field}: got {show(spec)}, a table holds exactly only {', '.join(RULES)}")
+
+
+class RuleCheck:
+    """Drives the simulator with a rule and counts the passes where a table's budget differs."""
+
+    def __init__(self, rule, table: BudgetTable):
+        from policies.table_policy import TablePolicy
+
+        self.rule, self.table = rule, TablePolicy(table)
+        self.name, self.budgets, self.differ = rule.name, [], 0
+
+    def reset(self) -> None:
+        self.rule.reset()
+        self.table.reset()
+
+    def __call__(self, state) -> int:
+        want = self.rule(state)
+        self.differ += self.table(state) != want
+        self.budgets.append(want)
+        return want
+
+
+def parse_rule(spec: str, scenario: Scenario, field: str = "rule"):
+    """The rule a spec names, refused in one line unless a table holds it exactly."""
+    from policies.specs import make_policy
+
+    if spec.strip().partition(":")[0] not in ("time-budget", "time-budget-slack", "time-budget-deadline"):
+        raise ConfigError(f"{field}: got {show(spec)}, a table holds exactly only {', '.join(RULES)}")
+    try:
+        rule = make_policy(spec, scenario)
+    except ConfigError as err:
+        raise ConfigError(f"{field}: " + str(err).removeprefix("policy: ")) from None
+    rule_cells(rule, spec, field)
+    return rule
+
+
+def rule_table(spec: str, scenario: Scenario, check_requests: int, field: str = "rule") -> BudgetTable:
+    """A table that is the rule ``spec`` for ``scenario``'s hardware, model and SLO,
+    checked against the rule pass by pass on a stream of the scenario (its fidelity
+    records the passes and how many differ, which is none unless the runtime and the
+    simulator part ways)."""
+    rule = parse_rule(spec, scenario, field)
+    features, fractions = rule_cells(rule, spec, field)
+    data = {"schema_version": SCHEMA_VERSION, "kind": KIND, "action": time_action(scenario),
+            "features": features, "fractions": fractions, "default_budget": 2048,
+            "provenance": {**scenario_provenance(scenario), "exported": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                           "rule": f"the {rule.name} rule (policies/baselines.py), cell for cell"}}
+    check = RuleCheck(rule, BudgetTable(data))
+    workload = scenario.stream(0, 1, TABLE_FIDELITY_SEEDS, check_requests)
+    scenario.simulator(workload).run(check)
+    data["default_budget"] = default_budget(np.asarray(check.budgets))
+    data["fidelity"] = {"rule_check": {"passes": len(check.budgets), "differ": int(check.differ),
+                                       "requests": int(check_requests), "seed": TABLE_FIDELITY_SEEDS}}
+    return BudgetTable(data)
+
+
+def rule_main(argv: list[str]) -> int:
+    args = parse(RuleExportArgs, argv, prog="python -m eval export --rule RULE")
+    if any(a == "--seed" or a.startswith("--seed=") for a in argv):
+        raise ConfigError(f"seed: got {show(args.seed)}, not used here: the rule's table is checked on "
+                          "a stream of held-out seeds")
+    scenario = Scenario(**{k: getattr(args, k) for k in Scenario.__dataclass_fields__}).check()
+    check_num_requests("check_requests", args.check_requests)
+    check_output("out", args.out)
+    if args.csv is not None:
+        check_output("csv", args.csv)
+    check_distinct(out=args.out, csv=args.csv)
+    t0 = time.perf_counter()
+    table = rule_table(args.rule, scenario, args.check_requests)
+    check = table.fidelity["rule_check"]
+    if check["differ"]:
+        raise ConfigError(f"rule: the table differs from {args.rule} at {check['differ']} of "
+                          f"{check['passes']} passes; nothing written")
+    table.save(args.out)
+    if args.csv:
+        write_atomic(args.csv, table.to_csv())
+    cells = ", ".join(f"{f:g}" for f in table.action.cells)
+    print(f"table: {args.out} ({table.cells} cells over {', '.join(table.features)}; fractions "
+          f"{cells}; made in {time.perf_counter() - t0:.0f} s)")
+    print(f"the same budget as {args.rule} at all {check['passes']:,} passes of a "
+          f"{check['requests']}-request stream of the scenario; fallback budget {table.default_budget}")
+    print(serve_line(table))
+    return 0

@@ -17,8 +17,9 @@
                                   run over it (spends the p99 slack)
 ``time-budget-slack-kv[:TOP]``    the same over time-budget-kv:1, spending only below 60%
                                   KV usage
-``time-budget-deadline[:TOP]``    time-budget-slack spending the slack only when a waiting
-                                  request would miss 0.7 of the TTFT target at fraction 1
+``time-budget-deadline[:TOP]``    time-budget-slack spending the slack only while the prefill
+                                  queue would be done later than 0.8 of the TTFT target at
+                                  fraction 1
 ``reference:BUDGET[:H[:R]]``      the MPC reference over static BUDGET (not deployable: sees
                                   the future), horizon H s (2x TTFT), re-plan every R s
 ``model:RUN_DIR``                 a model trained by train.py

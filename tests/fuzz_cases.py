@@ -482,6 +482,14 @@ def eval_cases() -> list[Case]:
             Case(c, ("export", "{tmp}/afile", "--out", "{tmp}/t.json"), "run_dir", (UNDER_FILE,)),
             Case(c, ("export", "{tmp}/empty", "--out", "{tmp}/t.json"), "run_dir", (("empty", FOLDER),)),
             Case(c, ("export", "{tmp}/run", "{tmp}/run2", "--out", "{tmp}/t.json"), "run2", run)]
+    out += [Case(c, tuple(_replace(exp, "--rules", v)), "rules", run)
+            for v in ("time-budget-kv", "static:2048", "time-budget-slack:99", "x:y:z")]
+    rule = ["export", "--rule", "time-budget", "--out", "{tmp}/t.json"]
+    out += [Case(c, tuple(_replace(rule, "--rule", v)), "rule")
+            for v in ("", "time-budget-kv", "queue-depth", "time-budget:0", "time-budget-deadline:nan")]
+    out += [Case(c, tuple(_replace(rule, "--check-requests", v)), "check_requests") for v in ("0", "-3", "x")]
+    out += [Case(c, tuple(_replace(rule, "--out", v)), "out", files) for v, files in OUT_FILE_BAD[::2]]
+    out += [Case(c, tuple(rule + ["--hardware", "nope"]), "hardware"), Case(c, tuple(rule + ["--bogus"]), "bogus")]
     return out
 
 

@@ -362,23 +362,32 @@ def test_a_table_over_the_slack_spends_it_as_the_engine_counts_it():
         BudgetTable({**data, "action": {"kind": "tokens"}, "budgets": [512, 4096]})
 
 
-def test_a_table_over_slack_and_due_time_is_the_deadline_rule():
-    """A time-fraction table over the slack and when the prefill queue is due (4x the
-    target with slack for a pass and the queue due after 0.8 of the TTFT target, else
-    1x) makes the deadline rule's budget at every pass of a run: the runtime derives
-    both features from the engine's counts exactly as the rule reads the simulator."""
+@pytest.mark.parametrize("spec, features, cells", [
+    ("time-budget:0.8", ["running_decodes"], [0.8]),
+    ("time-budget-slack:16", ["itl_slack_passes"], [1.0, 16.0]),
+    ("time-budget-deadline", ["itl_slack_passes", "prefill_due_s"], [1.0, 1.0, 1.0, 4.0])])
+def test_a_rule_table_is_the_rule_at_every_pass(spec, features, cells):
+    """``python -m eval export --rule`` writes a time-fraction table over the slack (one
+    pass or more) and the prefill queue's due time (past 0.8 of the TTFT target), which
+    makes the rule's budget at every pass of a run its own check never saw: lone 6K
+    prompts, then pairs of 12K prompts that make the deadline rule spend the slack. The
+    runtime derives both features from the engine's counts exactly as the rule reads the
+    simulator; its due-time edge sits one float above the threshold, as the rule compares
+    strictly."""
     from envs.scenario import Scenario
-    from policies.baselines import TimeBudgetDeadlinePolicy, TimeBudgetPolicy
+    from eval.export import rule_table
+    from policies.specs import make_policy
     from policies.table_policy import TablePolicy
     from tests.conftest import make_sim
 
     sc = Scenario(hardware="a100-80g", model="llama-3-8b")
-    data = time_table([1.0, 1.0, 1.0, 4.0], sc, edges=(0.2, 0.5, 0.8)).to_dict()
-    data["features"] = [{"name": "itl_slack_passes", "edges": [1.0]},
-                        {"name": "prefill_due_s", "edges": [0.8 * sc.slo_ttft_s]}]
-    table = TablePolicy(BudgetTable(data))
-    assert {"waiting_prefill_tokens", "oldest_wait_s"} <= table.table.needs
-    rule = TimeBudgetDeadlinePolicy(sc.slo_itl_s, sc.slo_ttft_s, top=4.0)
+    made = rule_table(spec, sc, 60)
+    assert made.features == tuple(features) and list(made.action.cells) == cells
+    assert made.fidelity["rule_check"]["differ"] == 0 and made.fidelity["rule_check"]["passes"] > 60
+    if "prefill_due_s" in features:
+        assert made.edges[1][0] == math.nextafter(0.8 * sc.slo_ttft_s, math.inf)
+    table = TablePolicy(BudgetTable(made.to_dict()))  # and through JSON
+    rule = make_policy(spec, sc)
     lone = [(3.0 * i, 6000, 20) for i in range(1, 10)]
     pairs = [(30.0 + 5.0 * i, 12000, 20) for i in range(4) for _ in range(2)]
     sim = make_sim([(0.0, 60, 3000)] * 6 + lone + pairs, hardware="a100-80g", model="llama-3-8b")
@@ -387,9 +396,32 @@ def test_a_table_over_slack_and_due_time_is_the_deadline_rule():
         state = sim.state()
         want = rule(state)
         assert table(state) == want
-        spent += want > TimeBudgetPolicy(sc.slo_itl_s, 1.0)(state)
+        spent += want > make_policy("time-budget:1", sc)(state)
         sim.step(want)
-    assert spent
+    assert spent or "slack" not in spec and "deadline" not in spec
+
+
+def test_rule_export_writes_a_table_the_runtime_accepts_and_refuses_other_rules(tmp_path):
+    """The CLI end to end: the deadline rule for an A100 is a table ``python -m
+    policies.table check`` accepts for that hardware and model; a rule no table holds
+    exactly is a one-line error naming the field, and nothing is written."""
+    import json
+
+    from tests.conftest import cli
+
+    out = tmp_path / "t.json"
+    done = cli("eval", "export", "--rule", "time-budget-deadline:16", "--hardware", "a100-80g", "--out",
+               str(out), "--csv", str(tmp_path / "t.csv"), "--check-requests", "100")
+    assert done.returncode == 0, done.stderr
+    assert "the same budget as time-budget-deadline:16 at all" in done.stdout
+    data = json.loads(out.read_text())
+    assert data["fractions"] == [1.0, 1.0, 1.0, 16.0] and data["provenance"]["hardware"]["name"] == "a100-80g"
+    check = cli("policies.table", "check", str(out), "--hardware", "a100-80g", "--model", "llama-3-8b")
+    assert check.returncode == 0, check.stdout + check.stderr
+    for rule in ("time-budget-kv", "static:2048", "time-budget-deadline:0.5"):
+        bad = cli("eval", "export", "--rule", rule, "--out", str(tmp_path / "no.json"))
+        assert bad.returncode == 2 and bad.stderr.startswith("error: rule: got")
+        assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "no.json").exists()
 
 
 def test_export_picks_the_slack_feature_a_rare_long_pass_hangs_on():
