@@ -3,6 +3,7 @@ the SLO of the suite's scenarios on that deployment.
 
     python -m agents.presets                      # every preset, one after another
     python -m agents.presets --only h200__llama-3-8b --total-timesteps 300000
+    python -m agents.presets --export-only        # the tables again, from the finished runs
     python -m agents.presets --report docs/presets.md   # the runs' results, one table
 
 Each preset is a ``train.py`` run in ``runs/presets/HARDWARE__MODEL`` followed by
@@ -14,6 +15,7 @@ Ray as ``--workers`` says.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from envs.cli import parse
 from envs.errors import ConfigError, run_cli
@@ -74,6 +76,8 @@ class PresetArgs:
     """Held-out streams of each run's final comparison. The slower parts serve a fraction of
     a request per second under the SLO, where a p99 TTFT over 600 requests hangs on a few
     collisions of long prompts: 3 streams leave intervals of 10-20% there."""
+    export_only: bool = False
+    """Export the tables from the finished runs in ``--runs`` without training."""
     report: str | None = None
     """Write the finished runs' results (markdown) to this file instead of training."""
 
@@ -121,7 +125,6 @@ def preset_row(name: str, summary: dict, table: dict | None) -> list[str]:
 def report(runs: str, tables: str) -> str:
     """The finished preset runs side by side, from their summary.json and tables."""
     import json
-    from pathlib import Path
 
     lines = ["| preset | scenario | best fixed budget: capacity | learned | time-budget rule "
              "| table against the model | at the serving load: goodput, table / model "
@@ -145,7 +148,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(PresetArgs, argv, prog="python -m agents.presets")
     if args.report:
         from envs.files import write_atomic
-        from pathlib import Path
 
         write_atomic(Path(args.report), report(args.runs, args.tables))
         return 0
@@ -154,16 +156,21 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in chosen]
     if unknown:
         raise ConfigError(f"only: unknown {', '.join(unknown)}; known: {', '.join(chosen)}")
+    missing = [n for n in names if not Path(args.runs, n, "config.json").is_file()]
+    if args.export_only and missing:
+        raise ConfigError(f"export_only: no finished run of {', '.join(missing)} in {args.runs}; "
+                          "train it first")
     workers = [] if args.workers is None else ["--workers", str(args.workers)]
     for name in names:
         (hardware, model), flags = chosen[name]
         run = f"{args.runs}/{name}"
-        print(f"== {name}: training in {run}", flush=True)
-        code = train.main(["--hardware", hardware, "--model", model, "--run-dir", run,
-                           "--total-timesteps", str(args.total_timesteps), "--seed", str(args.seed),
-                           "--final-seeds", str(args.final_seeds), "--no-progress-bar", *flags, *workers])
-        if code:
-            return code
+        if not args.export_only:
+            print(f"== {name}: training in {run}", flush=True)
+            code = train.main(["--hardware", hardware, "--model", model, "--run-dir", run,
+                               "--total-timesteps", str(args.total_timesteps), "--seed", str(args.seed),
+                               "--final-seeds", str(args.final_seeds), "--no-progress-bar", *flags, *workers])
+            if code:
+                return code
         print(f"== {name}: exporting to {args.tables}/{name}.json", flush=True)
         export_main([run, "--out", f"{args.tables}/{name}.json", "--csv",
                      f"{args.tables}/{name}.csv", *EXPORT_FLAGS.get((hardware, model), []),

@@ -69,14 +69,15 @@ def test_a_trained_run_exports_a_table_the_runtime_accepts(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     data = json.loads(table.read_text())
     dagger = data["provenance"]["dagger"]
-    assert dagger["rounds"] == 2 and dagger["chosen"] in (0, 1, 2)
-    assert len(dagger["capacity_kept"]) == 3
-    assert "goodput_kept" not in dagger or len(dagger["goodput_kept"]) == 3
+    labels = ["round 0", "round 1", "round 2", "time-budget-deadline:4", "time-budget-deadline:16"]
+    assert dagger["rounds"] == 2 and dagger["candidates"] == labels and dagger["chosen"] in range(5)
+    assert len(dagger["capacity_kept"]) == 5
+    assert "goodput_kept" not in dagger or len(dagger["goodput_kept"]) == 5
     assert dagger["streams"] > 0
-    assert f"DAgger: round {dagger['chosen']} of 2 kept" in out.stdout
+    assert f"kept: the table of {labels[dagger['chosen']]} among round 0" in out.stdout
     fid = data["fidelity"]
     assert set(fid["capacity"]) == set(fid["goodput"]) == {"serving", "+3 ms per pass", "tight KV cache"}
-    assert fid["build_decisions"] > 0 and 0 <= fid["agreement"] <= 1
+    assert (fid["build_decisions"] > 0) == (dagger["chosen"] < 3) and 0 <= fid["agreement"] <= 1
     check = subprocess.run([sys.executable, "-m", "policies.table", "check", str(table),
                             "--hardware", "h100-sxm", "--model", "llama-3-8b"],
                            capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -320,6 +321,17 @@ def test_presets_pass_a_preset_flags_and_the_final_streams(monkeypatch, tmp_path
     assert eargs[0] == f"{tmp_path}/l40s__llama-3-8b" and flag(eargs, "--out") == "tables/l40s__llama-3-8b.json"
     with pytest.raises(ConfigError, match="only: unknown nope; known: h100-sxm__llama-3-8b"):
         presets.main(["--only", "nope"])
+    # --export-only: the tables again from the finished runs, nothing trained; a preset
+    # without a finished run is refused before any export starts.
+    calls.clear()
+    (tmp_path / "l40s__llama-3-8b" / "config.json").parent.mkdir()
+    (tmp_path / "l40s__llama-3-8b" / "config.json").write_text("{}")
+    assert presets.main(["--only", "l40s__llama-3-8b", "--runs", str(tmp_path), "--export-only"]) == 0
+    assert [c[0] for c in calls] == ["export"] and flag(calls[0][1], "--features").startswith("itl_slack")
+    calls.clear()
+    with pytest.raises(ConfigError, match="export_only: no finished run of h200__llama-3-8b in"):
+        presets.main(["--only", "l40s__llama-3-8b,h200__llama-3-8b", "--runs", str(tmp_path), "--export-only"])
+    assert not calls
 
 
 def test_action_histogram_counts_budgets_in_quarter_octaves_and_by_running_decodes():
