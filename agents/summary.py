@@ -91,8 +91,9 @@ def budget_lines(actions: dict) -> list[str]:
                      if v >= 0.05) or "none"
     in_time = "over_target" in rows[0]
     lines = [f"Token budgets asked (a time fraction becomes a different budget with each pass's "
-             f"decodes), in bins of 2^(1/4) tokens: {actions['budgets_5pct']} bins each hold at "
-             f"least 5% of passes ({used}).", "",
+             f"decodes and each episode's ITL target: over the training conditions' SLO pairs they "
+             f"spread further than at one SLO), in bins of 2^(1/4) tokens: "
+             f"{actions['budgets_5pct']} bins each hold at least 5% of passes ({used}).", "",
              "| running decodes | share of passes | median budget (tokens) |"
              + (" share over 1x the target |" if in_time else ""),
              "|---|---:|---:|" + ("---:|" if in_time else "")]

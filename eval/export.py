@@ -760,10 +760,10 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
     values = sorted(set(table.action.cells))
     dagger = table.provenance.get("dagger") or {}
     labels = dagger.get("candidates") or [f"round {r}" for r in range(dagger.get("rounds", 0) + 1)]
-    kept = labels[dagger.get("chosen", 0)]
+    source = labels[dagger.get("chosen", 0)]
     built = (f"{sum(table.visited)} visited; {kind} {values[0]:g}-{values[-1]:g}; built from "
-             f"{fid['build_decisions']:,} decisions" if kept.startswith("round") else
-             f"the {kept} rule's, exactly: {kind} {', '.join(f'{v:g}' for v in table.action.cells)}")
+             f"{fid['build_decisions']:,} decisions" if source.startswith("round") else
+             f"the {source} rule's, exactly: {kind} {', '.join(f'{v:g}' for v in table.action.cells)}")
     print(f"table: {args.out} ({table.cells} cells over {', '.join(table.features)}; {built}; "
           f"made in {seconds:.0f} s)")
     print(f"agreement with the model on {fid['held_out_decisions']:,} held-out decisions: "
@@ -775,7 +775,7 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
         if kept and not dagger.get("goodput_kept"):
             kept += (f"; goodput at load not judged: the model serves at most {MIN_MODEL_GOODPUT:.0%} "
                      "of requests within the SLO there")
-        print(f"kept: the table of {labels[dagger['chosen']]} among {', '.join(labels)}" + (
+        print(f"kept: the table of {source} among {', '.join(labels)}" + (
             f" (the model's figures each keeps, in that order, on {dagger['streams']} streams of "
             f"their own: {kept}; kept: the highest mean of the shares, the earliest on a tie)" if kept
             else " (no stream where the model meets the SLO at any load: not compared)"))
