@@ -212,6 +212,11 @@ def check_output(what: str, path: str | Path, kind: str = "file") -> Path:
         raise ConfigError(f"{what}: {_where(p)} is a folder, expected a file path")
     if kind == "folder" and p.exists() and not p.is_dir():
         raise ConfigError(f"{what}: {_where(p)} is a file, expected a folder")
+    if kind == "file" and (p.is_symlink() or (p.exists() and not p.is_file())):
+        # Written atomically, by renaming a new file over it: a device, a pipe or a link
+        # would be replaced by a plain file, not written through.
+        raise ConfigError(f"{what}: {_where(p)} is not a plain file (a link, device or pipe); "
+                          "give the path of a plain file")
     base = p if kind == "folder" else p.parent
     while not base.exists() and base != base.parent:
         if base.is_symlink():  # a dangling link or a loop: nothing can be created through it

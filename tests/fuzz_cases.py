@@ -302,7 +302,7 @@ UNDER_FILE = ("afile", b"x")
 OUT_FILE_BAD = [  # (value, files) for an output that must be a file
     ("{tmp}/afile/x.out", (UNDER_FILE,)), ("{tmp}/adir", (("adir", FOLDER),)),
     ("/proc/chunkpilot-fuzz.out", ()), ("", ()), ("/dev/null/x.out", ()), ("{tmp}/loop/x.out", (("loop", LOOP),)),
-    ("{tmp}/adir/", ()),
+    ("{tmp}/adir/", ()), ("{tmp}/apipe", (("apipe", FIFO),)),
 ]
 OUT_DIR_BAD = [  # for an output that must be a folder
     ("{tmp}/afile", (UNDER_FILE,)), ("{tmp}/afile/sub", (UNDER_FILE,)), ("/proc/chunkpilot-fuzz", ()), ("", ()),
@@ -487,7 +487,8 @@ def eval_cases() -> list[Case]:
     rule = ["export", "--rule", "time-budget", "--out", "{tmp}/t.json"]
     out += [Case(c, tuple(_replace(rule, "--rule", v)), "rule")
             for v in ("", "time-budget-kv", "queue-depth", "time-budget:0", "time-budget-deadline:nan")]
-    out += [Case(c, tuple(_replace(rule, "--check-requests", v)), "check_requests") for v in ("0", "-3", "x")]
+    out += [Case(c, tuple(_replace(rule, "--num-requests", v)), "num_requests") for v in ("0", "-3", "x")]
+    out += [Case(c, tuple(_replace(exp, "--rules", v)), "rules", run) for v in ("", ",", "none,time-budget")]
     out += [Case(c, tuple(_replace(rule, "--out", v)), "out", files) for v, files in OUT_FILE_BAD[::2]]
     out += [Case(c, tuple(rule + ["--hardware", "nope"]), "hardware"), Case(c, tuple(rule + ["--bogus"]), "bogus")]
     return out

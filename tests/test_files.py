@@ -99,11 +99,20 @@ def test_csv_rows_name_their_lines_and_refuse_huge_fields(tmp_path):
     (lambda d: (d / "f").write_text("x"), "f", "folder", "is a file, expected a folder"),
     (lambda d: None, "", "file", "must be a path"),
     (lambda d: (d / "loop").symlink_to(d / "loop"), "loop/x.json", "file", "broken symbolic link"),
+    # Written by renaming a new file over it: a link or a pipe would be replaced, not written.
+    (lambda d: ((d / "t.json").write_text("{}"), (d / "link.json").symlink_to(d / "t.json")),
+     "link.json", "file", "is not a plain file"),
+    (lambda d: os.mkfifo(d / "pipe"), "pipe", "file", "is not a plain file"),
 ])
 def test_output_paths_are_refused_before_any_work(tmp_path, make, path, kind, message):
     make(tmp_path)
     with pytest.raises(ConfigError, match=message):
         check_output("out", str(tmp_path / path) if path else "", kind)
+
+
+def test_a_device_is_not_an_output_file():
+    with pytest.raises(ConfigError, match="'/dev/null' is not a plain file"):
+        check_output("out", "/dev/null")
 
 
 def test_output_in_a_folder_nothing_can_be_created_in():
