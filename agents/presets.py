@@ -152,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         write_atomic(Path(args.report), report(args.runs, args.tables))
         return 0
     chosen = {name_of(*k): (k, v) for k, v in PRESETS.items()}
-    names = list(chosen) if not args.only else [n.strip() for n in args.only.split(",")]
+    names = list(chosen) if args.only is None else [n.strip() for n in args.only.split(",")]
+    if not all(names):
+        raise ConfigError(f"only: got {args.only!r}, an empty name; give comma-separated names "
+                          f"among {', '.join(chosen)}, or leave --only out for all of them")
     unknown = [n for n in names if n not in chosen]
     if unknown:
         raise ConfigError(f"only: unknown {', '.join(unknown)}; known: {', '.join(chosen)}")

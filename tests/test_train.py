@@ -321,6 +321,9 @@ def test_presets_pass_a_preset_flags_and_the_final_streams(monkeypatch, tmp_path
     assert eargs[0] == f"{tmp_path}/l40s__llama-3-8b" and flag(eargs, "--out") == "tables/l40s__llama-3-8b.json"
     with pytest.raises(ConfigError, match="only: unknown nope; known: h100-sxm__llama-3-8b"):
         presets.main(["--only", "nope"])
+    for empty in ("", " ", "l40s__llama-3-8b,"):  # an empty name is not "all of them"
+        with pytest.raises(ConfigError, match="only: got .*, an empty name"):
+            presets.main(["--only", empty, "--export-only"])
     # --export-only: the tables again from the finished runs, nothing trained; a preset
     # without a finished run is refused before any export starts.
     calls.clear()
