@@ -5,7 +5,7 @@
     python -m eval capacity --policies time-budget,queue-depth,table:tables/h100-sxm__llama-3-8b.json
     python -m eval suite --policies vllm-default,queue-depth,sarathi-slo,time-budget --out reports/suite
     python -m eval export RUN_DIR --out tables/NAME.json [--csv tables/NAME.csv]
-    python -m eval export --rule time-budget-deadline --hardware a100-80g --out tables/NAME.json
+    python -m eval export --rule time-budget-deadline --hardware a100-80g --out NAME.json
 
 Every comparison searches the hindsight-best static budget on a fine ladder (steps of
 2^(1/4), 64 to 16,384) and says per policy whether it beats, ties with or falls short of it,

@@ -1,7 +1,7 @@
 """Export a trained policy as a lookup table that an engine reads in microseconds.
 
     python -m eval export RUN_DIR --out tables/NAME.json [--csv tables/NAME.csv]
-    python -m eval export --rule time-budget-deadline[:TOP] --hardware H --model M --out PATH
+    python -m eval export --rule time-budget-deadline[:TOP] --hardware H --model M --out PATH.json
 
 1. Visited states: the trained model drives the simulator on episodes of its training
    conditions, at the table's SLO (the run's serving SLO unless ``--slo-*`` say
@@ -31,8 +31,8 @@
 A rule is a table too (``--rule``): the time-budget rules choose a fraction of the ITL
 target by thresholds on quantities an engine has (the p99 slack, the prefill queue's due
 time), so a table of 1, 2 or 4 cells over them makes the rule's budget at every pass; it
-is checked against the rule on a stream of the scenario before it is written. The
-export of a run weighs the deadline rules' tables (``--rules``) against its DAgger
+is checked against the rule on the scenario's stream before it is written. The
+export of a run weighs rules' tables (``--rules``, the deadline rules by default) against its DAgger
 rounds' on the same streams and measures, and writes a rule's table where it keeps more
 of the model's figures than every round's: a learned table that does not beat the rule
 it learned from is not worth shipping.
@@ -115,17 +115,16 @@ class ExportArgs:
 
 @dataclass(frozen=True)
 class RuleExportArgs(Scenario):
-    """Write a time-budget rule as a lookup table for a scenario's hardware, model and SLO."""
+    """Write a time-budget rule as a lookup table for a scenario's hardware, model and SLO;
+    the table is checked against the rule at every pass of the scenario's stream
+    (--num-requests, --seed, or a trace's window)."""
 
     rule: str = "time-budget-deadline"
     """The rule: time-budget[:FRACTION], time-budget-slack[:TOP] or time-budget-deadline[:TOP]."""
-    out: str = "tables/rule.json"
+    out: str = "rule-table.json"
     """Where to write the table (JSON, written atomically)."""
     csv: str | None = None
     """Also write the table as CSV for people and spreadsheets."""
-    check_requests: int = 600
-    """Requests of one stream of the scenario on which the table is checked against the
-    rule, pass by pass (its budgets also give the table's fallback budget)."""
 
 
 RULES = ("time-budget[:FRACTION]", "time-budget-slack[:TOP]", "time-budget-deadline[:TOP]")
@@ -400,8 +399,11 @@ def parse_args(argv: list[str]) -> ExportArgs:
     integer("dagger_rounds", args.dagger_rounds, 0, 10)
     for f in ("build_episodes", "held_episodes"):
         integer(f, getattr(args, f), 1, MAX_EPISODES)
+    seen = {}
     for spec in rule_specs(args.rules):
-        parse_rule(spec, Scenario(), "rules")
+        name = parse_rule(spec, Scenario(), "rules").name
+        require(name not in seen, "rules", args.rules, f"names {name} twice ({seen.get(name)}, {spec})")
+        seen[name] = spec
     integer("fidelity_seeds", args.fidelity_seeds, 0, 50)
     check_num_requests("fidelity_requests", args.fidelity_requests)
     for f in ("slo_ttft_s", "slo_itl_s"):
@@ -666,7 +668,8 @@ def main(argv: list[str] | None = None) -> int:
     data["fidelity"] = {"held_out_decisions": int(len(held[1])), "build_decisions": built,
                         "agreement": agreement(table, features_of(names, held[0], action), held[1]),
                         "capacity": fidelity(model, table, serving, args),
-                        "goodput": load_fidelity(model, table, serving, args)}
+                        "goodput": load_fidelity(model, table, serving, args),
+                        **({"rule_check": table.fidelity["rule_check"]} if chosen >= len(rounds) else {})}
     final = BudgetTable(data, args.out)
     final.save(args.out)
     if args.csv:
@@ -683,7 +686,8 @@ def rule_candidates(specs: str, serving: Scenario, action: dict | None) -> list[
         return []
     out = []
     for spec in names:
-        table = rule_table(spec, serving, RULE_CHECK_REQUESTS, field="rules")
+        table = rule_table(spec, serving, serving.stream(0, 1, TABLE_FIDELITY_SEEDS, RULE_CHECK_REQUESTS),
+                           field="rules")
         check = table.fidelity["rule_check"]
         if check["differ"]:
             raise ConfigError(f"rules: the table of {spec} differs from the rule at {check['differ']} "
@@ -693,7 +697,12 @@ def rule_candidates(specs: str, serving: Scenario, action: dict | None) -> list[
 
 
 def rule_specs(specs: str) -> list[str]:
-    return [s.strip() for s in specs.split(",") if s.strip() and s.strip() != "none"]
+    """The rule specs of ``--rules``: none for "none" (alone)."""
+    if specs.strip() == "none":
+        return []
+    names = [s.strip() for s in specs.split(",")]
+    require(all(names), "rules", specs, 'must be comma-separated rule specs, or "none"')
+    return names
 
 
 RULE_CHECK_REQUESTS = 600
@@ -838,17 +847,21 @@ def rule_cells(rule, spec: str, field: str = "rule") -> tuple[list[dict], list[f
         due = math.nextafter(rule.margin * rule.ttft_s, math.inf)
         return ([{"name": "itl_slack_passes", "edges": [1.0]}, {"name": "prefill_due_s", "edges": [due]}],
                 [rule.fraction] * 3 + [rule.top])
-    raise ConfigError(f"{field}: got {show(spec)}, a table holds exactly only {', '.join(RULES)}")
+    raise ConfigError(not_a_table(spec, field))
 
 
 class RuleCheck:
-    """Drives the simulator with a rule and counts the passes where a table's budget differs."""
+    """Drives the simulator with a rule; counts the passes where a table's budget differs,
+    and the passes that looked a cell up (with decodes running), per cell."""
 
     def __init__(self, rule, table: BudgetTable):
-        from policies.table_policy import TablePolicy
+        from policies.table_policy import FEATURE_GETTERS, TablePolicy
 
         self.rule, self.table = rule, TablePolicy(table)
         self.name, self.budgets, self.differ = rule.name, [], 0
+        self.cells = [0] * table.cells
+        self._getters = [(n, FEATURE_GETTERS[n]) for n in table.needs]
+        self._action, self._itl_s = table.action, table.itl_s
 
     def reset(self) -> None:
         self.rule.reset()
@@ -858,7 +871,17 @@ class RuleCheck:
         want = self.rule(state)
         self.differ += self.table(state) != want
         self.budgets.append(want)
+        if state.num_decodes:
+            self.cells[self._action.cell({n: g(state, self._itl_s) for n, g in self._getters})] += 1
         return want
+
+
+def not_a_table(spec: str, field: str) -> str:
+    """The one-line refusal of a rule no table holds exactly."""
+    return (f"{field}: got {show(spec)}, a table holds exactly only {', '.join(RULES)}"
+            + (' (or "none" alone)' if field == "rules" else "")
+            + "; the KV-aware rules and time-budget-few move their fraction continuously with KV "
+            "usage or the decodes")
 
 
 def parse_rule(spec: str, scenario: Scenario, field: str = "rule"):
@@ -866,7 +889,7 @@ def parse_rule(spec: str, scenario: Scenario, field: str = "rule"):
     from policies.specs import make_policy
 
     if spec.strip().partition(":")[0] not in ("time-budget", "time-budget-slack", "time-budget-deadline"):
-        raise ConfigError(f"{field}: got {show(spec)}, a table holds exactly only {', '.join(RULES)}")
+        raise ConfigError(not_a_table(spec, field))
     try:
         rule = make_policy(spec, scenario)
     except ConfigError as err:
@@ -875,11 +898,11 @@ def parse_rule(spec: str, scenario: Scenario, field: str = "rule"):
     return rule
 
 
-def rule_table(spec: str, scenario: Scenario, check_requests: int, field: str = "rule") -> BudgetTable:
+def rule_table(spec: str, scenario: Scenario, workload, field: str = "rule") -> BudgetTable:
     """A table that is the rule ``spec`` for ``scenario``'s hardware, model and SLO,
-    checked against the rule pass by pass on a stream of the scenario (its fidelity
-    records the passes and how many differ, which is none unless the runtime and the
-    simulator part ways)."""
+    checked against the rule pass by pass on ``workload`` (its fidelity records the
+    passes, how many differ, which is none unless the runtime and the simulator part
+    ways, and the passes that looked each cell up; ``visited`` marks the cells reached)."""
     rule = parse_rule(spec, scenario, field)
     features, fractions = rule_cells(rule, spec, field)
     data = {"schema_version": SCHEMA_VERSION, "kind": KIND, "action": time_action(scenario),
@@ -887,27 +910,23 @@ def rule_table(spec: str, scenario: Scenario, check_requests: int, field: str = 
             "provenance": {**scenario_provenance(scenario), "exported": time.strftime("%Y-%m-%dT%H:%M:%S"),
                            "rule": f"the {rule.name} rule (policies/baselines.py), cell for cell"}}
     check = RuleCheck(rule, BudgetTable(data))
-    workload = scenario.stream(0, 1, TABLE_FIDELITY_SEEDS, check_requests)
     scenario.simulator(workload).run(check)
     data["default_budget"] = default_budget(np.asarray(check.budgets))
+    data["visited"] = [int(c > 0) for c in check.cells]
     data["fidelity"] = {"rule_check": {"passes": len(check.budgets), "differ": int(check.differ),
-                                       "requests": int(check_requests), "seed": TABLE_FIDELITY_SEEDS}}
+                                       "requests": len(workload), "passes_per_cell": check.cells}}
     return BudgetTable(data)
 
 
 def rule_main(argv: list[str]) -> int:
     args = parse(RuleExportArgs, argv, prog="python -m eval export --rule RULE")
-    if any(a == "--seed" or a.startswith("--seed=") for a in argv):
-        raise ConfigError(f"seed: got {show(args.seed)}, not used here: the rule's table is checked on "
-                          "a stream of held-out seeds")
     scenario = Scenario(**{k: getattr(args, k) for k in Scenario.__dataclass_fields__}).check()
-    check_num_requests("check_requests", args.check_requests)
     check_output("out", args.out)
     if args.csv is not None:
         check_output("csv", args.csv)
     check_distinct(out=args.out, csv=args.csv)
     t0 = time.perf_counter()
-    table = rule_table(args.rule, scenario, args.check_requests)
+    table = rule_table(args.rule, scenario, scenario.workload())
     check = table.fidelity["rule_check"]
     if check["differ"]:
         raise ConfigError(f"rule: the table differs from {args.rule} at {check['differ']} of "
@@ -916,9 +935,19 @@ def rule_main(argv: list[str]) -> int:
     if args.csv:
         write_atomic(args.csv, table.to_csv())
     cells = ", ".join(f"{f:g}" for f in table.action.cells)
-    print(f"table: {args.out} ({table.cells} cells over {', '.join(table.features)}; fractions "
-          f"{cells}; made in {time.perf_counter() - t0:.0f} s)")
-    print(f"the same budget as {args.rule} at all {check['passes']:,} passes of a "
-          f"{check['requests']}-request stream of the scenario; fallback budget {table.default_budget}")
+    n = table.cells
+    print(f"table: {args.out} ({n} cell{'s' * (n > 1)} over {', '.join(table.features)}; "
+          f"fractions {cells}; made in {time.perf_counter() - t0:.1f} s)")
+    per = check["passes_per_cell"]
+    passes = "the one pass" if check["passes"] == 1 else f"all {check['passes']:,} passes"
+    print(f"the same budget as {args.rule} at {passes} of the scenario's "
+          f"{check['requests']:,}-request stream; passes with decodes running, per cell: "
+          f"{', '.join(f'{c:,}' for c in per)}; fallback budget {table.default_budget}")
+    if not all(per):
+        print(f"NOTE: {per.count(0)} of {n} cell{'s' * (n > 1)} never reached on this stream: "
+              "checked by the rule's thresholds alone there (a longer or busier stream, "
+              "--num-requests or --rate, reaches more)")
     print(serve_line(table))
     return 0
+
+

@@ -301,11 +301,15 @@ class TimeFractionAction:
                                  state["oldest_wait_s"], self.itl_s, self.cap)
         return state[name]
 
-    def fraction(self, state: Mapping[str, float]) -> float:
+    def cell(self, state: Mapping[str, float]) -> int:
+        """The index of the cell ``state`` falls in."""
         idx = 0
         for name, edges, stride in self._axes:
             idx += bisect_right(edges, self.value(name, state)) * stride
-        return self.cells[idx]
+        return idx
+
+    def fraction(self, state: Mapping[str, float]) -> float:
+        return self.cells[self.cell(state)]
 
     def budget(self, state: Mapping[str, float], cost: Mapping | None = None) -> int:
         """``cost`` overrides the stored coefficients when converting the fraction to tokens

@@ -381,9 +381,12 @@ def test_a_rule_table_is_the_rule_at_every_pass(spec, features, cells):
     from tests.conftest import make_sim
 
     sc = Scenario(hardware="a100-80g", model="llama-3-8b")
-    made = rule_table(spec, sc, 60)
+    made = rule_table(spec, sc, sc.stream(0, 1, 7, 60))
     assert made.features == tuple(features) and list(made.action.cells) == cells
-    assert made.fidelity["rule_check"]["differ"] == 0 and made.fidelity["rule_check"]["passes"] > 60
+    check = made.fidelity["rule_check"]
+    assert check["differ"] == 0 and check["passes"] > 60 and check["requests"] == 60
+    assert sum(check["passes_per_cell"]) <= check["passes"]
+    assert list(made.visited) == [c > 0 for c in check["passes_per_cell"]]
     if "prefill_due_s" in features:
         assert made.edges[1][0] == math.nextafter(0.8 * sc.slo_ttft_s, math.inf)
     table = TablePolicy(BudgetTable(made.to_dict()))  # and through JSON
@@ -411,9 +414,10 @@ def test_rule_export_writes_a_table_the_runtime_accepts_and_refuses_other_rules(
 
     out = tmp_path / "t.json"
     done = cli("eval", "export", "--rule", "time-budget-deadline:16", "--hardware", "a100-80g", "--out",
-               str(out), "--csv", str(tmp_path / "t.csv"), "--check-requests", "100")
+               str(out), "--csv", str(tmp_path / "t.csv"), "--num-requests", "100")
     assert done.returncode == 0, done.stderr
     assert "the same budget as time-budget-deadline:16 at all" in done.stdout
+    assert "of the scenario's 100-request stream; passes with decodes running, per cell:" in done.stdout
     data = json.loads(out.read_text())
     assert data["fractions"] == [1.0, 1.0, 1.0, 16.0] and data["provenance"]["hardware"]["name"] == "a100-80g"
     check = cli("policies.table", "check", str(out), "--hardware", "a100-80g", "--model", "llama-3-8b")
