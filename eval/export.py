@@ -401,7 +401,7 @@ def parse_args(argv: list[str]) -> ExportArgs:
         integer(f, getattr(args, f), 1, MAX_EPISODES)
     seen = {}
     for spec in rule_specs(args.rules):
-        name = parse_rule(spec, Scenario(), "rules").name
+        name = parse_rule(spec, Scenario(), "rules")[0].name
         require(name not in seen, "rules", args.rules, f"names {name} twice ({seen.get(name)}, {spec})")
         seen[name] = spec
     integer("fidelity_seeds", args.fidelity_seeds, 0, 50)
@@ -635,18 +635,18 @@ def main(argv: list[str] | None = None) -> int:
     serving = serving.with_fields(slo_ttft_s=args.slo_ttft_s or serving.slo_ttft_s,
                                   slo_itl_s=args.slo_itl_s or serving.slo_itl_s)
     t0 = time.perf_counter()
-    rules = rule_candidates(args.rules, serving, action_spec(model, serving))
+    action = action_spec(model, serving)
+    rules = rule_candidates(args.rules, serving, action)
     build_eps, held_eps = export_episodes(model, serving, args)
     build, held = collect(model, build_eps), collect(model, held_eps)
     prov = {**scenario_provenance(serving), **run_provenance(model, args)}
-    action = action_spec(model, serving)
     names = None
     if args.features:
         names = [n.strip() for n in args.features.split(",") if n.strip()]
         bad = [n for n in names if n not in CANDIDATES or (n in DERIVED and not action)]
         require(not bad, "features", args.features, f"must name quantities among {', '.join(CANDIDATES)}")
     rounds = dagger_rounds(model, (build_eps, held_eps), (build, held), names, args, prov, action)
-    labels = [f"round {r}" for r in range(len(rounds))] + [spec for spec, _ in rules]
+    labels = round_labels(args.dagger_rounds) + [spec for spec, _ in rules]
     selection = select_round(model, [r.table for r in rounds] + [t for _, t in rules], serving, args)
     chosen = selection["chosen"]
     dagger = {"rounds": args.dagger_rounds, "candidates": labels, **selection}
@@ -686,14 +686,15 @@ def rule_candidates(specs: str, serving: Scenario, action: dict | None) -> list[
         return []
     out = []
     for spec in names:
-        table = rule_table(spec, serving, serving.stream(0, 1, TABLE_FIDELITY_SEEDS, RULE_CHECK_REQUESTS),
-                           field="rules")
-        check = table.fidelity["rule_check"]
-        if check["differ"]:
-            raise ConfigError(f"rules: the table of {spec} differs from the rule at {check['differ']} "
-                              f"of {check['passes']} passes")
-        out.append((spec, table))
+        out.append((spec, rule_table(spec, serving, serving.stream(
+            0, 1, TABLE_FIDELITY_SEEDS, RULE_CHECK_REQUESTS), field="rules")))
     return out
+
+
+def round_labels(rounds: int) -> list[str]:
+    """The names of a DAgger export's tables: round 0 (the model's own decisions) and one
+    per round."""
+    return [f"round {r}" for r in range(rounds + 1)]
 
 
 def rule_specs(specs: str) -> list[str]:
@@ -768,7 +769,7 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
     kind = table.action.kind
     values = sorted(set(table.action.cells))
     dagger = table.provenance.get("dagger") or {}
-    labels = dagger.get("candidates") or [f"round {r}" for r in range(dagger.get("rounds", 0) + 1)]
+    labels = dagger.get("candidates") or round_labels(dagger.get("rounds", 0))
     source = labels[dagger.get("chosen", 0)]
     built = (f"{sum(table.visited)} visited; {kind} {values[0]:g}-{values[-1]:g}; built from "
              f"{fid['build_decisions']:,} decisions" if source.startswith("round") else
@@ -884,18 +885,18 @@ def not_a_table(spec: str, field: str) -> str:
             "usage or the decodes")
 
 
-def parse_rule(spec: str, scenario: Scenario, field: str = "rule"):
-    """The rule a spec names, refused in one line unless a table holds it exactly."""
+def parse_rule(spec: str, scenario: Scenario, field: str = "rule") -> tuple:
+    """(the rule a spec names, its table's features, its fractions); refused in one line
+    unless a table holds it exactly."""
     from policies.specs import make_policy
 
-    if spec.strip().partition(":")[0] not in ("time-budget", "time-budget-slack", "time-budget-deadline"):
+    if spec.strip().partition(":")[0] not in {r.partition("[")[0] for r in RULES}:
         raise ConfigError(not_a_table(spec, field))
     try:
         rule = make_policy(spec, scenario)
     except ConfigError as err:
         raise ConfigError(f"{field}: " + str(err).removeprefix("policy: ")) from None
-    rule_cells(rule, spec, field)
-    return rule
+    return (rule, *rule_cells(rule, spec, field))
 
 
 def rule_table(spec: str, scenario: Scenario, workload, field: str = "rule") -> BudgetTable:
@@ -903,8 +904,7 @@ def rule_table(spec: str, scenario: Scenario, workload, field: str = "rule") -> 
     checked against the rule pass by pass on ``workload`` (its fidelity records the
     passes, how many differ, which is none unless the runtime and the simulator part
     ways, and the passes that looked each cell up; ``visited`` marks the cells reached)."""
-    rule = parse_rule(spec, scenario, field)
-    features, fractions = rule_cells(rule, spec, field)
+    rule, features, fractions = parse_rule(spec, scenario, field)
     data = {"schema_version": SCHEMA_VERSION, "kind": KIND, "action": time_action(scenario),
             "features": features, "fractions": fractions, "default_budget": 2048,
             "provenance": {**scenario_provenance(scenario), "exported": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -913,6 +913,8 @@ def rule_table(spec: str, scenario: Scenario, workload, field: str = "rule") -> 
     scenario.simulator(workload).run(check)
     data["default_budget"] = default_budget(np.asarray(check.budgets))
     data["visited"] = [int(c > 0) for c in check.cells]
+    require(not check.differ, field, spec, f"its table differs from the rule at {check.differ} of "
+            f"{len(check.budgets)} passes; nothing written")
     data["fidelity"] = {"rule_check": {"passes": len(check.budgets), "differ": int(check.differ),
                                        "requests": len(workload), "passes_per_cell": check.cells}}
     return BudgetTable(data)
@@ -920,7 +922,7 @@ def rule_table(spec: str, scenario: Scenario, workload, field: str = "rule") -> 
 
 def rule_main(argv: list[str]) -> int:
     args = parse(RuleExportArgs, argv, prog="python -m eval export --rule RULE")
-    scenario = Scenario(**{k: getattr(args, k) for k in Scenario.__dataclass_fields__}).check()
+    scenario = Scenario(**Scenario.fields_dict(args)).check()
     check_output("out", args.out)
     if args.csv is not None:
         check_output("csv", args.csv)
@@ -928,9 +930,6 @@ def rule_main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     table = rule_table(args.rule, scenario, scenario.workload())
     check = table.fidelity["rule_check"]
-    if check["differ"]:
-        raise ConfigError(f"rule: the table differs from {args.rule} at {check['differ']} of "
-                          f"{check['passes']} passes; nothing written")
     table.save(args.out)
     if args.csv:
         write_atomic(args.csv, table.to_csv())
