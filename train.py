@@ -372,20 +372,21 @@ def evaluator(args: Args, config: dict, scenario: Scenario, run_dir: Path):
                            best_cost=best.get("cost", float("inf")), last_eval=best.get("last_eval", 0))
 
 
-def train(args: Args, model, venv, callback, run_dir: Path, resumed: bool) -> tuple[float, bool]:
-    """Learn with checkpoints; save the final model (or a checkpoint when interrupted)."""
+def train(args: Args, model, venv, callback, run_dir: Path, resumed: bool) -> tuple[float, int | None]:
+    """Learn with checkpoints; save the final model (or a checkpoint when a signal stopped
+    it); (seconds, that signal or None)."""
     from agents.callbacks import save_model
     from agents.training import Checkpoints, TrainedSteps, learn, write_checkpoint, write_json_atomic
 
     trained = TrainedSteps()
     ckpts = Checkpoints(run_dir / "checkpoints", args.checkpoint_every, trained)
-    seconds, interrupted = learn(model, args.total_timesteps, [callback, ckpts], args.progress_bar,
-                                 resumed, trained)
+    seconds, stopped_by = learn(model, args.total_timesteps, [callback, ckpts], args.progress_bar,
+                                resumed, trained)
     write_checkpoint(model, run_dir / "checkpoints", model.num_timesteps)
     write_json_atomic(run_dir / "best.json", {"cost": callback.best, "last_eval": callback._last})
-    if not interrupted:
+    if stopped_by is None:
         save_model(model, run_dir / "model.zip", run_dir / "vecnormalize.pkl")
-    return seconds, interrupted
+    return seconds, stopped_by
 
 
 def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, callback,
@@ -458,12 +459,12 @@ def main(argv: list[str] | None = None) -> int:
               "timesteps; raise --total-timesteps to train on")
         return 0
     try:
-        train_s, interrupted = train(args, model, venv, callback, run_dir, resumed)
-        if interrupted:
+        train_s, stopped_by = train(args, model, venv, callback, run_dir, resumed)
+        if stopped_by is not None:
             print(f"interrupted after {model.num_timesteps} trained timesteps; checkpoint saved in "
                   f"{run_dir / 'checkpoints'}; continue with: python train.py --resume {run_dir}",
                   file=sys.stderr)
-            return 130
+            return 128 + int(stopped_by)  # 130 for SIGINT, 143 for SIGTERM
         print()
         print(finish(args, config, scenario, run_dir, model, callback, train_s, executor))
     finally:

@@ -118,10 +118,52 @@ def attach_env(model, venv, checkpoint: Path, gamma: float, tb_dir: str):
     return model, venv
 
 
+class StopOnSignal(BaseCallback):
+    """Ends learning at the next environment step after SIGINT or SIGTERM (a Ctrl-C, a job
+    scheduler's stop), wherever the signal lands: the handler only sets a flag, and SB3
+    stops when a callback's step returns False. A second signal raises KeyboardInterrupt
+    at once, for a run that must not wait for its current step."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self):
+        super().__init__()
+        self.signum: int | None = None
+        self._previous: dict = {}
+
+    def _on_step(self) -> bool:
+        return self.signum is None
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def install(self) -> None:
+        """Take over the signals (only the main thread may; elsewhere they stay as they are)."""
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in self.SIGNALS:
+            sig = getattr(signal, name)
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        import signal
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
 def learn(model, total: int, callbacks, progress_bar: bool, resumed: bool,
-          trained: TrainedSteps) -> tuple[float, bool]:
-    """Learn up to ``total`` timesteps; (seconds, interrupted). On an interruption the
-    model's count is set back to the steps actually learned from."""
+          trained: TrainedSteps) -> tuple[float, int | None]:
+    """Learn up to ``total`` timesteps; (seconds, the signal that stopped it or None). On
+    an interruption the model's count is set back to the steps actually learned from."""
+    import signal
+
     from stable_baselines3.common.callbacks import CallbackList
 
     remaining = max(total - model.num_timesteps, 0)
@@ -132,15 +174,20 @@ def learn(model, total: int, callbacks, progress_bar: bool, resumed: bool,
         from stable_baselines3.common.utils import configure_logger
 
         model.set_logger(configure_logger(0, model.tensorboard_log, "run", reset_num_timesteps=False))
-        return 0.0, False
+        return 0.0, None
     trained.trained = model.num_timesteps
+    stop = StopOnSignal()
+    stop.install()
     try:
-        model.learn(remaining, callback=CallbackList([trained, *callbacks]),
+        model.learn(remaining, callback=CallbackList([trained, stop, *callbacks]),
                     reset_num_timesteps=not resumed, tb_log_name="run", progress_bar=progress_bar)
     except KeyboardInterrupt:
+        stop.signum = stop.signum or signal.SIGINT
+    finally:
+        stop.restore()
+    if stop.signum is not None:
         model.num_timesteps = trained.trained
-        return time.perf_counter() - t0, True
-    return time.perf_counter() - t0, False
+    return time.perf_counter() - t0, stop.signum
 
 
 def close_logger(model, timeout_s: float = 10.0) -> None:

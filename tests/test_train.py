@@ -109,7 +109,10 @@ def test_resume_continues_and_refuses_a_conflicting_flag(tmp_path):
 
 
 @pytest.mark.slow
-def test_interrupted_run_keeps_only_trained_steps_and_resumes(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupted_run_keeps_only_trained_steps_and_resumes(tmp_path, signum):
+    """A Ctrl-C or a scheduler's SIGTERM mid-training: the run stops at its next step,
+    exits 128 + the signal, and keeps a checkpoint of whole rollouts to resume from."""
     run = tmp_path / "i"
     proc = subprocess.Popen([sys.executable, "train.py", "--total-timesteps", "200000", "--run-dir",
                              str(run), *TINY], cwd=ROOT, stdout=subprocess.PIPE,
@@ -118,14 +121,15 @@ def test_interrupted_run_keeps_only_trained_steps_and_resumes(tmp_path):
     deadline = time.time() + 300
     while time.time() < deadline and len(list((run / "checkpoints").glob("ckpt_*.zip"))) < 2:
         time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     try:
         out, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGABRT)  # every thread's stack, for the failure message
         out, err = proc.communicate(timeout=60)
-        pytest.fail(f"no exit 120 s after SIGINT:\n{err[-6000:]}")
-    assert proc.returncode == 130, err[-2000:]
+        pytest.fail(f"no exit 120 s after {signum.name}:\n{err[-6000:]}")
+    assert proc.returncode == 128 + signum, err[-2000:]
+    assert "continue with: python train.py --resume" in err
     steps = [int(p.stem.split("_")[1]) for p in (run / "checkpoints").glob("ckpt_*_steps.zip")]
     assert max(steps) % 128 == 0  # whole rollouts (2 envs x 64 steps): only what was trained
     # A checkpoint cut short by a kill: resume falls back to the one before it.
