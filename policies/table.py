@@ -84,6 +84,10 @@ FIGURE_TOLERANCE = 0.15
 # scales (0.5 to 0.5625).
 BYTES_PER_WEIGHT_TOLERANCE = 0.15
 SLO_TOLERANCE = 0.01
+# Parameter count: one shape (layers, widths, heads) carries models whose vocabularies and
+# MLP widths differ, so their weights differ (Llama-3-8B 8.03B, Mistral-7B 7.24B: 10%) and
+# so does every pass's price; two checkpoints of one model agree exactly.
+PARAMS_TOLERANCE = 0.05
 MAX_BUDGET = 2**31 - 1
 """Largest budget a cell may hold: a pass's token count, which engines keep in int32."""
 MAX_TABLE_BYTES = 16 << 20
@@ -494,8 +498,9 @@ class BudgetTable:
         - hardware: the same name, and every figure known on both sides within
           ``FIGURE_TOLERANCE`` (a serving engine knows the name and the memory);
         - model: the same shape (layers, hidden size, heads, KV heads, head dim, tensor
-          parallel), bytes per weight within ``BYTES_PER_WEIGHT_TOLERANCE``; the name is
-          not compared (one shape has many names);
+          parallel), bytes per weight within ``BYTES_PER_WEIGHT_TOLERANCE``, and the
+          parameter count within ``PARAMS_TOLERANCE`` where both sides know it; the name
+          is not compared (one model has many names);
         - SLO: both targets within ``SLO_TOLERANCE``.
         """
         prov = self.provenance
@@ -603,6 +608,10 @@ def _read_provenance(prov, path: str) -> dict:
             if not (isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_BUDGET):
                 raise TableError(f"{path}: provenance.{block}.{f}: got {_short(v)}, must be an "
                                  f"integer > 0 and <= {MAX_BUDGET}")
+    params = prov["model"].get("params")  # tables exported before it was recorded lack it
+    if params is not None and not _is_positive(params):
+        raise TableError(f"{path}: provenance.model.params: got {_short(params)}, must be a "
+                         "number > 0 (or absent)")
     return prov
 
 
@@ -627,6 +636,10 @@ def _model_mismatch(table: Mapping, served: Mapping) -> str | None:
     bpw = served.get("bytes_per_weight")
     if bpw is not None and not _close(table["bytes_per_weight"], bpw, BYTES_PER_WEIGHT_TOLERANCE):
         diffs.append("bytes_per_weight")
+    params = served.get("params")
+    if (params is not None and table.get("params") is not None
+            and not _close(table["params"], params, PARAMS_TOLERANCE)):
+        diffs.append("params")
     if not diffs:
         return None
     return f"model: table {_side(table, diffs)}, serving {_side(served, diffs)}"
@@ -668,6 +681,7 @@ def model_provenance(profile) -> dict:
     """The provenance block of a model profile (any object with its fields)."""
     out = {"name": profile.name, **{f: int(getattr(profile, f)) for f in MODEL_SHAPE}}
     out["bytes_per_weight"] = float(profile.bytes_per_weight)
+    out["params"] = float(profile.params)
     return out
 
 

@@ -126,16 +126,40 @@ def _bytes_per_weight(model_config) -> float | None:
     return _QUANT_BYTES.get(quant)
 
 
+def dense_params(config) -> float | None:
+    """A dense Llama-style decoder's parameter count from its Hugging Face config
+    (embeddings, each layer's attention and gated MLP; norms are a rounding error): 8.03e9
+    for Llama-3-8B, 7.24e9 for Mistral-7B, which share a shape. None for a mixture of
+    experts or a config without the fields."""
+    get = lambda k: getattr(config, k, None)  # noqa: E731
+    if any(get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts")):
+        return None
+    vocab, hidden, inter, layers = (get(k) for k in ("vocab_size", "hidden_size",
+                                                     "intermediate_size", "num_hidden_layers"))
+    heads = get("num_attention_heads")
+    if not all(isinstance(v, int) and v > 0 for v in (vocab, hidden, inter, layers, heads)):
+        return None
+    kv_heads = get("num_key_value_heads") or heads
+    head_dim = get("head_dim") or hidden // heads
+    attn = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    embed = vocab * hidden * (1 if get("tie_word_embeddings") else 2)
+    return float(embed + layers * (attn + 3 * hidden * inter))
+
+
 def served_model(vllm_config) -> dict:
     """The served model's shape, as a provenance ``model`` block."""
     mc = vllm_config.model_config
     arch = mc.model_arch_config
     name = mc.served_model_name
+    try:
+        params = dense_params(mc.hf_text_config)
+    except Exception:  # a config this estimate does not know: the count is not compared
+        params = None
     return {"name": name[0] if isinstance(name, list) else (name or mc.model),
             "layers": mc.get_total_num_hidden_layers(), "hidden_size": mc.get_hidden_size(),
             "heads": arch.total_num_attention_heads, "kv_heads": mc.get_total_num_kv_heads(),
             "head_dim": mc.get_head_size(), "bytes_per_weight": _bytes_per_weight(mc),
-            "tensor_parallel": vllm_config.parallel_config.tensor_parallel_size}
+            "params": params, "tensor_parallel": vllm_config.parallel_config.tensor_parallel_size}
 
 
 def served_hardware() -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -154,6 +155,8 @@ def test_lookup_by_hand():
     ({"provenance": {}}, "provenance.hardware: must be an object"),
     ({"provenance": {**H100_LLAMA, "model": {**H100_LLAMA["model"], "layers": 3.5}}},
      "provenance.model.layers: got 3.5"),
+    ({"provenance": {**H100_LLAMA, "model": {**H100_LLAMA["model"], "params": -8e9}}},
+     "provenance.model.params: got -8000000000.0, must be a number > 0"),
     ({"provenance": {**H100_LLAMA, "slo": {"ttft_s": 2.0}}}, "provenance.slo.itl_s"),
 ])
 def test_corrupt_tables_are_one_line_errors(change, message):
@@ -185,8 +188,9 @@ def test_provenance_mismatch_names_both_sides():
     t = BudgetTable(table_dict(), path="t.json")
     hw, model = H100_LLAMA["hardware"], H100_LLAMA["model"]
     assert t.mismatch(hw, model, {"ttft_s": 2.0, "itl_s": 0.1}) is None
+    # A table made before the parameter count was recorded compares the shape alone.
     assert t.mismatch(hardware_provenance(get_hardware("h100-sxm")),
-                      model_provenance(get_model("mistral-7b"))) is None  # same shape, other name
+                      model_provenance(get_model("mistral-7b"))) is None
     # An engine knows the device's name and memory, not its bandwidth: only those compared.
     assert t.mismatch({"name": "h100-sxm", "memory_bytes": 79.1 * 2**30}) is None
     assert t.mismatch({"name": "H100-SXM"}) is None
@@ -199,6 +203,15 @@ def test_provenance_mismatch_names_both_sides():
                       "bytes_per_weight 2), serving tiny (layers 2, tensor_parallel 2, "
                       "bytes_per_weight 4)")
     assert t.mismatch(model={**model, "bytes_per_weight": 2.1}) is None  # within tolerance
+    # Mistral-7B has Llama-3-8B's shape and 10% fewer weights (a smaller vocabulary), so
+    # each pass costs less: refused once the table records its parameter count.
+    counted = BudgetTable(table_dict(provenance={**H100_LLAMA, "model": {**model, "params": 8.03e9}}),
+                          path="t.json")
+    assert counted.mismatch(model=model_provenance(get_model("mistral-7b"))) == (
+        "t.json: model: table llama-3-8b (params 8.03e09), serving mistral-7b (params 7.24e09)")
+    assert counted.mismatch(model=model_provenance(get_model("llama-3-8b"))) is None
+    assert counted.mismatch(model={**model, "params": 8.2e9}) is None  # within 5%
+    assert counted.mismatch(model=model) is None  # an engine that does not know it
     assert t.mismatch(slo={"ttft_s": 2.0, "itl_s": 0.05}) == (
         "t.json: slo: table itl_s 0.1, serving itl_s 0.05")
     both = t.mismatch({"name": "l40s"}, slo={"ttft_s": 1.0, "itl_s": None})
@@ -228,6 +241,7 @@ def test_check_command_on_matching_and_mismatching_tables(tmp_path):
     assert ok.returncode == 0 and ok.stdout.startswith("ok:"), ok.stderr
     for args, needle in ((["--hardware", "a100-80g"], "hardware: table h100-sxm"),
                          (["--model", "llama-3-70b"], "model: table llama-3-8b (layers 32"),
+                         (["--model", "mistral-7b"], "model: table llama-3-8b (params 8.03e09)"),
                          (["--slo-itl-s", "0.05"], "slo: table itl_s 0.1")):
         bad = table_cli("check", "tables/h100-sxm__llama-3-8b.json", *args)
         assert bad.returncode == 2 and needle in bad.stderr, bad.stderr
@@ -256,10 +270,36 @@ def test_check_command_bad_input_is_one_line(args, needle):
 
 
 def test_shipped_tables_load_with_their_provenance():
+    from envs.profiles import get_model
+    from policies.table import model_provenance
+
     for hw in ("h100-sxm", "a100-80g"):
         t = BudgetTable.load(f"tables/{hw}__llama-3-8b.json")
         assert t.provenance["hardware"]["name"] == hw
         assert t.mismatch(model=H100_LLAMA["model"], slo=H100_LLAMA["slo"]) is None
+    for path in sorted(Path("tables").glob("*.json")):
+        model = BudgetTable.load(str(path)).provenance["model"]
+        assert model["params"] == model_provenance(get_model(model["name"]))["params"], path
+
+
+def test_served_parameter_count_from_a_hugging_face_config():
+    """Counted by hand: Llama-3-8B's embeddings 2 x 128,256 x 4,096 = 1,050,673,152, each
+    of its 32 layers 2 x 4,096^2 + 2 x 4,096 x 1,024 (attention) + 3 x 4,096 x 14,336
+    (MLP) = 218,103,808; Mistral-7B the same with a 32,000-token vocabulary."""
+    from types import SimpleNamespace
+
+    from policies.vllm_startup import dense_params
+
+    llama = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False)
+    assert dense_params(SimpleNamespace(**llama)) == 1_050_673_152 + 32 * 218_103_808
+    mistral = {**llama, "vocab_size": 32000}
+    del mistral["head_dim"]  # hidden / heads when the config leaves it out
+    assert dense_params(SimpleNamespace(**mistral)) == 2 * 32000 * 4096 + 32 * 218_103_808
+    tied = {**llama, "tie_word_embeddings": True}  # one embedding matrix fewer
+    assert dense_params(SimpleNamespace(**tied)) == 525_336_576 + 32 * 218_103_808
+    assert dense_params(SimpleNamespace(**llama, num_local_experts=8)) is None  # mixture of experts
+    assert dense_params(SimpleNamespace(hidden_size=4096)) is None
 
 
 def test_eval_refuses_a_table_for_another_scenario_unless_allowed(capsys):
@@ -303,7 +343,7 @@ def test_build_table_from_states_fills_unvisited_cells_from_neighbours():
     t = build_table({n: feats[:, j] for j, n in enumerate(names)}, budgets, buckets=4,
                     provenance=scenario_provenance(SMALL))
     # The export records the scenario's profiles as the runtime compares them.
-    assert t.provenance == H100_LLAMA
+    assert t.provenance == {**H100_LLAMA, "model": {**H100_LLAMA["model"], "params": 8.03e9}}
     agree = np.mean([t.lookup_values(f) == b for f, b in zip(feats, budgets)])
     assert agree > 0.9
     assert not all(t.visited) or t.cells == sum(t.visited)
