@@ -229,13 +229,13 @@ def make_sampler(args: Args, conditions: list[dict], stream_seed_base: int = 0):
 SELECTION_LOADS = (0.9, 1.3)
 """Loads (times a condition's capacity) of the model selection's held-out episodes."""
 CHECK_FRACTIONS = (0.25, 0.3536, 0.5, 0.7071, 0.8409, 0.917, 1.0)
-CHECK_RULES = ("k0.917", "k1", "d1", "g4", "g16", "h4", "h16", "t4", "t16")
+CHECK_RULES = ("k0.917", "k1", "d1", "g4", "g16", "h4", "h16", "t4", "t16", "u4", "u16")
 """Fixed choices the checks compare: fractions of the ITL target (f), the same shrinking as
 the KV cache fills (k), growing when few decodes run (d), up to 4x and 16x the target
-while the p99 ITL slack lasts (g), the same over the KV-aware rule (h) and only while the
-prefill queue is due late (t), and static budgets (s); the best of them is the policy's
-teacher."""
-TIME_RULES = "fkdght"
+while the p99 ITL slack lasts (g), the same over the KV-aware rule (h), only while the
+prefill queue is due late (t), the same stepping down as the KV cache fills (u), and
+static budgets (s); the best of them is the policy's teacher."""
+TIME_RULES = "fkdghtu"
 """Prefixes of the fixed choices that act in time (a teacher the policy can clone)."""
 CONDITION_TEACHERS = ("f1", *CHECK_RULES)
 """The fixed choices each training condition's teacher is picked from..."""

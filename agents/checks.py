@@ -47,14 +47,16 @@ def constant_policy(name: str, scenario: Scenario):
     growing when few decodes run; the time-budget-few rule), ``g4`` (up to 4x the target
     while the p99 slack lasts; the time-budget-slack rule), ``h4`` (the same over the
     KV-aware rule; time-budget-slack-kv), ``t4`` (the slack spent only while the prefill
-    queue is due late; time-budget-deadline) or ``s2048`` (a static budget)."""
+    queue is due late; time-budget-deadline), ``u4`` (the same stepping down as the KV
+    cache fills; time-budget-deadline-kv) or ``s2048`` (a static budget)."""
     from policies.baselines import (StaticPolicy, TimeBudgetDeadlinePolicy, TimeBudgetFewPolicy,
                                     TimeBudgetKVPolicy, TimeBudgetPolicy, TimeBudgetSlackPolicy)
 
     rules = {"f": TimeBudgetPolicy, "k": TimeBudgetKVPolicy, "d": TimeBudgetFewPolicy,
              "g": TimeBudgetSlackPolicy, "h": partial(TimeBudgetSlackPolicy, kv_aware=True)}
-    if name[0] == "t":
-        return TimeBudgetDeadlinePolicy(scenario.slo_itl_s, scenario.slo_ttft_s, float(name[1:]))
+    if name[0] in "tu":
+        return TimeBudgetDeadlinePolicy(scenario.slo_itl_s, scenario.slo_ttft_s, float(name[1:]),
+                                        kv_aware=name[0] == "u")
     if name[0] in rules:
         return rules[name[0]](scenario.slo_itl_s, float(name[1:]))
     return StaticPolicy(int(name[1:]))

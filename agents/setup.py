@@ -57,15 +57,15 @@ def load_model(algo: str, path: str | Path, env=None):
 
 
 def teacher_actions(name: str, ladder, raw_obs, max_num_seqs: int = 256):
-    """The ladder index a fixed-choice teacher (``f0.917``, ``k1``, ``d1``, ``g4``, ``h4`` or
-    ``t4``, see agents.checks.constant_policy) takes for raw observations (running decodes
+    """The ladder index a fixed-choice teacher (``f0.917``, ``k1``, ``d1``, ``g4``, ``h4``,
+    ``t4`` or ``u4``, see agents.checks.constant_policy) takes for raw observations (running decodes
     over max_num_seqs are entry 0, kv usage entry 3, the p99 ITL slack entry 11, when the
     prefill queue is due entry 14)."""
     import numpy as np
 
     from envs.observation import DUE_INDEX, DUE_SCALE, SLACK_INDEX, SLACK_ONE_PASS
-    from policies.baselines import (DEADLINE_MARGIN, TimeBudgetFewPolicy, TimeBudgetKVPolicy,
-                                    TimeBudgetSlackPolicy)
+    from policies.baselines import (DEADLINE_MARGIN, KVSteps, TimeBudgetFewPolicy,
+                                    TimeBudgetKVPolicy, TimeBudgetSlackPolicy)
 
     top = float(name[1:])
     if name.startswith("k"):
@@ -74,10 +74,12 @@ def teacher_actions(name: str, ladder, raw_obs, max_num_seqs: int = 256):
     elif name.startswith("d"):
         few = TimeBudgetFewPolicy(1.0, top)
         fractions = np.array([few.fraction_at(int(round(n * max_num_seqs))) for n in raw_obs[:, 0]])
-    elif name[0] in "ght":  # the observation rounds to float32: one pass is 1 +- 1e-7
+    elif name[0] in "ghtu":  # the observation rounds to float32: one pass is 1 +- 1e-7
         rule = TimeBudgetSlackPolicy(1.0, top, kv_aware=name[0] == "h")
+        if name[0] == "u":  # the deadline rule's KV steps (TimeBudgetDeadlinePolicy)
+            rule.kv = KVSteps(rule.fraction)
         passes = np.where(raw_obs[:, SLACK_INDEX] >= SLACK_ONE_PASS * (1 - 1e-6), 1.0, 0.0)
-        if name[0] == "t":  # the slack is spent only while the queue is due late
+        if name[0] in "tu":  # the slack is spent only while the queue is due late
             passes = np.where(raw_obs[:, DUE_INDEX] > DEADLINE_MARGIN * DUE_SCALE, passes, 0.0)
         fractions = np.array([rule.fraction_at(int(n > 0), p, float(kv))
                               for n, p, kv in zip(raw_obs[:, 0], passes, raw_obs[:, 3])])

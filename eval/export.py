@@ -127,7 +127,8 @@ class RuleExportArgs(Scenario):
     """Also write the table as CSV for people and spreadsheets."""
 
 
-RULES = ("time-budget[:FRACTION]", "time-budget-slack[:TOP]", "time-budget-deadline[:TOP]")
+RULES = ("time-budget[:FRACTION]", "time-budget-slack[:TOP]", "time-budget-deadline[:TOP]",
+         "time-budget-deadline-kv[:TOP]")
 """The rules a table holds exactly: each is a time fraction chosen by thresholds on
 quantities an engine has."""
 
@@ -836,18 +837,28 @@ def rule_cells(rule, spec: str, field: str = "rule") -> tuple[list[dict], list[f
     """The features and time fractions of a table that makes ``rule``'s budget at every
     pass: the slack (one pass over the target or more) and, for the deadline rule, the
     prefill queue's due time past ``margin`` of the TTFT target (the rule's strict
-    comparison, as an edge one float above the threshold)."""
-    from policies.baselines import TimeBudgetDeadlinePolicy, TimeBudgetPolicy, TimeBudgetSlackPolicy
+    comparison, as an edge one float above the threshold); for its KV-aware form also KV
+    usage, at the throttle's own steps (``policies.baselines.KVSteps``), where the slack
+    is spent only in the bucket below ``kv_low``."""
+    from policies.baselines import (KVSteps, TimeBudgetDeadlinePolicy, TimeBudgetPolicy,
+                                    TimeBudgetSlackPolicy)
 
     kind = type(rule)
     if kind is TimeBudgetPolicy:
         return [{"name": "running_decodes", "edges": []}], [rule.fraction]
     if kind is TimeBudgetSlackPolicy and rule.kv is None:
         return [{"name": "itl_slack_passes", "edges": [1.0]}], [rule.fraction, rule.top]
-    if kind is TimeBudgetDeadlinePolicy and rule.kv is None and rule.fraction == 1.0:
+    if kind is TimeBudgetDeadlinePolicy and rule.fraction == 1.0:
         due = math.nextafter(rule.margin * rule.ttft_s, math.inf)
-        return ([{"name": "itl_slack_passes", "edges": [1.0]}, {"name": "prefill_due_s", "edges": [due]}],
-                [rule.fraction] * 3 + [rule.top])
+        features = [{"name": "itl_slack_passes", "edges": [1.0]}, {"name": "prefill_due_s", "edges": [due]}]
+        if rule.kv is None:
+            return features, [rule.fraction] * 3 + [rule.top]
+        if isinstance(rule.kv, KVSteps):
+            kv = rule.kv  # buckets: below kv_low (where the slack may be spent), then its steps
+            steps = [kv.fractions[0], *kv.fractions]
+            cells = [rule.top if spend and k == 0 else f
+                     for spend in (False, False, False, True) for k, f in enumerate(steps)]
+            return features + [{"name": "kv_usage", "edges": [kv.kv_low, *kv.edges]}], cells
     raise ConfigError(not_a_table(spec, field))
 
 
@@ -881,8 +892,8 @@ def not_a_table(spec: str, field: str) -> str:
     """The one-line refusal of a rule no table holds exactly."""
     return (f"{field}: got {show(spec)}, a table holds exactly only {', '.join(RULES)}"
             + (' (or "none" alone)' if field == "rules" else "")
-            + "; the KV-aware rules and time-budget-few move their fraction continuously with KV "
-            "usage or the decodes")
+            + "; time-budget-kv, time-budget-slack-kv and time-budget-few move their fraction "
+            "continuously with KV usage or the decodes")
 
 
 def parse_rule(spec: str, scenario: Scenario, field: str = "rule") -> tuple:

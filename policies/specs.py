@@ -20,6 +20,8 @@
 ``time-budget-deadline[:TOP]``    time-budget-slack spending the slack only while the prefill
                                   queue would be done later than 0.8 of the TTFT target at
                                   fraction 1
+``time-budget-deadline-kv[:TOP]`` the same over time-budget-kv:1, spending only below 60%
+                                  KV usage
 ``reference:BUDGET[:H[:R]]``      the MPC reference over static BUDGET (not deployable: sees
                                   the future), horizon H s (2x TTFT), re-plan every R s
 ``model:RUN_DIR``                 a model trained by train.py
@@ -43,7 +45,7 @@ from policies.base import BudgetPolicy
 KNOWN = ("static:N", "vllm-default[:offline]", "queue-depth[:BASE]", "no-decode-boost[:LOW:HIGH]",
          "sarathi-slo", "free-ride[:FLOOR:CAP]", "time-budget[:FRACTION]",
          "time-budget-kv[:FRACTION]", "time-budget-few[:FRACTION]", "time-budget-slack[:TOP]",
-         "time-budget-slack-kv[:TOP]", "time-budget-deadline[:TOP]",
+         "time-budget-slack-kv[:TOP]", "time-budget-deadline[:TOP]", "time-budget-deadline-kv[:TOP]",
          "reference:BUDGET[:HORIZON_S[:REPLAN_S]]", "model:RUN_DIR",
          "table:PATH", "table:auto")
 
@@ -171,8 +173,9 @@ def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = Fals
     if kind in ("time-budget-slack", "time-budget-slack-kv"):
         return TimeBudgetSlackPolicy(scenario.slo_itl_s, _top(spec, args),
                                      kv_aware=kind.endswith("-kv"))
-    if kind == "time-budget-deadline":
-        return TimeBudgetDeadlinePolicy(scenario.slo_itl_s, scenario.slo_ttft_s, _top(spec, args))
+    if kind in ("time-budget-deadline", "time-budget-deadline-kv"):
+        return TimeBudgetDeadlinePolicy(scenario.slo_itl_s, scenario.slo_ttft_s, _top(spec, args),
+                                        kv_aware=kind.endswith("-kv"))
     if kind == "reference" and args:
         from policies.reference import reference_for
 

@@ -8,6 +8,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from envs.cost import Roofline, chunk_price
 from envs.cost import chunk_within as sim_chunk_within
@@ -305,11 +307,13 @@ def test_observation_and_teacher_read_the_slack(teacher):
     assert bool(held_by_kv) == kv_aware
 
 
-def test_observation_and_teacher_read_when_the_queue_is_due():
+@pytest.mark.parametrize("teacher", ["t4", "u4"])
+def test_observation_and_teacher_read_when_the_queue_is_due(teacher):
     """The observation's prefill_due_vs_ttft entry is the deadline rule's projection over
     four TTFT targets, and the t4 teacher's clone targets equal the rule's choices in every
     state: it holds the slack back while the queue is due early, and spends it when it is
-    due late."""
+    due late. u4, its KV-aware form, on a cache the pairs of long prompts fill: it also
+    steps its fraction down as usage climbs, and holds the slack back above 75%."""
     from agents.setup import teacher_actions
     from envs.actions import FRACTION_LADDER
     from envs.cost import prefill_due_s
@@ -318,11 +322,13 @@ def test_observation_and_teacher_read_when_the_queue_is_due():
     from policies.baselines import TimeBudgetDeadlinePolicy
     from tests.conftest import make_sim
 
+    kv_aware = teacher == "u4"
     lone = [(3.0 * i, 6000, 20) for i in range(1, 10)]  # each due within 0.5 s
     pairs = [(30.0 + 5.0 * i, 12000, 20) for i in range(4) for _ in range(2)]  # due after 1.6 s
-    sim = make_sim([(0.0, 60, 3000)] * 6 + lone + pairs, hardware="a100-80g", model="llama-3-8b")
-    rule = TimeBudgetDeadlinePolicy(0.1, 2.0, top=4.0)
-    spent = held = 0
+    sim = make_sim([(0.0, 60, 3000)] * 6 + lone + pairs, budget_blocks=2400 if kv_aware else None,
+                   hardware="a100-80g", model="llama-3-8b")
+    rule = TimeBudgetDeadlinePolicy(0.1, 2.0, top=4.0, kv_aware=kv_aware)
+    spent = held = throttled = 0
     while sim.advance():
         state = sim.state()
         n = state.num_decodes
@@ -332,13 +338,15 @@ def test_observation_and_teacher_read_when_the_queue_is_due():
         assert obs[DUE_INDEX] == pytest.approx(min(due / 2.0 / 4, 1.0), abs=1e-6)
         late = rule.spend(state)
         assert late == (due > 1.6)
-        want = rule.fraction_at(n, sim.itl_slack(0.1).passes(n) if late else 0.0)
-        got = FRACTION_LADDER[int(teacher_actions("t4", FRACTION_LADDER, obs[None, :])[0])]
+        want = rule.fraction_at(n, sim.itl_slack(0.1).passes(n) if late else 0.0, state.kv_usage)
+        got = FRACTION_LADDER[int(teacher_actions(teacher, FRACTION_LADDER, obs[None, :])[0])]
         assert got == pytest.approx(want, rel=0.05)
         spent += want > 1
         held += bool(n and sim.itl_slack(0.1).passes(n) >= 1 and not late)
+        throttled += want < 1
         sim.step(rule(state))
     assert spent and held
+    assert bool(throttled) == kv_aware
 
 
 def test_a_table_over_the_slack_spends_it_as_the_engine_counts_it():
@@ -402,6 +410,63 @@ def test_a_rule_table_is_the_rule_at_every_pass(spec, features, cells):
         spent += want > make_policy("time-budget:1", sc)(state)
         sim.step(want)
     assert spent or "slack" not in spec and "deadline" not in spec
+
+
+def test_the_kv_aware_deadline_rule_is_a_table_at_every_pass():
+    """time-budget-deadline-kv as a table over the slack, the due time and KV usage (its
+    own steps as edges, the slack spent only in the bucket below 75%): the rule's budget at
+    every pass of a run on a cache that pairs of 12K-token prompts fill, which neither its
+    export's check stream nor the rule's spending saw alone."""
+    from envs.scenario import Scenario
+    from eval.export import rule_table
+    from policies.baselines import KVSteps
+    from policies.specs import make_policy
+    from policies.table_policy import TablePolicy
+    from tests.conftest import make_sim
+
+    sc = Scenario(hardware="a100-80g", model="llama-3-8b", num_kv_blocks=3000)
+    made = rule_table("time-budget-deadline-kv", sc, sc.stream(0, 1, 7, 60))
+    steps = KVSteps()
+    assert made.features == ("itl_slack_passes", "prefill_due_s", "kv_usage")
+    assert made.edges[2] == (0.75, *steps.edges)
+    k = len(steps.edges) + 2
+    cells = list(made.action.cells)
+    assert cells[:k] == [1.0, 1.0, *steps.fractions[1:]] and cells[:3 * k] == cells[:k] * 3
+    assert cells[3 * k:] == [4.0, 1.0, *steps.fractions[1:]]  # late, slack, below 75%: the top
+    table = TablePolicy(BudgetTable(made.to_dict()))
+    rule = make_policy("time-budget-deadline-kv", sc)
+    lone = [(3.0 * i, 6000, 20) for i in range(1, 10)]
+    pairs = [(30.0 + 5.0 * i, 12000, 20) for i in range(4) for _ in range(2)]
+    sim = make_sim([(0.0, 60, 3000)] * 6 + lone + pairs, budget_blocks=2400,
+                   hardware="a100-80g", model="llama-3-8b")
+    fractions = set()
+    while sim.advance():
+        state = sim.state()
+        want = rule(state)
+        assert table(state) == want
+        fractions.add(steps.fraction_at(state.kv_usage))
+        sim.step(want)
+    assert len(fractions) >= 3  # the run crosses several of the steps
+
+
+@given(st.floats(0.0, 1.0))
+def test_kv_steps_round_the_linear_ramp_up_to_the_ladder(kv):
+    """KVSteps by hand: 1 below 75% KV usage, 0.25 from 95% on, and in between the
+    linear ramp 0.25 + 0.75 * (0.95 - kv) / 0.2 rounded up to the next rung of the action
+    ladder (the first step, to 0.917, at 0.95 - 0.667 / 0.75 * 0.2 = 0.7721)."""
+    from envs.actions import FRACTION_LADDER
+    from policies.baselines import KVSteps
+
+    steps = KVSteps()
+    assert steps.edges[0] == pytest.approx(0.95 - (0.917 - 0.25) / 0.75 * 0.2)
+    assert steps.edges[-1] == pytest.approx(0.95) and list(steps.edges) == sorted(steps.edges)
+    ramp = min(max(0.25 + 0.75 * (0.95 - kv) / 0.2, 0.25), 1.0)
+    got = steps.fraction_at(kv)
+    rungs = [r for r in FRACTION_LADDER if 0.25 <= r <= 1.0]
+    assert got in rungs and got >= ramp - 1e-9
+    assert not [r for r in rungs if ramp + 1e-9 < r < got]  # no rung between the ramp and it
+    assert (got == 1.0) if kv < 0.75 else True
+    assert (got == 0.25) if kv >= 0.95 else True
 
 
 def test_rule_export_writes_a_table_the_runtime_accepts_and_refuses_other_rules(tmp_path):
