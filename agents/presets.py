@@ -104,6 +104,10 @@ def preset_row(name: str, summary: dict, table: dict | None) -> list[str]:
                      if v >= 0.05)
     room = summary["checks"].get("room") if summary.get("checks") else None
     room_s = f"{room['gain']:+.2f} ± {room['gain_ci95']:.2f}" if room else "not checked"
+    use = (table or {}).get("fidelity", {}).get("at_capacity") or {}
+    table_use = (", ".join(f"{f} {v:.0%}" for f, v in sorted(use["shares"].items(), key=lambda kv: -kv[1])
+                           if v >= 0.05) + f"; {use['budgets_5pct']} budget bins"
+                 if use.get("passes") else "not measured")
     for scenario, study in summary["capacity"].items():
         static = study["_hindsight_static"]
         learned = next(k for k, v in study.items() if isinstance(v, dict) and v.get("kind") == "learned")
@@ -118,7 +122,8 @@ def preset_row(name: str, summary: dict, table: dict | None) -> list[str]:
             f"{rule['capacity_rps']:.2f} ({rule['verdict']})" if rule else "",
             fidelity.get("verdict", "not exported") + (f" ({fidelity['table_capacity_rps']:.2f})"
                                                         if fidelity else ""),
-            goodput_cell(at_load), used if first else "", room_s if first else ""]) + " |")
+            goodput_cell(at_load), used if first else "", table_use if first else "",
+            room_s if first else ""]) + " |")
     return rows
 
 
@@ -128,13 +133,14 @@ def report(runs: str, tables: str) -> str:
 
     lines = ["| preset | scenario | best fixed budget: capacity | learned | time-budget rule "
              "| table against the model | at the serving load: goodput, table / model "
-             "| fractions used in >= 5% of passes | room (MPC) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| model: fractions used in >= 5% of passes | table at its capacity: fractions, "
+             "budget bins in >= 5% of passes | room (MPC) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for hardware, model in PRESETS:
         name = name_of(hardware, model)
         summary, table = Path(runs, name, "summary.json"), Path(tables, f"{name}.json")
         if not summary.exists():
-            lines.append(f"| {name} | not trained | | | | | | | |")
+            lines.append(f"| {name} | not trained | | | | | | | | |")
             continue
         lines += preset_row(name, json.loads(summary.read_text()),
                             json.loads(table.read_text()) if table.exists() else None)

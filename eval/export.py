@@ -100,7 +100,8 @@ class ExportArgs:
     again from all the decisions so far; the round whose table keeps most of the model's
     capacity and goodput at load on streams of its own is kept (0: the model's own
     decisions only)."""
-    rules: str = "time-budget-deadline:4,time-budget-deadline:16"
+    rules: str = (
+        "time-budget-deadline:4,time-budget-deadline:16,time-budget-deadline-kv:4,time-budget-deadline-kv:16")
     """Rules whose exact tables (as ``--rule`` writes them) compete with the DAgger rounds'
     tables on the same streams and measures; a rule's table is written where it keeps more
     of the model's capacity and goodput than every round's (comma-separated; "none": the
@@ -475,24 +476,85 @@ def serving_episodes(serving: Scenario, seed_base: int, loads=(0.8, 1.0, 1.2, 1.
     return out
 
 
-def fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs) -> dict:
-    """Capacity of the model and of the table on the run's held-out final scenarios."""
+def fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs) -> tuple[dict, dict]:
+    """(capacity of the model and of the table on the run's held-out final scenarios, what
+    the table does at its own capacity on each of their streams: :func:`table_use`)."""
     if not args.fidelity_seeds:
-        return {}
+        return {}, {}
     from agents.summary import final_scenarios
     from envs.seeds import CAPACITY_SEEDS
     from eval.harness import paired_verdict
 
     scenarios = final_scenarios(serving)
-    found = capacity_runs(model, [table], scenarios, args.fidelity_seeds, CAPACITY_SEEDS,
-                          args.fidelity_requests, args.workers, "fidelity")
+    found, factors = capacity_runs(model, [table], scenarios, args.fidelity_seeds, CAPACITY_SEEDS,
+                                   args.fidelity_requests, args.workers, "fidelity", factors=True)
     out = {}
     for name, runs in zip(scenarios, found):
         m, t = runs[:, 0], runs[:, 1]
         v = paired_verdict(t, m)
         out[name] = {"model_capacity_rps": float(m.mean()), "table_capacity_rps": float(t.mean()),
                      "loss": -v.rel, "loss_ci95": v.half, "verdict": v.kind}
-    return out
+    return out, table_use(table, scenarios, factors[:, :, 1], args.fidelity_requests, args.workers)
+
+
+class TableTrace:
+    """A table driving the simulator, recording each decision's cell value (a fraction of
+    the ITL target, or a token budget), the tokens it became and the running decodes."""
+
+    def __init__(self, table: BudgetTable):
+        from policies.table_policy import FEATURE_GETTERS, TablePolicy
+
+        self.policy, self.table = TablePolicy(table), table
+        self.name, self.kind = self.policy.name, "table"
+        self._getters = [(n, FEATURE_GETTERS[n]) for n in table.needs]
+        self.values: list[float] = []
+        self.budgets: list[int] = []
+        self.decodes: list[int] = []
+
+    def reset(self) -> None:
+        self.policy.reset()
+
+    def __call__(self, state) -> int:
+        b = self.policy(state)
+        got = {n: g(state, self.table.itl_s) for n, g in self._getters}
+        self.values.append(float(self.table.action.cells[self.table.action.cell(got)]))
+        self.budgets.append(b)
+        self.decodes.append(state.num_decodes)
+        return b
+
+
+def _trace_task(scenario: Scenario, table: BudgetTable, workload) -> tuple[list, list, list]:
+    trace = TableTrace(table)
+    scenario.simulator(workload).run(trace)
+    return trace.values, trace.budgets, trace.decodes
+
+
+def table_use(table: BudgetTable, scenarios: dict, factors: np.ndarray, num_requests: int,
+              workers=None) -> dict:
+    """What the table does where the choice matters: each final scenario's fidelity streams
+    at the table's own capacity there (``factors``: per scenario and stream, as a multiple
+    of the scenario's load), every decision pooled: the share of passes per cell value and
+    per token-budget bin, and the budget against the running decodes
+    (``agents.checks.action_histogram``). At one SLO a fraction of the ITL target still
+    becomes a different budget with each pass's decodes."""
+    from agents.checks import action_histogram
+    from envs.seeds import CAPACITY_SEEDS
+    from eval.parallel import make_executor
+
+    tasks = []
+    for (sc, row) in zip(scenarios.values(), factors):
+        for i, f in enumerate(row):
+            if f > 0:
+                at = sc.at_load(float(f))
+                tasks.append((at, table, at.stream(i, len(row), CAPACITY_SEEDS, num_requests)))
+    found = make_executor(workers).map(_trace_task, tasks)
+    values = [v for vs, _, _ in found for v in vs]
+    budgets = [b for _, bs, _ in found for b in bs]
+    decodes = [d for _, _, ds in found for d in ds]
+    ladder = sorted(set(table.action.cells))
+    hist = action_histogram(values, ladder, budgets, decodes,
+                            time_fractions=table.action.kind == "time_fraction")
+    return {"streams": len(tasks), **hist}
 
 
 def _goodput_task(scenario: Scenario, policy, workload) -> float:
@@ -558,9 +620,10 @@ SELECT_STREAMS = 3
 
 
 def capacity_runs(model, tables: list[BudgetTable], scenarios: dict, streams: int, seed_base: int,
-                  num_requests: int, workers, label: str) -> np.ndarray:
+                  num_requests: int, workers, label: str, factors: bool = False):
     """Capacity under the SLO of the model and of each table on each scenario, on ``streams``
-    streams from ``seed_base``: an array indexed (scenario, stream, policy), the model first."""
+    streams from ``seed_base``: an array indexed (scenario, stream, policy), the model first
+    (``factors``: and the same array of capacities as multiples of each scenario's load)."""
     from eval.capacity import capacity_sweep
     from eval.parallel import make_executor, progress_bar
     from policies.table_policy import TablePolicy
@@ -570,8 +633,11 @@ def capacity_runs(model, tables: list[BudgetTable], scenarios: dict, streams: in
     with progress_bar(len(pairs) * streams, label) as bar:
         found = capacity_sweep(pairs, streams, num_requests, executor=make_executor(workers),
                                progress=bar, seed_base=seed_base)
-    per = np.asarray([r.per_stream for r in found], dtype=float)
-    return per.reshape(len(scenarios), 1 + len(tables), streams).transpose(0, 2, 1)
+    shape = (len(scenarios), 1 + len(tables), streams)
+    per = np.asarray([r.per_stream for r in found], dtype=float).reshape(shape).transpose(0, 2, 1)
+    if not factors:
+        return per
+    return per, np.asarray([r.factors for r in found], dtype=float).reshape(shape).transpose(0, 2, 1)
 
 
 MIN_MODEL_GOODPUT = 0.1
@@ -666,9 +732,10 @@ def main(argv: list[str] | None = None) -> int:
         data["provenance"] = {**run, "rule": f"{data['provenance']['rule']}: it kept more of the "
                               "model's capacity and goodput than the tables built from the model"}
     data["provenance"] = {**data["provenance"], "dagger": dagger}
+    capacity, use = fidelity(model, table, serving, args)
     data["fidelity"] = {"held_out_decisions": int(len(held[1])), "build_decisions": built,
                         "agreement": agreement(table, features_of(names, held[0], action), held[1]),
-                        "capacity": fidelity(model, table, serving, args),
+                        "capacity": capacity, "at_capacity": use,
                         "goodput": load_fidelity(model, table, serving, args),
                         **({"rule_check": table.fidelity["rule_check"]} if chosen >= len(rounds) else {})}
     final = BudgetTable(data, args.out)
@@ -798,8 +865,8 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
               f"table {f['verdict']} model)")
     low = 0.0
     for name, f in fid.get("goodput", {}).items():
-        if f["verdict"] == "falls short":
-            low = max(low, f["loss"])
+        if f["verdict"] == "falls short" and (f["model_goodput"] or 0.0) > MIN_MODEL_GOODPUT:
+            low = max(low, f["loss"])  # where the model serves a few in a hundred, not a loss
         load = (f" at {f['rate_rps']:g} req/s" if f.get("rate_rps") else
                 f" at {f['trace_speed']:g}x the trace" if f.get("trace_speed") else "")
         judged = (f"{-f['loss']:+.1%} ± {f['loss_ci95']:.1%}, table {f['verdict']} model"
@@ -808,6 +875,9 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
         both = ("model {:.3f}, table {:.3f}".format(f["model_goodput"], f["table_goodput"])
                 if f["model_goodput"] is not None else "nothing finished")
         print(f"goodput on {name}{load}: {both} ({judged})")
+    use = fid.get("at_capacity")
+    if use and use.get("passes"):
+        print(use_line(use, kind))
     if len(values) == 1:
         same = (f"the time-budget rule at {values[0]:g} (time-budget:{values[0]:g})"
                 if kind == "time_fraction" else f"a static budget (static:{values[0]:g})")
@@ -823,6 +893,24 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
               "past capacity it drives the engine into states its model does not; use other "
               "features, or serve the model", file=sys.stderr)
     print(serve_line(table))
+
+
+def use_line(use: dict, kind: str) -> str:
+    """What the table did at its capacity on the held-out streams, in one line."""
+    n = use["used_5pct"]
+    what = (("fraction" if n == 1 else "fractions") + " of the ITL target" if kind == "time_fraction"
+            else "budget" if n == 1 else "budgets")
+    cells = ", ".join(f"{v} {s:.0%}" for v, s in sorted(use["shares"].items(), key=lambda kv: -kv[1])
+                      if s >= 0.05)
+    line = (f"at its capacity on {use['streams']} held-out streams ({use['passes']:,} decisions): "
+            f"{n} {what} each in at least 5% of them ({cells})")
+    if "budget_shares" in use:
+        bins = ", ".join(f"{int(lo):,}+ {s:.0%}" for lo, s in sorted(use["budget_shares"].items(),
+                                                                  key=lambda kv: -kv[1]) if s >= 0.05)
+        groups = ", ".join(f"{r['decodes']}: {r['median_budget']:,.0f}" for r in use["by_decodes"])
+        line += (f"; token budgets in bins of 2^(1/4): {use['budgets_5pct']} bins each in at least "
+                 f"5% ({bins}); median budget by running decodes {groups}")
+    return line
 
 
 def serve_line(table: BudgetTable) -> str:

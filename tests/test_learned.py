@@ -449,6 +449,29 @@ def test_the_kv_aware_deadline_rule_is_a_table_at_every_pass():
     assert len(fractions) >= 3  # the run crosses several of the steps
 
 
+def test_export_measures_what_a_table_does_at_capacity():
+    """table_use drives the table on each scenario's streams at the given loads and pools
+    every decision: the shares per cell value sum to one and match the decisions it
+    recorded, and under KV pressure the KV-aware deadline rule's table uses its steps."""
+    from envs.scenario import Scenario
+    from eval.export import TableTrace, _trace_task, rule_table, table_use
+
+    sc = Scenario(hardware="h100-sxm", model="llama-3-8b", rate=6.0, num_kv_blocks=6000)
+    table = rule_table("time-budget-deadline-kv", sc, sc.stream(0, 1, 7, 60))
+    use = table_use(table, {"kv": sc}, np.array([[1.0, 1.5, 0.0]]), 120)
+    assert use["streams"] == 2  # a stream with no capacity (factor 0) is left out
+    assert sum(use["shares"].values()) == pytest.approx(1.0)
+    from envs.seeds import CAPACITY_SEEDS
+
+    one = _trace_task(sc.at_load(1.0), table, sc.at_load(1.0).stream(0, 3, CAPACITY_SEEDS, 120))
+    assert isinstance(TableTrace(table).values, list) and len(one[0]) == len(one[1]) > 0
+    assert use["passes"] > len(one[0])
+    assert sum(v > 0 for v in use["shares"].values()) >= 3  # the full fraction and KV steps
+    assert use["shares"]["1"] < 1.0 and use["used_5pct"] == sum(v >= 0.05 for v in use["shares"].values())
+    assert sum(use["budget_shares"].values()) == pytest.approx(1.0)
+    assert sum(r["share"] for r in use["by_decodes"]) == pytest.approx(1.0)
+
+
 @given(st.floats(0.0, 1.0))
 def test_kv_steps_round_the_linear_ramp_up_to_the_ladder(kv):
     """KVSteps by hand: 1 below 75% KV usage, 0.25 from 95% on, and in between the

@@ -69,15 +69,17 @@ def test_a_trained_run_exports_a_table_the_runtime_accepts(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     data = json.loads(table.read_text())
     dagger = data["provenance"]["dagger"]
-    labels = ["round 0", "round 1", "round 2", "time-budget-deadline:4", "time-budget-deadline:16"]
-    assert dagger["rounds"] == 2 and dagger["candidates"] == labels and dagger["chosen"] in range(5)
-    assert len(dagger["capacity_kept"]) == 5
-    assert "goodput_kept" not in dagger or len(dagger["goodput_kept"]) == 5
+    labels = ["round 0", "round 1", "round 2", "time-budget-deadline:4", "time-budget-deadline:16",
+              "time-budget-deadline-kv:4", "time-budget-deadline-kv:16"]
+    assert dagger["rounds"] == 2 and dagger["candidates"] == labels and dagger["chosen"] in range(7)
+    assert len(dagger["capacity_kept"]) == 7
+    assert "goodput_kept" not in dagger or len(dagger["goodput_kept"]) == 7
     assert dagger["streams"] > 0
     assert f"kept: the table of {labels[dagger['chosen']]} among round 0" in out.stdout
     fid = data["fidelity"]
     assert set(fid["capacity"]) == set(fid["goodput"]) == {"serving", "+3 ms per pass", "tight KV cache"}
     assert (fid["build_decisions"] > 0) == (dagger["chosen"] < 3) and 0 <= fid["agreement"] <= 1
+    assert ("at its capacity on" in out.stdout) == bool(fid["at_capacity"].get("passes"))
     check = subprocess.run([sys.executable, "-m", "policies.table", "check", str(table),
                             "--hardware", "h100-sxm", "--model", "llama-3-8b"],
                            capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -381,6 +383,8 @@ def test_presets_report_shows_the_table_at_capacity_and_at_the_serving_load(tmp_
     summary = {"actions": {"shares": {"1": 0.7, "4": 0.26, "0.25": 0.04}}, "checks": {},
                "capacity": {"serving": study, "tight KV cache": study}}
     table = {"fidelity": {"capacity": {"serving": {"verdict": "ties", "table_capacity_rps": 6.5}},
+                          "at_capacity": {"passes": 900, "shares": {"1": 0.9, "16": 0.07, "0.5": 0.03},
+                                          "budgets_5pct": 3},
                           "goodput": {"serving": {"verdict": "falls short", "loss": 0.2, "table_goodput": 0.6,
                                                   "model_goodput": 0.75},
                                       "tight KV cache": {"verdict": "not judged", "loss": None,
@@ -390,8 +394,9 @@ def test_presets_report_shows_the_table_at_capacity_and_at_the_serving_load(tmp_
     (tmp_path / "tables").mkdir()
     (tmp_path / "tables" / f"{name}.json").write_text(json.dumps(table))
     lines = report(str(tmp_path / "runs"), str(tmp_path / "tables")).splitlines()
-    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 10
+    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 11
     assert lines[2] == (f"| {name} | serving | 2,435: 6.21 | 6.52 (beats (+4.9% ± 0.8%)) | 6.30 (beats "
-                        "(+1.4% ± 0.5%)) | ties (6.50) | falls short (0.600 / 0.750) | 1 70%, 4 26% | not checked |")
+                        "(+1.4% ± 0.5%)) | ties (6.50) | falls short (0.600 / 0.750) | 1 70%, 4 26% "
+                        "| 1 90%, 16 7%; 3 budget bins | not checked |")
     assert "| not exported | not judged (0.200 / 0.300) |" in lines[3]
     assert all("not trained" in line for line in lines[4:])
