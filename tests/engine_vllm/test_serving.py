@@ -111,8 +111,9 @@ def test_provenance_mismatch_refused_naming_both_sides_and_override_accepts(env,
     assert "\n" not in msg
     assert "hardware: table h100-sxm, serving cpu" in msg
     assert ("model: table llama-3-8b (layers 32, hidden_size 4096, heads 32, kv_heads 8, "
-            "head_dim 128, bytes_per_weight 2), serving " in msg)
-    assert "(layers 2, hidden_size 128, heads 4, kv_heads 2, head_dim 32, bytes_per_weight 4)" in msg
+            "head_dim 128, bytes_per_weight 2, params 8.03e09), serving " in msg)
+    # The served side counts the tiny model's weights from its config.json.
+    assert "(layers 2, hidden_size 128, heads 4, kv_heads 2, head_dim 32, bytes_per_weight 4, params " in msg
     assert msg.endswith("set CHUNKPILOT_ALLOW_MISMATCH=1 to serve it anyway")
     env.setenv("CHUNKPILOT_ALLOW_MISMATCH", "1")
     sched = create_scheduler(TableScheduler, model, max_num_batched_tokens=ceiling)
