@@ -457,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     if resumed and model.num_timesteps >= args.total_timesteps and (run_dir / "summary.md").exists():
         print(f"{run_dir} has already trained {model.num_timesteps:,} of {args.total_timesteps:,} "
               "timesteps; raise --total-timesteps to train on")
+        venv.close()
         return 0
     try:
         train_s, stopped_by = train(args, model, venv, callback, run_dir, resumed)
@@ -471,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         from agents.training import close_logger
 
         close_logger(model)
+        venv.close()  # subprocess workers wait for their next command until told to end
     print(f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
     return 0
 

@@ -211,6 +211,22 @@ def budget_bin_edges() -> tuple[int, ...]:
     return (1, *FINE_LADDER)
 
 
+USED_SHARE = 0.05
+"""A value counts as used when it holds at least this share of the passes."""
+
+
+def used_text(shares: dict, label=str) -> str:
+    """The values holding at least ``USED_SHARE`` of the passes, most used first, each as
+    ``label(value) share`` (``1 85%, 0.25 5%``); empty when none does."""
+    top = sorted(shares.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{label(k)} {v:.0%}" for k, v in top if v >= USED_SHARE)
+
+
+def budget_label(low: str) -> str:
+    """A token-budget bin by its lower edge: ``2,896+``; ``under 64`` for the first."""
+    return "under 64" if low == "1" else f"{int(low):,}+"
+
+
 def action_histogram(values, ladder, budgets=None, decodes=None, time_fractions: bool = False) -> dict:
     """Share of passes per action value, and how many values are each used in >= 5%; with
     each pass's token budget and running decodes, also the share of passes per budget bin
@@ -219,7 +235,7 @@ def action_histogram(values, ladder, budgets=None, decodes=None, time_fractions:
     ``time_fractions``, the share above the ITL target (a fraction over 1)."""
     values = np.asarray(values, dtype=float)
     shares = {f"{v:g}": float(np.mean(np.isclose(values, v))) for v in ladder} if len(values) else {}
-    out = {"shares": shares, "used_5pct": int(sum(s >= 0.05 for s in shares.values())),
+    out = {"shares": shares, "used_5pct": int(sum(s >= USED_SHARE for s in shares.values())),
            "passes": int(len(values))}
     if budgets is None or not len(values):
         return out
@@ -229,7 +245,7 @@ def action_histogram(values, ladder, budgets=None, decodes=None, time_fractions:
                    0, len(lows) - 1)
     counts = np.bincount(bins, minlength=len(lows)) / len(budgets)
     out["budget_shares"] = {str(lows[i]): float(c) for i, c in enumerate(counts) if c > 0}
-    out["budgets_5pct"] = int((counts >= 0.05).sum())
+    out["budgets_5pct"] = int((counts >= USED_SHARE).sum())
     rows = []
     for lo, hi in DECODE_GROUPS:
         m = (decodes >= lo) & (decodes <= (hi if hi is not None else np.inf))

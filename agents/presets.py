@@ -99,14 +99,13 @@ def goodput_cell(f: dict) -> str:
 def preset_row(name: str, summary: dict, table: dict | None) -> list[str]:
     """One markdown row per final scenario of one preset's run (and its table)."""
     rows = []
-    shares = summary["actions"]["shares"]
-    used = ", ".join(f"{f} {v:.0%}" for f, v in sorted(shares.items(), key=lambda kv: -kv[1])
-                     if v >= 0.05)
+    from agents.checks import used_text
+
+    used = used_text(summary["actions"]["shares"])
     room = summary["checks"].get("room") if summary.get("checks") else None
     room_s = f"{room['gain']:+.2f} ± {room['gain_ci95']:.2f}" if room else "not checked"
     use = (table or {}).get("fidelity", {}).get("at_capacity") or {}
-    table_use = (", ".join(f"{f} {v:.0%}" for f, v in sorted(use["shares"].items(), key=lambda kv: -kv[1])
-                           if v >= 0.05) + f"; {use['budgets_5pct']} budget bins"
+    table_use = (f"{used_text(use['shares'])}; {use['budgets_5pct']} budget bins"
                  if use.get("passes") else "not measured")
     for scenario, study in summary["capacity"].items():
         static = study["_hindsight_static"]

@@ -64,7 +64,7 @@ def teacher_actions(name: str, ladder, raw_obs, max_num_seqs: int = 256):
     import numpy as np
 
     from envs.observation import DUE_INDEX, DUE_SCALE, SLACK_INDEX, SLACK_ONE_PASS
-    from policies.baselines import (DEADLINE_MARGIN, KVSteps, TimeBudgetFewPolicy,
+    from policies.baselines import (DEADLINE_MARGIN, TimeBudgetDeadlinePolicy, TimeBudgetFewPolicy,
                                     TimeBudgetKVPolicy, TimeBudgetSlackPolicy)
 
     top = float(name[1:])
@@ -75,9 +75,10 @@ def teacher_actions(name: str, ladder, raw_obs, max_num_seqs: int = 256):
         few = TimeBudgetFewPolicy(1.0, top)
         fractions = np.array([few.fraction_at(int(round(n * max_num_seqs))) for n in raw_obs[:, 0]])
     elif name[0] in "ghtu":  # the observation rounds to float32: one pass is 1 +- 1e-7
-        rule = TimeBudgetSlackPolicy(1.0, top, kv_aware=name[0] == "h")
-        if name[0] == "u":  # the deadline rule's KV steps (TimeBudgetDeadlinePolicy)
-            rule.kv = KVSteps(rule.fraction)
+        # KV usage in the observation is float32 too; blocks used over blocks in all lands
+        # within its rounding of a KVSteps edge on no cache size the presets have.
+        rule = (TimeBudgetDeadlinePolicy(1.0, 1.0, top, kv_aware=name[0] == "u") if name[0] in "tu"
+                else TimeBudgetSlackPolicy(1.0, top, kv_aware=name[0] == "h"))
         passes = np.where(raw_obs[:, SLACK_INDEX] >= SLACK_ONE_PASS * (1 - 1e-6), 1.0, 0.0)
         if name[0] in "tu":  # the slack is spent only while the queue is due late
             passes = np.where(raw_obs[:, DUE_INDEX] > DEADLINE_MARGIN * DUE_SCALE, passes, 0.0)

@@ -86,9 +86,9 @@ def budget_lines(actions: dict) -> list[str]:
     shares, rows = actions.get("budget_shares"), actions.get("by_decodes")
     if not shares or not rows:
         return []
-    top = sorted(shares.items(), key=lambda kv: -kv[1])
-    used = ", ".join(f"{'under 64' if k == '1' else f'{int(k):,}+'} {v:.0%}" for k, v in top
-                     if v >= 0.05) or "none"
+    from agents.checks import budget_label, used_text
+
+    used = used_text(shares, budget_label) or "none"
     in_time = "over_target" in rows[0]
     lines = [f"Token budgets asked (a time fraction becomes a different budget with each pass's "
              f"decodes and each episode's ITL target: over the training conditions' SLO pairs they "

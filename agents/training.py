@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 
 from agents.callbacks import save_model
 from agents.runs import checkpoints, norm_path_of
@@ -35,6 +35,8 @@ def make_vec_env(scenario, sampler, actions: str, action_type: str, n_envs: int,
 
     def factory(rank: int):
         def make():
+            if vec_env == "subproc":
+                ignore_stop_signals()
             env = gym.make(envs.ENV_ID, scenario=scenario, sampler=sampler, actions=actions,
                            action_type=action_type, decision_interval_s=decision_interval_s)
             env.reset(seed=seed * 1000 + rank)
@@ -140,7 +142,8 @@ class StopOnSignal(BaseCallback):
         self.signum = signum
 
     def install(self) -> None:
-        """Take over the signals (only the main thread may; elsewhere they stay as they are)."""
+        """Take over the signals (only the main thread may; elsewhere they stay as they are),
+        but not one the process was started ignoring (``nohup``)."""
         import signal
         import threading
 
@@ -148,7 +151,8 @@ class StopOnSignal(BaseCallback):
             return
         for name in self.SIGNALS:
             sig = getattr(signal, name)
-            self._previous[sig] = signal.signal(sig, self._handle)
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                self._previous[sig] = signal.signal(sig, self._handle)
 
     def restore(self) -> None:
         import signal
@@ -158,13 +162,30 @@ class StopOnSignal(BaseCallback):
         self._previous.clear()
 
 
+class UntilStopped(CallbackList):
+    """Callbacks called in order at each step until one asks to stop (SB3's CallbackList
+    calls every one, so a stop signal landing on an evaluation step would wait for it)."""
+
+    def _on_step(self) -> bool:
+        return all(callback.on_step() for callback in self.callbacks)
+
+
+def ignore_stop_signals() -> None:
+    """In an environment worker process (``--vec-env subproc``): leave SIGINT and SIGTERM
+    to the main process, which stops at its next step and closes the workers; a worker
+    that broke off at a Ctrl-C sent to the whole process group would leave the main
+    process's next step a broken pipe instead."""
+    import signal
+
+    for name in StopOnSignal.SIGNALS:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
 def learn(model, total: int, callbacks, progress_bar: bool, resumed: bool,
           trained: TrainedSteps) -> tuple[float, int | None]:
     """Learn up to ``total`` timesteps; (seconds, the signal that stopped it or None). On
     an interruption the model's count is set back to the steps actually learned from."""
     import signal
-
-    from stable_baselines3.common.callbacks import CallbackList
 
     remaining = max(total - model.num_timesteps, 0)
     t0 = time.perf_counter()
@@ -179,7 +200,7 @@ def learn(model, total: int, callbacks, progress_bar: bool, resumed: bool,
     stop = StopOnSignal()
     stop.install()
     try:
-        model.learn(remaining, callback=CallbackList([trained, stop, *callbacks]),
+        model.learn(remaining, callback=UntilStopped([trained, stop, *callbacks]),
                     reset_num_timesteps=not resumed, tb_log_name="run", progress_bar=progress_bar)
     except KeyboardInterrupt:
         stop.signum = stop.signum or signal.SIGINT

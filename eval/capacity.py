@@ -56,16 +56,24 @@ class CapacityResult:
 MAX_PROBE_REQUESTS = 20000
 
 
-def _probe(scenario: Scenario, policy, stream: int, streams: int, num_requests: int,
-           factor: float, min_duration_s: float = 0.0,
-           seed_base: int = CAPACITY_SEEDS) -> tuple[bool, float, float, float]:
-    """(meets the SLO, p99 TTFT, p99 ITL, arrival rate in req/s) of one stream at a load.
-    A synthetic stream lasts at least ``min_duration_s`` (more requests at higher loads):
-    a short stream at a high rate ends before a loose TTFT target can bind."""
+def probe_stream(scenario: Scenario, stream: int, streams: int, num_requests: int, factor: float,
+                 min_duration_s: float = 0.0, seed_base: int = CAPACITY_SEEDS):
+    """(the scenario at ``factor`` times its load, the arrivals of its stream ``stream``) as
+    a capacity search probes them. A synthetic stream lasts at least ``min_duration_s``
+    (more requests at higher loads): a short stream at a high rate ends before a loose TTFT
+    target can bind."""
     sc = scenario.at_load(factor)
     if min_duration_s and not sc.trace:
         num_requests = int(min(max(num_requests, sc.rate * min_duration_s), MAX_PROBE_REQUESTS))
-    w = sc.stream(stream, streams, seed_base, num_requests)
+    return sc, sc.stream(stream, streams, seed_base, num_requests)
+
+
+def _probe(scenario: Scenario, policy, stream: int, streams: int, num_requests: int,
+           factor: float, min_duration_s: float = 0.0,
+           seed_base: int = CAPACITY_SEEDS) -> tuple[bool, float, float, float]:
+    """(meets the SLO, p99 TTFT, p99 ITL, arrival rate in req/s) of one stream at a load
+    (:func:`probe_stream`)."""
+    sc, w = probe_stream(scenario, stream, streams, num_requests, factor, min_duration_s, seed_base)
     policy.reset()
     s = sc.simulator(w).run(policy).summary(sc.slo())
     itl = 0.0 if math.isnan(s["itl_p99_s"]) else s["itl_p99_s"]

@@ -486,27 +486,29 @@ def fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs) -> 
     from eval.harness import paired_verdict
 
     scenarios = final_scenarios(serving)
-    found, factors = capacity_runs(model, [table], scenarios, args.fidelity_seeds, CAPACITY_SEEDS,
-                                   args.fidelity_requests, args.workers, "fidelity", factors=True)
+    found = capacity_runs(model, [table], scenarios, args.fidelity_seeds, CAPACITY_SEEDS,
+                          args.fidelity_requests, args.workers, "fidelity")
     out = {}
-    for name, runs in zip(scenarios, found):
+    for name, runs in zip(scenarios, found.rps):
         m, t = runs[:, 0], runs[:, 1]
         v = paired_verdict(t, m)
         out[name] = {"model_capacity_rps": float(m.mean()), "table_capacity_rps": float(t.mean()),
                      "loss": -v.rel, "loss_ci95": v.half, "verdict": v.kind}
-    return out, table_use(table, scenarios, factors[:, :, 1], args.fidelity_requests, args.workers)
+    use = table_use(table, scenarios, found.factors[:, :, 1], args.fidelity_requests, CAPACITY_SEEDS,
+                    args.workers)
+    return out, use
 
 
 class TableTrace:
-    """A table driving the simulator, recording each decision's cell value (a fraction of
-    the ITL target, or a token budget), the tokens it became and the running decodes."""
+    """A table driving the simulator, recording, at each pass it decides (decodes running:
+    with none the budget is the cap whatever the cell holds), the cell's value (a fraction
+    of the ITL target, or a token budget), the tokens it became and the running decodes."""
 
     def __init__(self, table: BudgetTable):
-        from policies.table_policy import FEATURE_GETTERS, TablePolicy
+        from policies.table_policy import TablePolicy
 
-        self.policy, self.table = TablePolicy(table), table
+        self.policy, self.cells = TablePolicy(table), table.action.cells
         self.name, self.kind = self.policy.name, "table"
-        self._getters = [(n, FEATURE_GETTERS[n]) for n in table.needs]
         self.values: list[float] = []
         self.budgets: list[int] = []
         self.decodes: list[int] = []
@@ -516,10 +518,10 @@ class TableTrace:
 
     def __call__(self, state) -> int:
         b = self.policy(state)
-        got = {n: g(state, self.table.itl_s) for n, g in self._getters}
-        self.values.append(float(self.table.action.cells[self.table.action.cell(got)]))
-        self.budgets.append(b)
-        self.decodes.append(state.num_decodes)
+        if state.num_decodes:
+            self.values.append(float(self.cells[self.policy.cell(state)]))
+            self.budgets.append(b)
+            self.decodes.append(state.num_decodes)
         return b
 
 
@@ -530,23 +532,24 @@ def _trace_task(scenario: Scenario, table: BudgetTable, workload) -> tuple[list,
 
 
 def table_use(table: BudgetTable, scenarios: dict, factors: np.ndarray, num_requests: int,
-              workers=None) -> dict:
-    """What the table does where the choice matters: each final scenario's fidelity streams
-    at the table's own capacity there (``factors``: per scenario and stream, as a multiple
-    of the scenario's load), every decision pooled: the share of passes per cell value and
-    per token-budget bin, and the budget against the running decodes
-    (``agents.checks.action_histogram``). At one SLO a fraction of the ITL target still
-    becomes a different budget with each pass's decodes."""
+              seed_base: int, workers=None) -> dict:
+    """What the table does where the choice matters: each scenario's streams (``seed_base``,
+    as its capacity searches drew them) at the table's own capacity there (``factors``: per
+    scenario and stream, as a multiple of the scenario's load; 0, no capacity, is left out),
+    every pass it decides pooled: the share of passes per cell value and per token-budget
+    bin, and the budget against the running decodes (``agents.checks.action_histogram``).
+    At one SLO a fraction of the ITL target still becomes a different budget with each
+    pass's decodes."""
     from agents.checks import action_histogram
-    from envs.seeds import CAPACITY_SEEDS
+    from eval.capacity import probe_stream
     from eval.parallel import make_executor
 
     tasks = []
-    for (sc, row) in zip(scenarios.values(), factors):
+    for sc, row in zip(scenarios.values(), factors):
         for i, f in enumerate(row):
             if f > 0:
-                at = sc.at_load(float(f))
-                tasks.append((at, table, at.stream(i, len(row), CAPACITY_SEEDS, num_requests)))
+                at, workload = probe_stream(sc, i, len(row), num_requests, float(f), seed_base=seed_base)
+                tasks.append((at, table, workload))
     found = make_executor(workers).map(_trace_task, tasks)
     values = [v for vs, _, _ in found for v in vs]
     budgets = [b for _, bs, _ in found for b in bs]
@@ -619,11 +622,20 @@ SELECT_STREAMS = 3
 """Streams per final scenario on which the export chooses among its rounds' tables."""
 
 
+class CapacityRuns(NamedTuple):
+    """Capacities of the model and of each table, each array indexed (scenario, stream,
+    policy), the model first."""
+
+    rps: np.ndarray
+    """Requests per second under the SLO."""
+    factors: np.ndarray
+    """The same as multiples of each scenario's load."""
+
+
 def capacity_runs(model, tables: list[BudgetTable], scenarios: dict, streams: int, seed_base: int,
-                  num_requests: int, workers, label: str, factors: bool = False):
+                  num_requests: int, workers, label: str) -> CapacityRuns:
     """Capacity under the SLO of the model and of each table on each scenario, on ``streams``
-    streams from ``seed_base``: an array indexed (scenario, stream, policy), the model first
-    (``factors``: and the same array of capacities as multiples of each scenario's load)."""
+    streams from ``seed_base``."""
     from eval.capacity import capacity_sweep
     from eval.parallel import make_executor, progress_bar
     from policies.table_policy import TablePolicy
@@ -634,10 +646,9 @@ def capacity_runs(model, tables: list[BudgetTable], scenarios: dict, streams: in
         found = capacity_sweep(pairs, streams, num_requests, executor=make_executor(workers),
                                progress=bar, seed_base=seed_base)
     shape = (len(scenarios), 1 + len(tables), streams)
-    per = np.asarray([r.per_stream for r in found], dtype=float).reshape(shape).transpose(0, 2, 1)
-    if not factors:
-        return per
-    return per, np.asarray([r.factors for r in found], dtype=float).reshape(shape).transpose(0, 2, 1)
+    per = [np.asarray([getattr(r, key) for r in found], dtype=float).reshape(shape).transpose(0, 2, 1)
+           for key in ("per_stream", "factors")]
+    return CapacityRuns(*per)
 
 
 MIN_MODEL_GOODPUT = 0.1
@@ -679,7 +690,7 @@ def select_round(model, tables: list[BudgetTable], serving: Scenario, args: Expo
                                       args.fidelity_requests, args.workers, "choosing a round: goodput"),
                          MIN_MODEL_GOODPUT)
     capacity = kept_share(capacity_runs(model, tables, scenarios, SELECT_STREAMS, TABLE_SELECT_SEEDS,
-                                        args.fidelity_requests, args.workers, "choosing a round: capacity"))
+                                        args.fidelity_requests, args.workers, "choosing a round: capacity").rps)
     if not len(goodput) and not len(capacity):
         return {"chosen": 0, "streams": 0}
     shares = {key: m.mean(axis=0) for key, m in (("capacity_kept", capacity), ("goodput_kept", goodput))
@@ -897,19 +908,18 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
 
 def use_line(use: dict, kind: str) -> str:
     """What the table did at its capacity on the held-out streams, in one line."""
+    from agents.checks import budget_label, used_text
+
     n = use["used_5pct"]
     what = (("fraction" if n == 1 else "fractions") + " of the ITL target" if kind == "time_fraction"
             else "budget" if n == 1 else "budgets")
-    cells = ", ".join(f"{v} {s:.0%}" for v, s in sorted(use["shares"].items(), key=lambda kv: -kv[1])
-                      if s >= 0.05)
-    line = (f"at its capacity on {use['streams']} held-out streams ({use['passes']:,} decisions): "
-            f"{n} {what} each in at least 5% of them ({cells})")
+    line = (f"at its capacity on {use['streams']} held-out streams ({use['passes']:,} passes it "
+            f"decided): {n} {what} each in at least 5% of them ({used_text(use['shares'])})")
     if "budget_shares" in use:
-        bins = ", ".join(f"{int(lo):,}+ {s:.0%}" for lo, s in sorted(use["budget_shares"].items(),
-                                                                  key=lambda kv: -kv[1]) if s >= 0.05)
         groups = ", ".join(f"{r['decodes']}: {r['median_budget']:,.0f}" for r in use["by_decodes"])
         line += (f"; token budgets in bins of 2^(1/4): {use['budgets_5pct']} bins each in at least "
-                 f"5% ({bins}); median budget by running decodes {groups}")
+                 f"5% ({used_text(use['budget_shares'], budget_label)}); median budget by running "
+                 f"decodes {groups}")
     return line
 
 
@@ -955,13 +965,11 @@ class RuleCheck:
     and the passes that looked a cell up (with decodes running), per cell."""
 
     def __init__(self, rule, table: BudgetTable):
-        from policies.table_policy import FEATURE_GETTERS, TablePolicy
+        from policies.table_policy import TablePolicy
 
         self.rule, self.table = rule, TablePolicy(table)
         self.name, self.budgets, self.differ = rule.name, [], 0
         self.cells = [0] * table.cells
-        self._getters = [(n, FEATURE_GETTERS[n]) for n in table.needs]
-        self._action, self._itl_s = table.action, table.itl_s
 
     def reset(self) -> None:
         self.rule.reset()
@@ -972,7 +980,7 @@ class RuleCheck:
         self.differ += self.table(state) != want
         self.budgets.append(want)
         if state.num_decodes:
-            self.cells[self._action.cell({n: g(state, self._itl_s) for n, g in self._getters})] += 1
+            self.cells[self.table.cell(state)] += 1
         return want
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from dataclasses import dataclass
+from functools import cached_property
+
 import numpy as np
 
 from policies.base import BudgetPolicy
@@ -297,6 +301,7 @@ time-budget-kv rule's) costs the most on h100-sxm and h200, one from 85% the mos
 L40S, one from 75% is never the worst."""
 
 
+@dataclass(frozen=True)
 class KVSteps:
     """A KV throttle on the action ladder: the base fraction while the cache is below
     ``kv_low``, then the ladder's rungs down to ``floor`` as usage climbs to ``kv_high``
@@ -304,21 +309,37 @@ class KVSteps:
     steps sit at fixed KV usages (:attr:`edges`), so a table with those edges holds the
     throttle exactly: the same ``bisect_right`` on the same numbers."""
 
-    def __init__(self, fraction: float = 1.0, kv_low: float = KV_STEP_LOW,
-                 kv_high: float = KV_STEP_HIGH, floor: float = KV_STEP_FLOOR):
+    fraction: float = 1.0
+    kv_low: float = KV_STEP_LOW
+    kv_high: float = KV_STEP_HIGH
+    floor: float = KV_STEP_FLOOR
+
+    def __post_init__(self) -> None:
+        from envs.errors import require
+
+        require(0 <= self.kv_low < self.kv_high <= 1, "kv_high", self.kv_high,
+                f"must lie in (kv_low {self.kv_low:g}, 1], with kv_low >= 0")
+        require(0 < self.floor <= self.fraction, "floor", self.floor,
+                f"must lie in (0, the base fraction {self.fraction:g}]")
+
+    @cached_property
+    def fractions(self) -> tuple[float, ...]:
+        """The base fraction, then each rung of the ladder below it down to the floor."""
         from envs.actions import FRACTION_LADDER
 
-        self.fraction, self.kv_low, self.kv_high, self.floor = (float(fraction), float(kv_low),
-                                                                float(kv_high), float(floor))
-        rungs = [r for r in FRACTION_LADDER if self.floor <= r < self.fraction]
-        self.fractions = (self.fraction, *sorted(rungs, reverse=True))
+        rungs = sorted((r for r in FRACTION_LADDER if self.floor <= r < self.fraction), reverse=True)
+        return (self.fraction, *rungs)
+
+    @cached_property
+    def edges(self) -> tuple[float, ...]:
+        """Where the ramp reaches each rung below the base fraction (increasing, above
+        ``kv_low``); none where the base fraction is the floor."""
+        if self.fraction == self.floor:
+            return ()
         span = (self.kv_high - self.kv_low) / (self.fraction - self.floor)
-        self.edges = tuple(self.kv_high - (r - self.floor) * span for r in self.fractions[1:])
-        """Where the ramp reaches each rung below the base fraction (increasing)."""
+        return tuple(self.kv_high - (r - self.floor) * span for r in self.fractions[1:])
 
     def fraction_at(self, kv_usage: float) -> float:
-        from bisect import bisect_right
-
         return self.fractions[bisect_right(self.edges, kv_usage)]
 
 

@@ -129,11 +129,15 @@ class TokensAction:
         self.min_budget = min(self.cells)
         self._axes = tuple(zip(table.features, table.edges, table.strides))
 
-    def budget(self, state: Mapping[str, float]) -> int:
+    def cell(self, state: Mapping[str, float]) -> int:
+        """The index of the cell ``state`` falls in."""
         idx = 0
         for name, edges, stride in self._axes:
             idx += bisect_right(edges, state[name]) * stride
-        return self.cells[idx]
+        return idx
+
+    def budget(self, state: Mapping[str, float]) -> int:
+        return self.cells[self.cell(state)]
 
 
 # The cost model's coefficients a time-fraction table stores for its hardware and model,

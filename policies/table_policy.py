@@ -37,9 +37,17 @@ class TablePolicy(BudgetPolicy):
         self._time = table.action.kind == "time_fraction"
         self._itl_s = table.itl_s
 
-    def budget(self, state) -> int:
+    def values(self, state) -> dict:
+        """The quantities the table reads, from the scheduler's state."""
         itl = self._itl_s
-        values = {n: g(state, itl) for n, g in self._getters}
+        return {n: g(state, itl) for n, g in self._getters}
+
+    def cell(self, state) -> int:
+        """The index of the cell this state looks up."""
+        return self.table.action.cell(self.values(state))
+
+    def budget(self, state) -> int:
+        values = self.values(state)
         if self._time:
             return self.table.action.budget(values, state.simulator.roofline.coefficients())
         return self.table.budget(values)

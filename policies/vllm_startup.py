@@ -131,7 +131,9 @@ def dense_params(config) -> float | None:
     (embeddings, each layer's attention and gated MLP; norms are a rounding error): 8.03e9
     for Llama-3-8B, 7.24e9 for Mistral-7B, which share a shape. None for a mixture of
     experts or a config without the fields."""
-    get = lambda k: getattr(config, k, None)  # noqa: E731
+    def get(key: str):
+        return getattr(config, key, None)
+
     if any(get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts")):
         return None
     vocab, hidden, inter, layers = (get(k) for k in ("vocab_size", "hidden_size",

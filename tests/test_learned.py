@@ -180,6 +180,28 @@ def test_export_report_says_when_the_policy_is_constant(capsys, tmp_path):
                 "the time-budget rule at 1 (time-budget:1)" in out) == constant, out
 
 
+def test_export_report_warns_of_goodput_lost_only_where_the_model_serves(capsys, tmp_path):
+    """A table 20% short of its model's goodput beyond the interval is warned about; not
+    where the model itself serves at most a tenth of requests (a matter of which few)."""
+    from types import SimpleNamespace
+
+    from envs.scenario import Scenario
+    from eval.export import report
+
+    for model_goodput, warned in ((0.5, True), (0.05, False)):
+        path = str(tmp_path / "t.json")
+        data = time_table([1.0, 0.5, 0.25], Scenario()).to_dict()
+        data["fidelity"] = {"build_decisions": 100, "held_out_decisions": 50, "agreement": 1.0,
+                            "goodput": {"serving": {"rate_rps": 8.0, "streams": 5, "verdict": "falls short",
+                                                    "model_goodput": model_goodput, "loss": 0.2,
+                                                    "loss_ci95": 0.05,
+                                                    "table_goodput": 0.8 * model_goodput}}}
+        BudgetTable(data).save(path)
+        report(BudgetTable.load(path), 1.0, SimpleNamespace(out=path))
+        err = capsys.readouterr().err
+        assert ("WARNING: at the serving load the table falls short" in err) == warned, err
+
+
 # --- the p99 ITL slack ---------------------------------------------------------------------
 
 SLACK_REQUESTS = [(0.0, 60, 3000)] * 6 + [(0.5 * i, 6000, 20) for i in range(1, 30)]
@@ -451,25 +473,39 @@ def test_the_kv_aware_deadline_rule_is_a_table_at_every_pass():
 
 def test_export_measures_what_a_table_does_at_capacity():
     """table_use drives the table on each scenario's streams at the given loads and pools
-    every decision: the shares per cell value sum to one and match the decisions it
-    recorded, and under KV pressure the KV-aware deadline rule's table uses its steps."""
+    the passes it decides (decodes running): the shares per cell value sum to one over as
+    many passes as the streams' traces hold, and under KV pressure the KV-aware deadline
+    rule's table uses its steps. A token-budget table is measured the same way."""
     from envs.scenario import Scenario
-    from eval.export import TableTrace, _trace_task, rule_table, table_use
+    from envs.seeds import CAPACITY_SEEDS
+    from eval.capacity import probe_stream
+    from eval.export import _trace_task, rule_table, table_use
 
     sc = Scenario(hardware="h100-sxm", model="llama-3-8b", rate=6.0, num_kv_blocks=6000)
     table = rule_table("time-budget-deadline-kv", sc, sc.stream(0, 1, 7, 60))
-    use = table_use(table, {"kv": sc}, np.array([[1.0, 1.5, 0.0]]), 120)
+    factors = np.array([[1.0, 1.5, 0.0]])
+    use = table_use(table, {"kv": sc}, factors, 120, CAPACITY_SEEDS)
     assert use["streams"] == 2  # a stream with no capacity (factor 0) is left out
+    traces = []
+    for i, f in enumerate(factors[0][:2]):
+        at, workload = probe_stream(sc, i, 3, 120, f)
+        traces.append(_trace_task(at, table, workload))
+    assert use["passes"] == sum(len(values) for values, _, _ in traces) > 0
+    assert all(d > 0 for _, _, ds in traces for d in ds)  # nothing-decoding passes left out
     assert sum(use["shares"].values()) == pytest.approx(1.0)
-    from envs.seeds import CAPACITY_SEEDS
-
-    one = _trace_task(sc.at_load(1.0), table, sc.at_load(1.0).stream(0, 3, CAPACITY_SEEDS, 120))
-    assert isinstance(TableTrace(table).values, list) and len(one[0]) == len(one[1]) > 0
-    assert use["passes"] > len(one[0])
     assert sum(v > 0 for v in use["shares"].values()) >= 3  # the full fraction and KV steps
-    assert use["shares"]["1"] < 1.0 and use["used_5pct"] == sum(v >= 0.05 for v in use["shares"].values())
+    assert use["shares"]["1"] < 1.0
+    assert use["used_5pct"] == sum(v >= 0.05 for v in use["shares"].values())
     assert sum(use["budget_shares"].values()) == pytest.approx(1.0)
     assert sum(r["share"] for r in use["by_decodes"]) == pytest.approx(1.0)
+    tokens = BudgetTable({"schema_version": 2, "kind": "chunkpilot-budget-table",
+                          "action": {"kind": "tokens"},
+                          "features": [{"name": "running_decodes", "edges": [16]}],
+                          "budgets": [4096, 1024], "visited": [1, 1], "default_budget": 1024,
+                          "provenance": scenario_provenance(sc)})
+    by_tokens = table_use(tokens, {"kv": sc}, factors, 120, CAPACITY_SEEDS)
+    assert set(by_tokens["shares"]) == {"1024", "4096"} and by_tokens["passes"] > 0
+    assert sum(by_tokens["shares"].values()) == pytest.approx(1.0)
 
 
 @given(st.floats(0.0, 1.0))
@@ -488,8 +524,10 @@ def test_kv_steps_round_the_linear_ramp_up_to_the_ladder(kv):
     rungs = [r for r in FRACTION_LADDER if 0.25 <= r <= 1.0]
     assert got in rungs and got >= ramp - 1e-9
     assert not [r for r in rungs if ramp + 1e-9 < r < got]  # no rung between the ramp and it
-    assert (got == 1.0) if kv < 0.75 else True
-    assert (got == 0.25) if kv >= 0.95 else True
+    if kv < 0.75:
+        assert got == 1.0
+    if kv >= 0.95:
+        assert got == 0.25
 
 
 def test_rule_export_writes_a_table_the_runtime_accepts_and_refuses_other_rules(tmp_path):
@@ -699,7 +737,8 @@ def test_export_keeps_the_round_that_keeps_most_of_its_model(monkeypatch):
 
     def choose(goodput, capacity):
         monkeypatch.setattr(export, "goodput_runs", lambda *a, **k: np.asarray(goodput, dtype=float))
-        monkeypatch.setattr(export, "capacity_runs", lambda *a, **k: np.asarray(capacity, dtype=float))
+        rps = np.asarray(capacity, dtype=float)
+        monkeypatch.setattr(export, "capacity_runs", lambda *a, **k: export.CapacityRuns(rps, rps / 2))
         return export.select_round(None, [None] * (len(goodput[0][0]) - 1), Scenario(),
                                    SimpleNamespace(fidelity_requests=80, workers=1))
 
@@ -732,7 +771,8 @@ def test_export_keeps_the_round_that_keeps_most_of_its_model(monkeypatch):
 
 def test_export_lays_out_capacities_by_scenario_stream_and_policy(monkeypatch):
     """``capacity_runs`` returns (scenario, stream, policy) with the model first, whatever
-    order the sweep runs its pairs in, and passes its seed base to the sweep."""
+    order the sweep runs its pairs in, capacities and load factors alike, and passes its
+    seed base to the sweep."""
     import eval.capacity as capacity
     import eval.export as export
     from eval.capacity import CapacityResult
@@ -742,17 +782,19 @@ def test_export_lays_out_capacities_by_scenario_stream_and_policy(monkeypatch):
     def sweep(pairs, seeds, num_requests, executor=None, progress=None, seed_base=None):
         seen["seed_base"] = seed_base
         # Each result encodes its pair: scenario s, policy p (0: model), stream i.
-        return [CapacityResult(str(k), "x", tuple(100 * (k // 3) + 10 * (k % 3) + i for i in range(seeds)), ())
+        return [CapacityResult(str(k), "x", tuple(100 * (k // 3) + 10 * (k % 3) + i for i in range(seeds)), (),
+                               tuple(-(100 * (k // 3) + 10 * (k % 3) + i) for i in range(seeds)))
                 for k in range(len(pairs))]
 
     monkeypatch.setattr(capacity, "capacity_sweep", sweep)
     monkeypatch.setattr(export, "policy_for", lambda model, sc: "model")
     monkeypatch.setattr("policies.table_policy.TablePolicy", lambda t, name: t)
     got = export.capacity_runs(None, ["t1", "t2"], {"a": "A", "b": "B"}, 4, 123, 50, 1, "x")
-    assert got.shape == (2, 4, 3) and seen["seed_base"] == 123
+    assert got.rps.shape == got.factors.shape == (2, 4, 3) and seen["seed_base"] == 123
     for s in range(2):
         for i in range(4):
-            assert got[s, i].tolist() == [100 * s + 10 * p + i for p in range(3)]
+            assert got.rps[s, i].tolist() == [100 * s + 10 * p + i for p in range(3)]
+            assert got.factors[s, i].tolist() == [-(100 * s + 10 * p + i) for p in range(3)]
 
 
 def test_capacity_streams_come_from_the_seed_base_asked_for(monkeypatch):

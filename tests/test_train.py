@@ -110,20 +110,80 @@ def test_resume_continues_and_refuses_a_conflicting_flag(tmp_path):
     assert len(list((run / "tensorboard").iterdir())) == 1
 
 
+def test_a_stop_signal_sets_a_flag_the_next_step_reads():
+    """StopOnSignal by hand: the handler only records the signal and the next step returns
+    False; a second signal raises at once; a signal the process ignores stays ignored;
+    restore puts the previous handlers back; from another thread nothing is installed.
+    UntilStopped calls no callback after the one that stops."""
+    import threading
+    from types import SimpleNamespace
+
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    from agents.training import StopOnSignal, UntilStopped
+
+    stop = StopOnSignal()
+    assert stop._on_step()
+    stop._handle(signal.SIGTERM, None)
+    assert stop.signum == signal.SIGTERM and not stop._on_step()
+    with pytest.raises(KeyboardInterrupt):
+        stop._handle(signal.SIGINT, None)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        fresh = StopOnSignal()
+        fresh.install()
+        assert signal.getsignal(signal.SIGINT) == fresh._handle
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # started ignored: kept so
+        fresh.restore()
+        assert signal.getsignal(signal.SIGINT) is before[signal.SIGINT]
+        elsewhere = StopOnSignal()
+        worker = threading.Thread(target=elsewhere.install)
+        worker.start()
+        worker.join()
+        assert not elsewhere._previous and signal.getsignal(signal.SIGINT) is before[signal.SIGINT]
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+    calls = []
+
+    class Step(BaseCallback):
+        def __init__(self, name, go):
+            super().__init__()
+            self.label, self.go = name, go
+
+        def _on_step(self):
+            calls.append(self.label)
+            return self.go
+
+    steps = [Step("trained", True), Step("stop", False), Step("evaluate", True)]
+    for step in steps:
+        step.model = SimpleNamespace(num_timesteps=0)  # what SB3 gives a callback it runs
+    assert UntilStopped(steps)._on_step() is False and calls == ["trained", "stop"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_interrupted_run_keeps_only_trained_steps_and_resumes(tmp_path, signum):
+@pytest.mark.parametrize("signum, vec_env", [(signal.SIGINT, "dummy"), (signal.SIGTERM, "dummy"),
+                                             (signal.SIGINT, "subproc")],
+                         ids=["SIGINT", "SIGTERM", "Ctrl-C to the process group, subproc envs"])
+def test_interrupted_run_keeps_only_trained_steps_and_resumes(tmp_path, signum, vec_env):
     """A Ctrl-C or a scheduler's SIGTERM mid-training: the run stops at its next step,
-    exits 128 + the signal, and keeps a checkpoint of whole rollouts to resume from."""
+    exits 128 + the signal, and keeps a checkpoint of whole rollouts to resume from. A
+    Ctrl-C at a terminal reaches the whole process group, environment workers too: they
+    leave the stop to the main process."""
     run = tmp_path / "i"
     proc = subprocess.Popen([sys.executable, "train.py", "--total-timesteps", "200000", "--run-dir",
-                             str(run), *TINY], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
+                             str(run), *TINY, "--vec-env", vec_env], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     deadline = time.time() + 300
     while time.time() < deadline and len(list((run / "checkpoints").glob("ckpt_*.zip"))) < 2:
         time.sleep(0.5)
-    proc.send_signal(signum)
+    if vec_env == "subproc":
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
     try:
         out, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
