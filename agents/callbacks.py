@@ -12,27 +12,17 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from agents.checks import action_histogram, episode_cost
 from envs.actions import clamp_budget
+from agents.checks import ActionTrace
 from policies.learned import ModelPolicy, ObsNorm
 
 
-class Recorder:
-    """Wraps a policy and keeps every action value it chose (for the action histogram)."""
-
-    def __init__(self, policy: ModelPolicy):
-        self.policy, self.name, self.kind = policy, policy.name, policy.kind
-        self.values: list[float] = []
-        self.budgets: list[int] = []
-        self.decodes: list[int] = []
-
-    def reset(self) -> None:
-        self.policy.reset()
+class Recorder(ActionTrace):
+    """Wraps a model policy and keeps every action value it chose (for the action histogram)."""
 
     def __call__(self, state) -> int:
         v = self.policy.action_value(state)
         budget = clamp_budget(self.policy.budget_for_value(state, v), state.num_decodes)
-        self.values.append(v)
-        self.budgets.append(budget)
-        self.decodes.append(state.num_decodes)
+        self.record(v, budget, state.num_decodes)
         return budget
 
 

@@ -211,6 +211,27 @@ def budget_bin_edges() -> tuple[int, ...]:
     return (1, *FINE_LADDER)
 
 
+class ActionTrace:
+    """Drives the simulator with ``policy`` and keeps, for each pass it records, the action
+    value chosen, the token budget it became and the running decodes (what
+    :func:`action_histogram` reads). Subclasses say which passes and values in
+    ``__call__``."""
+
+    def __init__(self, policy):
+        self.policy, self.name, self.kind = policy, policy.name, policy.kind
+        self.values: list[float] = []
+        self.budgets: list[int] = []
+        self.decodes: list[int] = []
+
+    def reset(self) -> None:
+        self.policy.reset()
+
+    def record(self, value: float, budget: int, decodes: int) -> None:
+        self.values.append(value)
+        self.budgets.append(budget)
+        self.decodes.append(decodes)
+
+
 USED_SHARE = 0.05
 """A value counts as used when it holds at least this share of the passes."""
 

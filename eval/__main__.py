@@ -15,7 +15,8 @@ instance; default all cores; 1 runs in this process) or ``--ray-address ADDR`` (
 Policy specs: static:N, vllm-default[:offline], queue-depth[:BASE], no-decode-boost[:LOW:HIGH],
 sarathi-slo, free-ride[:FLOOR:CAP], time-budget[:FRACTION], time-budget-kv[:FRACTION],
 time-budget-few[:FRACTION], time-budget-slack[:TOP], time-budget-slack-kv[:TOP],
-time-budget-deadline[:TOP], reference:BUDGET[:HORIZON_S[:REPLAN_S]], model:RUN_DIR, table:PATH, table:auto.
+time-budget-deadline[:TOP], time-budget-deadline-kv[:TOP], reference:BUDGET[:HORIZON_S[:REPLAN_S]],
+model:RUN_DIR, table:PATH, table:auto.
 """
 
 from __future__ import annotations

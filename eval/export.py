@@ -49,6 +49,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from agents.checks import ActionTrace
 from envs.cli import parse
 from envs.errors import ConfigError, integer, number, require, show
 from envs.files import check_distinct, check_output
@@ -58,7 +59,7 @@ from envs.seeds import TABLE_BUILD_SEEDS, TABLE_FIDELITY_SEEDS, TABLE_SELECT_SEE
 from eval.harness import run_policy
 from policies.table import (DERIVED, KIND, SCHEMA_VERSION, SLACK_COUNTS, STATE, BudgetTable,
                             hardware_provenance, model_provenance, write_atomic)
-from policies.table_policy import FEATURE_GETTERS
+from policies.table_policy import FEATURE_GETTERS, TablePolicy
 
 LOUD_CAPACITY_LOSS = 0.01
 LOUD_GOODPUT_LOSS = 0.05
@@ -121,7 +122,8 @@ class RuleExportArgs(Scenario):
     (--num-requests, --seed, or a trace's window)."""
 
     rule: str = "time-budget-deadline"
-    """The rule: time-budget[:FRACTION], time-budget-slack[:TOP] or time-budget-deadline[:TOP]."""
+    """The rule: time-budget[:FRACTION], time-budget-slack[:TOP], time-budget-deadline[:TOP] or
+    time-budget-deadline-kv[:TOP]."""
     out: str = "rule-table.json"
     """Where to write the table (JSON, written atomically)."""
     csv: str | None = None
@@ -499,29 +501,19 @@ def fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs) -> 
     return out, use
 
 
-class TableTrace:
-    """A table driving the simulator, recording, at each pass it decides (decodes running:
-    with none the budget is the cap whatever the cell holds), the cell's value (a fraction
-    of the ITL target, or a token budget), the tokens it became and the running decodes."""
+class TableTrace(ActionTrace):
+    """A table driving the simulator, recording each pass it decides (decodes running: with
+    none the budget is the cap whatever the cell holds): the cell's value (a fraction of
+    the ITL target, or a token budget), the tokens it became and the running decodes."""
 
     def __init__(self, table: BudgetTable):
-        from policies.table_policy import TablePolicy
-
-        self.policy, self.cells = TablePolicy(table), table.action.cells
-        self.name, self.kind = self.policy.name, "table"
-        self.values: list[float] = []
-        self.budgets: list[int] = []
-        self.decodes: list[int] = []
-
-    def reset(self) -> None:
-        self.policy.reset()
+        super().__init__(TablePolicy(table))
+        self.cells = table.action.cells
 
     def __call__(self, state) -> int:
         b = self.policy(state)
         if state.num_decodes:
-            self.values.append(float(self.cells[self.policy.cell(state)]))
-            self.budgets.append(b)
-            self.decodes.append(state.num_decodes)
+            self.record(float(self.cells[self.policy.cell(state)]), b, state.num_decodes)
         return b
 
 
@@ -570,7 +562,6 @@ def goodput_runs(model, tables: list[BudgetTable], scenarios: dict, streams: int
     streams from ``seed_base``: an array indexed (scenario, stream, policy), the model
     first."""
     from eval.parallel import make_executor, progress_bar
-    from policies.table_policy import TablePolicy
 
     tpols = [TablePolicy(t, name="table") for t in tables]
     tasks = []
@@ -638,7 +629,6 @@ def capacity_runs(model, tables: list[BudgetTable], scenarios: dict, streams: in
     streams from ``seed_base``."""
     from eval.capacity import capacity_sweep
     from eval.parallel import make_executor, progress_bar
-    from policies.table_policy import TablePolicy
 
     tpols = [TablePolicy(t, name="table") for t in tables]
     pairs = [(sc, p) for sc in scenarios.values() for p in (policy_for(model, sc), *tpols)]
@@ -809,7 +799,6 @@ def dagger_rounds(model, episodes: tuple, decisions: tuple, names: list[str] | N
     never visits and the table never saw (built from its model's decisions alone, the
     L40S table kept its model's capacity and lost a quarter to nearly half of its goodput
     at 1.5 req/s)."""
-    from policies.table_policy import TablePolicy
 
     build, held = decisions
     out: list[Round] = []
@@ -965,8 +954,6 @@ class RuleCheck:
     and the passes that looked a cell up (with decodes running), per cell."""
 
     def __init__(self, rule, table: BudgetTable):
-        from policies.table_policy import TablePolicy
-
         self.rule, self.table = rule, TablePolicy(table)
         self.name, self.budgets, self.differ = rule.name, [], 0
         self.cells = [0] * table.cells

@@ -1,34 +1,34 @@
 """Policy specs, as the command lines name them: ``static:2048``, ``table:PATH``, ...
 
-================================  ==========================================================
-``static:N``                      the same budget every pass
-``vllm-default[:offline]``        vLLM's default for the hardware (server entry point unless
-                                  ``:offline``)
-``queue-depth[:BASE]``            the queue-depth heuristic (base chunk 512)
-``no-decode-boost[:LOW:HIGH]``    HIGH with nothing decoding, else LOW (2048:16384)
-``sarathi-slo``                   Sarathi-Serve's static budget for the ITL target
-``free-ride[:FLOOR:CAP]``         running decodes + this pass's free ride (256:16384)
-``time-budget[:FRACTION]``        each pass, the largest budget priced within FRACTION of the
-                                  ITL target (0.9; FRACTION in (0, 2])
-``time-budget-kv[:FRACTION]``     the same, its fraction shrinking as the KV cache fills
-``time-budget-few[:FRACTION]``    the same, its fraction growing when few decodes run
-``time-budget-slack[:TOP]``       the same at fraction 1, up to TOP times the ITL target
-                                  (4; TOP in (1, 16]) while under 0.8% of decode tokens
-                                  run over it (spends the p99 slack)
-``time-budget-slack-kv[:TOP]``    the same over time-budget-kv:1, spending only below 60%
-                                  KV usage
-``time-budget-deadline[:TOP]``    time-budget-slack spending the slack only while the prefill
-                                  queue would be done later than 0.8 of the TTFT target at
-                                  fraction 1
-``time-budget-deadline-kv[:TOP]`` the same over time-budget-kv:1, spending only below 60%
-                                  KV usage
-``reference:BUDGET[:H[:R]]``      the MPC reference over static BUDGET (not deployable: sees
-                                  the future), horizon H s (2x TTFT), re-plan every R s
-``model:RUN_DIR``                 a model trained by train.py
-``table:PATH``                    an exported lookup table
-``table:auto``                    the shipped table of the scenario's hardware and model
-                                  (``tables/HARDWARE__MODEL.json``)
-================================  ==========================================================
+=================================  ==========================================================
+``static:N``                       the same budget every pass
+``vllm-default[:offline]``         vLLM's default for the hardware (server entry point unless
+                                   ``:offline``)
+``queue-depth[:BASE]``             the queue-depth heuristic (base chunk 512)
+``no-decode-boost[:LOW:HIGH]``     HIGH with nothing decoding, else LOW (2048:16384)
+``sarathi-slo``                    Sarathi-Serve's static budget for the ITL target
+``free-ride[:FLOOR:CAP]``          running decodes + this pass's free ride (256:16384)
+``time-budget[:FRACTION]``         each pass, the largest budget priced within FRACTION of the
+                                   ITL target (0.9; FRACTION in (0, 2])
+``time-budget-kv[:FRACTION]``      the same, its fraction shrinking as the KV cache fills
+``time-budget-few[:FRACTION]``     the same, its fraction growing when few decodes run
+``time-budget-slack[:TOP]``        the same at fraction 1, up to TOP times the ITL target
+                                   (4; TOP in (1, 16]) while under 0.8% of decode tokens
+                                   run over it (spends the p99 slack)
+``time-budget-slack-kv[:TOP]``     the same over time-budget-kv:1, spending only below 60%
+                                   KV usage
+``time-budget-deadline[:TOP]``     time-budget-slack spending the slack only while the prefill
+                                   queue would be done later than 0.8 of the TTFT target at
+                                   fraction 1
+``time-budget-deadline-kv[:TOP]``  the same, stepping its fraction down the action ladder
+                                   from 75% KV usage and spending the slack only below it
+``reference:BUDGET[:H[:R]]``       the MPC reference over static BUDGET (not deployable: sees
+                                   the future), horizon H s (2x TTFT), re-plan every R s
+``model:RUN_DIR``                  a model trained by train.py
+``table:PATH``                     an exported lookup table
+``table:auto``                     the shipped table of the scenario's hardware and model
+                                   (``tables/HARDWARE__MODEL.json``)
+=================================  ==========================================================
 """
 
 from __future__ import annotations

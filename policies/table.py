@@ -19,7 +19,8 @@ that becomes a token budget. Format (JSON, ``schema_version`` 2)::
         "hardware": {"name": "h100-sxm", "hbm_bytes_per_s": ..., "peak_flops_per_s": ...,
                      "memory_bytes": ...},
         "model": {"name": "llama-3-8b", "layers": 32, "hidden_size": 4096, "heads": 32,
-                  "kv_heads": 8, "head_dim": 128, "bytes_per_weight": 2, "tensor_parallel": 1},
+                  "kv_heads": 8, "head_dim": 128, "bytes_per_weight": 2, "tensor_parallel": 1,
+                  "params": 8.03e9},   # params: optional (tables made before it lack it)
         "slo": {"ttft_s": 2.0, "itl_s": 0.1},
         ...   # free-form: run_dir, algo, commit, exported, rule
       },

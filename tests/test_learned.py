@@ -788,7 +788,7 @@ def test_export_lays_out_capacities_by_scenario_stream_and_policy(monkeypatch):
 
     monkeypatch.setattr(capacity, "capacity_sweep", sweep)
     monkeypatch.setattr(export, "policy_for", lambda model, sc: "model")
-    monkeypatch.setattr("policies.table_policy.TablePolicy", lambda t, name: t)
+    monkeypatch.setattr(export, "TablePolicy", lambda t, name: t)
     got = export.capacity_runs(None, ["t1", "t2"], {"a": "A", "b": "B"}, 4, 123, 50, 1, "x")
     assert got.rps.shape == got.factors.shape == (2, 4, 3) and seen["seed_base"] == 123
     for s in range(2):
