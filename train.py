@@ -217,7 +217,13 @@ def draw_training_conditions(args: Args, scenario: Scenario, executor) -> list[d
     drawn = draw_conditions(scenario, args.conditions, args.seed)
     print(f"measuring the capacity of {len(drawn)} training conditions ...", flush=True)
     with progress_bar(len(drawn) * 2, "conditions") as bar:
-        return with_capacities(scenario, drawn, executor=executor, progress=bar)
+        kept = with_capacities(scenario, drawn, executor=executor, progress=bar)
+    if len(kept) < len(drawn):
+        from agents.conditions import MIN_CAPACITY_RPS
+
+        print(f"dropped {len(drawn) - len(kept)} of {len(drawn)} conditions: under "
+              f"{MIN_CAPACITY_RPS:g} req/s of capacity under their SLO, the budget hardly matters")
+    return kept
 
 
 def make_sampler(args: Args, conditions: list[dict], stream_seed_base: int = 0):
@@ -372,25 +378,26 @@ def evaluator(args: Args, config: dict, scenario: Scenario, run_dir: Path):
                            best_cost=best.get("cost", float("inf")), last_eval=best.get("last_eval", 0))
 
 
-def train(args: Args, model, venv, callback, run_dir: Path, resumed: bool) -> tuple[float, int | None]:
+def train(args: Args, model, venv, callback, run_dir: Path, resumed: bool) -> tuple[float, int, int | None]:
     """Learn with checkpoints; save the final model (or a checkpoint when a signal stopped
-    it); (seconds, that signal or None)."""
+    it); (seconds, the steps learned in them, that signal or None)."""
     from agents.callbacks import save_model
     from agents.training import Checkpoints, TrainedSteps, learn, write_checkpoint, write_json_atomic
 
     trained = TrainedSteps()
     ckpts = Checkpoints(run_dir / "checkpoints", args.checkpoint_every, trained)
+    before = model.num_timesteps
     seconds, stopped_by = learn(model, args.total_timesteps, [callback, ckpts], args.progress_bar,
                                 resumed, trained)
     write_checkpoint(model, run_dir / "checkpoints", model.num_timesteps)
     write_json_atomic(run_dir / "best.json", {"cost": callback.best, "last_eval": callback._last})
     if stopped_by is None:
         save_model(model, run_dir / "model.zip", run_dir / "vecnormalize.pkl")
-    return seconds, stopped_by
+    return seconds, model.num_timesteps - before, stopped_by
 
 
 def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, callback,
-           train_s: float, executor) -> str:
+           train_s: float, learned_steps: int, executor) -> str:
     """The final comparison on held-out arrivals and the run's summary."""
     from agents.runs import load_run
     from agents.summary import final_comparison, summary_text
@@ -413,8 +420,11 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
             f"{'' if args.rate is None else f' at {args.rate} req/s'}, SLO TTFT {scenario.slo_ttft_s:g} s "
             f"/ ITL {scenario.slo_itl_s * 1e3:g} ms; trained on {len(config['conditions'])} conditions")
     checks = config["checks"]
-    speed = (f"trained in {train_s:.0f} s ({model.num_timesteps / train_s:,.0f} steps/s)"
-             if train_s >= 1 else "trained before this resume")
+    earlier = model.num_timesteps - learned_steps
+    speed = (f"{learned_steps:,} of them trained in {train_s:.0f} s ({learned_steps / train_s:,.0f} "
+             "steps/s)" if learned_steps and train_s > 0 else "trained before this resume")
+    if learned_steps and not earlier:
+        speed = f"trained in {train_s:.0f} s ({learned_steps / train_s:,.0f} steps/s)"
     facts = {"algorithm": f"{args.algo}, {model.num_timesteps:,} timesteps {speed}",
              "policy file": "best_model.zip (lowest held-out cost)" if (run_dir / "best_model.zip").exists()
              else "model.zip",
@@ -460,14 +470,15 @@ def main(argv: list[str] | None = None) -> int:
         venv.close()
         return 0
     try:
-        train_s, stopped_by = train(args, model, venv, callback, run_dir, resumed)
+        train_s, learned_steps, stopped_by = train(args, model, venv, callback, run_dir, resumed)
         if stopped_by is not None:
             print(f"interrupted after {model.num_timesteps} trained timesteps; checkpoint saved in "
                   f"{run_dir / 'checkpoints'}; continue with: python train.py --resume {run_dir}",
                   file=sys.stderr)
             return 128 + int(stopped_by)  # 130 for SIGINT, 143 for SIGTERM
         print()
-        print(finish(args, config, scenario, run_dir, model, callback, train_s, executor))
+        print(finish(args, config, scenario, run_dir, model, callback, train_s, learned_steps,
+                     executor))
     finally:
         from agents.training import close_logger
 

@@ -93,18 +93,34 @@ def write_checkpoint(model, folder: Path, steps: int) -> Path:
 
 
 def resumable_checkpoint(run: Path, algo: str):
-    """(the newest checkpoint that loads, the model loaded from it): a checkpoint cut short
-    by a kill is skipped with a warning for the one before it."""
+    """(the newest checkpoint that loads with its VecNormalize statistics, the model loaded
+    from it): a checkpoint cut short by a kill, or whose statistics are missing or cut
+    short (a model resumed on fresh statistics would see other inputs), is skipped with a
+    warning for the one before it."""
+    import pickle
+
     from agents.setup import load_model
 
-    found = checkpoints(run)
-    for ckpt in reversed(found):
+    def skip(path: Path, err: Exception) -> None:
+        print(f"warning: checkpoint {path} cannot be loaded ({type(err).__name__}); trying "
+              "the one before it", file=sys.stderr)
+
+    for ckpt in reversed(checkpoints(run)):
         try:
-            return ckpt, load_model(algo, ckpt)
+            model = load_model(algo, ckpt)
         except Exception as err:  # a truncated or foreign zip: any of zipfile's or SB3's errors
-            print(f"warning: checkpoint {ckpt} cannot be loaded ({type(err).__name__}); trying "
-                  "the one before it", file=sys.stderr)
-    raise ConfigError(f"resume: no loadable checkpoint (ckpt_*_steps.zip) in {str(run)!r}")
+            skip(ckpt, err)
+            continue
+        norm = norm_path_of(ckpt)
+        try:
+            with open(norm, "rb") as f:
+                pickle.load(f)
+        except Exception as err:  # missing, or cut short: any of the file's or pickle's errors
+            skip(norm, err)
+            continue
+        return ckpt, model
+    raise ConfigError(f"resume: no loadable checkpoint (ckpt_*_steps.zip with its "
+                      f"ckpt_vecnormalize_*_steps.pkl) in {str(run)!r}")
 
 
 def attach_env(model, venv, checkpoint: Path, gamma: float, tb_dir: str):

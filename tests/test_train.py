@@ -110,6 +110,33 @@ def test_resume_continues_and_refuses_a_conflicting_flag(tmp_path):
     assert len(list((run / "tensorboard").iterdir())) == 1
 
 
+def test_resume_skips_a_checkpoint_whose_statistics_are_missing_or_cut_short(tmp_path, monkeypatch, capsys):
+    """The newest checkpoint's VecNormalize file emptied, the one before it missing: the
+    resume falls back to the oldest whole pair, warning about each file it skips; with
+    none left it is one line."""
+    import pickle
+
+    import agents.setup
+    from agents.training import resumable_checkpoint
+    from envs.errors import ConfigError
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for steps in (128, 256, 384):
+        (folder / f"ckpt_{steps}_steps.zip").write_bytes(b"zip")
+    (folder / "ckpt_vecnormalize_128_steps.pkl").write_bytes(pickle.dumps({"obs_rms": None}))
+    (folder / "ckpt_vecnormalize_384_steps.pkl").write_bytes(b"")
+    monkeypatch.setattr(agents.setup, "load_model", lambda algo, path: f"model from {path.name}")
+    ckpt, model = resumable_checkpoint(tmp_path, "ppo")
+    assert ckpt.name == "ckpt_128_steps.zip" and model == "model from ckpt_128_steps.zip"
+    err = capsys.readouterr().err
+    assert "ckpt_vecnormalize_384_steps.pkl cannot be loaded (EOFError)" in err
+    assert "ckpt_vecnormalize_256_steps.pkl cannot be loaded (FileNotFoundError)" in err
+    (folder / "ckpt_vecnormalize_128_steps.pkl").unlink()
+    with pytest.raises(ConfigError, match="no loadable checkpoint"):
+        resumable_checkpoint(tmp_path, "ppo")
+
+
 def test_a_stop_signal_sets_a_flag_the_next_step_reads():
     """StopOnSignal by hand: the handler only records the signal and the next step returns
     False; a second signal raises at once; a signal the process ignores stays ignored;
