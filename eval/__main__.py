@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envs.cli import parse
-from envs.errors import ConfigError, integer, run_cli, show
+from envs.errors import ConfigError, integer, require, run_cli, show
 from envs.files import check_output
 from envs.scenario import Scenario
 from envs.workload import check_num_requests
@@ -184,6 +184,10 @@ def cmd_capacity(argv) -> int:
     from policies.specs import make_policies
 
     args = parse(CapacityArgs, argv, prog="python -m eval capacity")
+    default = Scenario.__dataclass_fields__["num_requests"].default
+    require(args.num_requests == default, "num_requests", args.num_requests,
+            f"must be left out: a capacity search's streams take --requests ({args.requests} "
+            "here), and it searches the load")
     _check_args(args, ["capacity"] + list(argv))
     scenario = _scenario(args)
     policies = make_policies(args.policies, scenario, args.allow_table_mismatch)

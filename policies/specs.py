@@ -142,7 +142,10 @@ def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = Fals
                                     TimeBudgetSlackPolicy, VllmDefaultPolicy)
 
     spec = spec.strip()
-    kind, _, rest = spec.partition(":")
+    kind, colon, rest = spec.partition(":")
+    if colon and not all(rest.split(":")):
+        raise ConfigError(f"policy: got {show(spec)}, an empty argument after ':'; leave the "
+                          f"':' out for the defaults ({kind})")
     args = rest.split(":") if rest else []
     if kind == "static":
         (n,) = _ints(spec, args, (1,))
