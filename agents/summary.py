@@ -125,9 +125,10 @@ def summary_text(run_name: str, desc: str, facts: dict, checks: dict | None, his
                      f"{facts.get('best constant cost on them', 'n/a')} on the same episodes")
     lines += ["", "## Capacity under the SLO, held-out arrivals", ""]
     lines += capacity_lines(studies, learned_name) + [""] + job_lines(studies, learned_name)
+    used = actions.get("used_5pct", 0)
     lines += ["", "## What the policy does", "",
               f"Share of passes per time budget (fraction of the ITL target) on held-out "
-              f"episodes; {actions.get('used_5pct', 0)} actions are each used in at least 5% of "
+              f"episodes; {used} {'action is' if used == 1 else 'actions are each'} used in at least 5% of "
               f"{actions.get('passes', 0):,} passes:", "",
               "| fraction | " + " | ".join(actions.get("shares", {})) + " |",
               "|---|" + "---:|" * len(actions.get("shares", {})),

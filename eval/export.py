@@ -1035,7 +1035,7 @@ def rule_main(argv: list[str]) -> int:
     passes = "the one pass" if check["passes"] == 1 else f"all {check['passes']:,} passes"
     print(f"the same budget as {args.rule} at {passes} of the scenario's "
           f"{check['requests']:,}-request stream; passes with decodes running, per cell: "
-          f"{', '.join(f'{c:,}' for c in per)}; fallback budget {table.default_budget}")
+          f"{', '.join(str(c) for c in per)}; fallback budget {table.default_budget}")
     if not all(per):
         print(f"NOTE: {per.count(0)} of {n} cell{'s' * (n > 1)} never reached on this stream: "
               "checked by the rule's thresholds alone there (a longer or busier stream, "

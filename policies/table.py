@@ -523,8 +523,10 @@ class BudgetTable:
         """One line: what the table was built for, from what, and what it asks for."""
         p = self.provenance
         hw, m, slo = p["hardware"], p["model"], p["slo"]
-        budgets = (f"budgets {self.action.min_budget}-{self.max_budget}"
-                   if self.max_budget is not None else f"action {self.action.kind}")
+        cells = self.action.cells
+        budgets = (f"budgets {self.action.min_budget}-{self.max_budget}" if self.max_budget is not None
+                   else f"time fractions {min(cells):g}-{max(cells):g} of the ITL target, budgets up "
+                   f"to {self.action.cap} (the ceiling to serve it with)")
         made = ", ".join(f"{k} {p[k]}" for k in ("exported", "run_dir", "algo", "commit")
                          if p.get(k))
         return (f"{self.path} [{self.digest or '-'}]: {hw['name']} + {m['name']} (TP "

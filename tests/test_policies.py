@@ -254,6 +254,7 @@ def test_check_command_on_matching_and_mismatching_tables(tmp_path):
     assert bad.returncode == 2 and "hbm_bytes_per_s" in bad.stderr
     show = table_cli("show", "tables/a100-80g__llama-3-8b.json")
     assert show.returncode == 0 and "a100-80g + llama-3-8b" in show.stdout
+    assert "budgets up to 16384 (the ceiling to serve it with)" in show.stdout
 
 
 @pytest.mark.parametrize("args, needle", [
