@@ -17,7 +17,7 @@ that becomes a token budget. Format (JSON, ``schema_version`` 2)::
       "default_budget": 2048,   # used when a lookup fails at run time
       "provenance": {
         "hardware": {"name": "h100-sxm", "hbm_bytes_per_s": ..., "peak_flops_per_s": ...,
-                     "memory_bytes": ...},
+                     "memory_bytes": ..., "per_pass_overhead_s": 0.0},   # the last: optional
         "model": {"name": "llama-3-8b", "layers": 32, "hidden_size": 4096, "heads": 32,
                   "kv_heads": 8, "head_dim": 128, "bytes_per_weight": 2, "tensor_parallel": 1,
                   "params": 8.03e9},   # params: optional (tables made before it lack it)
@@ -529,7 +529,9 @@ class BudgetTable:
                    f"to {self.action.cap} (the ceiling to serve it with)")
         made = ", ".join(f"{k} {p[k]}" for k in ("exported", "run_dir", "algo", "commit")
                          if p.get(k))
-        return (f"{self.path} [{self.digest or '-'}]: {hw['name']} + {m['name']} (TP "
+        overhead = hw.get("per_pass_overhead_s") or 0.0
+        hw_name = hw["name"] + (f" (+{overhead * 1e3:g} ms per pass)" if overhead else "")
+        return (f"{self.path} [{self.digest or '-'}]: {hw_name} + {m['name']} (TP "
                 f"{m['tensor_parallel']}), SLO TTFT {_num(slo['ttft_s'])} s / ITL "
                 f"{_num(slo['itl_s'])} s; {self.cells} cells ({sum(self.visited)} visited), "
                 f"{budgets}, default {self.default_budget}; reads {', '.join(self.features)}"
@@ -615,6 +617,10 @@ def _read_provenance(prov, path: str) -> dict:
             if not (isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_BUDGET):
                 raise TableError(f"{path}: provenance.{block}.{f}: got {_short(v)}, must be an "
                                  f"integer > 0 and <= {MAX_BUDGET}")
+    overhead = prov["hardware"].get("per_pass_overhead_s")  # tables exported before it lack it
+    if overhead is not None and not (_finite(overhead) and overhead >= 0):
+        raise TableError(f"{path}: provenance.hardware.per_pass_overhead_s: got {_short(overhead)}, "
+                         "must be a number >= 0 (or absent)")
     params = prov["model"].get("params")  # tables exported before it was recorded lack it
     if params is not None and not _is_positive(params):
         raise TableError(f"{path}: provenance.model.params: got {_short(params)}, must be a "
@@ -680,8 +686,11 @@ def _norm(name: str) -> str:
 
 
 def hardware_provenance(profile) -> dict:
-    """The provenance block of a hardware profile (any object with its fields)."""
-    return {"name": profile.name, **{f: float(getattr(profile, f)) for f in HARDWARE_FIGURES}}
+    """The provenance block of a hardware profile (any object with its fields), with its
+    fixed cost per pass (recorded, not compared: a serving engine does not know its own,
+    and a time-fraction table's cost block already holds it in ``fixed_s``)."""
+    return {"name": profile.name, **{f: float(getattr(profile, f)) for f in HARDWARE_FIGURES},
+            "per_pass_overhead_s": float(profile.per_pass_overhead_s)}
 
 
 def model_provenance(profile) -> dict:

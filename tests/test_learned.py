@@ -548,6 +548,16 @@ def test_rule_export_writes_a_table_the_runtime_accepts_and_refuses_other_rules(
     assert data["fractions"] == [1.0, 1.0, 1.0, 16.0] and data["provenance"]["hardware"]["name"] == "a100-80g"
     check = cli("policies.table", "check", str(out), "--hardware", "a100-80g", "--model", "llama-3-8b")
     assert check.returncode == 0, check.stdout + check.stderr
+    # A fixed cost per pass is priced into the table's cost block and recorded beside it.
+    slow = tmp_path / "slow.json"
+    done = cli("eval", "export", "--rule", "time-budget-deadline:16", "--hardware", "a100-80g", "--out",
+               str(slow), "--num-requests", "100", "--per-pass-overhead-s", "0.003")
+    assert done.returncode == 0, done.stderr
+    fixed = {json.loads(f.read_text())["action"]["cost"]["fixed_s"] for f in (out, slow)}
+    assert max(fixed) - min(fixed) == pytest.approx(0.003)
+    assert json.loads(slow.read_text())["provenance"]["hardware"]["per_pass_overhead_s"] == 0.003
+    show = cli("policies.table", "show", str(slow))
+    assert "a100-80g (+3 ms per pass) + llama-3-8b" in show.stdout
     for rule in ("time-budget-kv", "static:2048", "time-budget-deadline:0.5"):
         bad = cli("eval", "export", "--rule", rule, "--out", str(tmp_path / "no.json"))
         assert bad.returncode == 2 and bad.stderr.startswith("error: rule: got")

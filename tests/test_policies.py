@@ -158,6 +158,8 @@ def test_lookup_by_hand():
     ({"provenance": {**H100_LLAMA, "model": {**H100_LLAMA["model"], "params": -8e9}}},
      "provenance.model.params: got -8000000000.0, must be a number > 0"),
     ({"provenance": {**H100_LLAMA, "slo": {"ttft_s": 2.0}}}, "provenance.slo.itl_s"),
+    ({"provenance": {**H100_LLAMA, "hardware": {**H100_LLAMA["hardware"], "per_pass_overhead_s": -1}}},
+     "provenance.hardware.per_pass_overhead_s: got -1, must be a number >= 0"),
 ])
 def test_corrupt_tables_are_one_line_errors(change, message):
     with pytest.raises(TableError, match=message) as err:
@@ -344,7 +346,8 @@ def test_build_table_from_states_fills_unvisited_cells_from_neighbours():
     t = build_table({n: feats[:, j] for j, n in enumerate(names)}, budgets, buckets=4,
                     provenance=scenario_provenance(SMALL))
     # The export records the scenario's profiles as the runtime compares them.
-    assert t.provenance == {**H100_LLAMA, "model": {**H100_LLAMA["model"], "params": 8.03e9}}
+    assert t.provenance == {"hardware": {**H100_LLAMA["hardware"], "per_pass_overhead_s": 0.0},
+                            "model": {**H100_LLAMA["model"], "params": 8.03e9}, "slo": H100_LLAMA["slo"]}
     agree = np.mean([t.lookup_values(f) == b for f, b in zip(feats, budgets)])
     assert agree > 0.9
     assert not all(t.visited) or t.cells == sum(t.visited)
