@@ -25,6 +25,7 @@ import csv
 import json
 import os
 import stat
+import sys
 import tempfile
 import tomllib
 from contextlib import contextmanager
@@ -110,6 +111,15 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _value_error(err: ValueError) -> str:
+    """A parser's ValueError in one short phrase (Python's text on a huge integer is 150
+    characters of advice)."""
+    text = str(err)
+    if "integer string conversion" in text:
+        return f"an integer of over {sys.get_int_max_str_digits():,} digits"
+    return show(text, 120)
+
+
 def parse_json(what: str, path, text: str) -> object:
     try:
         data = json.loads(text, parse_constant=_no_constant)
@@ -118,7 +128,7 @@ def parse_json(what: str, path, text: str) -> object:
     except RecursionError:
         raise _depth_error(what, path) from None
     except ValueError as err:  # NaN/Infinity, or an integer of over 4,300 digits
-        raise ConfigError(f"{what}: {_where(path)}: not valid JSON ({show(str(err), 120)})") from None
+        raise ConfigError(f"{what}: {_where(path)}: not valid JSON ({_value_error(err)})") from None
     check_depth(what, path, data)
     return data
 
@@ -135,7 +145,7 @@ def parse_toml(what: str, path, text: str) -> dict:
     except RecursionError:
         raise _depth_error(what, path) from None
     except ValueError as err:  # an integer of over 4,300 digits
-        raise ConfigError(f"{what}: {_where(path)}: not valid TOML ({show(str(err), 120)})") from None
+        raise ConfigError(f"{what}: {_where(path)}: not valid TOML ({_value_error(err)})") from None
     check_depth(what, path, data)
     return data
 

@@ -427,7 +427,7 @@ class BudgetTable:
         except RecursionError:
             raise TableError(f"{path}: nests lists or objects more than {MAX_DEPTH} deep") from None
         except ValueError as err:  # NaN/Infinity, or an integer of over 4,300 digits
-            raise TableError(f"{path}: not valid JSON ({str(err)[:120]})") from None
+            raise TableError(f"{path}: not valid JSON ({_value_error(err)})") from None
         if _depth(data) > MAX_DEPTH:
             raise TableError(f"{path}: nests lists or objects more than {MAX_DEPTH} deep")
         return cls(data, path, hashlib.sha256(raw).hexdigest()[:12])
@@ -749,6 +749,15 @@ def _read_file(path: str) -> bytes:
             return fh.read(MAX_TABLE_BYTES + 1)
     except OSError as err:
         raise TableError(f"{path}: cannot read ({err.strerror})") from None
+
+
+def _value_error(err: ValueError) -> str:
+    """What a ValueError of ``json.loads`` says, in one short phrase (Python's text on a
+    huge integer is 150 characters of advice)."""
+    text = str(err)
+    if "integer string conversion" in text:
+        return f"an integer of over {sys.get_int_max_str_digits():,} digits"
+    return text[:120]
 
 
 def _no_constant(name: str):

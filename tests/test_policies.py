@@ -181,6 +181,22 @@ def test_save_load_round_trip_and_csv(tmp_path):
     path.write_text("{not json")
     with pytest.raises(TableError, match="not valid JSON"):
         BudgetTable.load(str(path))
+    # Python's own text on a huge integer is 150 characters of advice, cut mid-word.
+    path.write_text('{"default_budget": ' + "9" * 5000 + "}")
+    with pytest.raises(TableError) as err:
+        BudgetTable.load(str(path))
+    assert str(err.value).endswith("t.json: not valid JSON (an integer of over 4,300 digits)")
+
+
+def test_huge_integers_in_json_and_toml_files_are_named_in_one_short_line(tmp_path):
+    from envs.errors import ConfigError
+    from envs.files import load_json, load_toml
+
+    for name, text in (("h.json", '{"x": ' + "9" * 5000 + "}"), ("h.toml", "x = " + "9" * 5000)):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ConfigError) as err:
+            (load_json if name.endswith("json") else load_toml)("profile", tmp_path / name)
+        assert str(err.value).endswith("(an integer of over 4,300 digits)"), str(err.value)
 
 
 def test_provenance_mismatch_names_both_sides():
