@@ -198,10 +198,37 @@ class CapacityStudy:
 
         return paired_verdict(self.policies[name].per_stream, self.best.per_stream)
 
+    def held_out_static(self) -> tuple[CapacityResult, tuple[int, ...]]:
+        """(each stream's capacity under the rung that is best on the other streams, those
+        rungs): the fixed number a user could pick from past arrivals, judged on arrivals
+        the pick did not see. The hindsight-best rung is picked on the streams it is
+        judged on, so noise in a jagged ladder counts in its favour; the difference
+        between the two is that pick's luck. (The quarter steps measured are the ones
+        around the best rung of all streams: the held-out pick chooses among them.) With
+        one stream it is the hindsight pick."""
+        n = len(self.best.per_stream)
+        if n < 2:
+            return self.best, (self.best_budget,)
+        picks, per = [], []
+        for i in range(n):
+            rest = [j for j in range(n) if j != i]
+            b = max(self.rungs, key=lambda b: (sum(self.rungs[b].per_stream[j] for j in rest), -b))
+            picks.append(b)
+            per.append(self.rungs[b].per_stream[i])
+        return CapacityResult("static:held-out", "static", tuple(per), ()), tuple(picks)
+
+    def held_out_verdict(self, name: str):
+        """A policy against :meth:`held_out_static`, paired stream by stream."""
+        from eval.harness import paired_verdict
+
+        return paired_verdict(self.policies[name].per_stream, self.held_out_static()[0].per_stream)
+
     def as_json(self) -> dict:
         out = {n: {**r.as_json(), "verdict": str(self.verdict(n))} for n, r in self.policies.items()}
         out["_hindsight_static"] = {"budget": self.best_budget, "capacity": self.best.capacity,
                                     "ci95": self.best.ci95}
+        held, picks = self.held_out_static()
+        out["_held_out_static"] = {**held.as_json(), "picks": list(picks)}
         out["_ladder"] = {str(b): r.as_json() for b, r in self.rungs.items()}
         return out
 

@@ -43,6 +43,31 @@ def test_fine_ladder_finds_the_optimum_between_two_powers_of_two(cliff):
     assert study.as_json()["_hindsight_static"]["budget"] == b
 
 
+def test_the_held_out_pick_is_judged_on_the_stream_it_did_not_see():
+    """By hand, three streams: 1,500 is best on all of them (mean 1.033), but left out of
+    the pick on streams 1 and 2 it loses to 2,000, which serves 0.8 there. A policy at 1.0
+    everywhere falls 3.2% behind the hindsight pick and 20% ahead of the held-out one."""
+    from eval.capacity import CapacityResult, CapacityStudy
+
+    def res(name, *per):
+        return CapacityResult(name, "static", per, ())
+
+    rungs = {1000: res("a", 1.0, 1.0, 1.0), 1500: res("b", 0.9, 1.1, 1.1), 2000: res("c", 1.3, 0.8, 0.8)}
+    study = CapacityStudy(Scenario(), {"p": res("p", 1.0, 1.0, 1.0)}, rungs)
+    held, picks = study.held_out_static()
+    assert study.best_budget == 1500 and picks == (1500, 2000, 2000)
+    assert held.per_stream == (0.9, 0.8, 0.8)
+    assert study.verdict("p").rel == pytest.approx(-0.1 / 3.1) and not study.verdict("p").matches
+    assert study.held_out_verdict("p").rel == pytest.approx(0.5 / 3 / (2.5 / 3))
+    assert study.as_json()["_held_out_static"]["picks"] == [1500, 2000, 2000]
+    # A tie between rungs goes to the smaller budget, as the hindsight pick's does.
+    tied = CapacityStudy(Scenario(), {}, {512: res("a", 1.0, 2.0, 2.0), 1024: res("b", 2.0, 2.0, 1.0)})
+    assert tied.held_out_static()[1] == (512, 512, 1024) and tied.best_budget == 512
+    # With one stream there is nothing to hold out: the hindsight pick.
+    one = CapacityStudy(Scenario(), {}, {512: res("a", 1.0), 1024: res("b", 2.0)})
+    assert one.held_out_static() == (one.best, (1024,))
+
+
 def test_time_budget_never_prices_a_pass_above_its_target():
     sim = make_sim([(0.002 * i, 900 + 37 * i, 30) for i in range(60)], budget_blocks=3000)
     rule = TimeBudgetPolicy(itl_s=0.02, fraction=0.9)
