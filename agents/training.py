@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ProgressBarCallback
 
 from agents.callbacks import save_model
 from agents.runs import checkpoints, norm_path_of
@@ -186,6 +186,17 @@ class UntilStopped(CallbackList):
         return all(callback.on_step() for callback in self.callbacks)
 
 
+class RunProgressBar(ProgressBarCallback):
+    """SB3's progress bar over the run's whole count: a resumed run's starts at the steps it
+    kept (75,000/150,000) instead of counting the rest from zero."""
+
+    def _on_training_start(self) -> None:
+        from stable_baselines3.common import callbacks
+
+        # learn(reset_num_timesteps=False) has already added the kept steps to the total.
+        self.pbar = callbacks.tqdm(total=self.locals["total_timesteps"], initial=self.model.num_timesteps)
+
+
 def ignore_stop_signals() -> None:
     """In an environment worker process (``--vec-env subproc``): leave SIGINT and SIGTERM
     to the main process, which stops at its next step and closes the workers; a worker
@@ -216,8 +227,9 @@ def learn(model, total: int, callbacks, progress_bar: bool, resumed: bool,
     stop = StopOnSignal()
     stop.install()
     try:
-        model.learn(remaining, callback=UntilStopped([trained, stop, *callbacks]),
-                    reset_num_timesteps=not resumed, tb_log_name="run", progress_bar=progress_bar)
+        bar = [RunProgressBar()] if progress_bar else []
+        model.learn(remaining, callback=CallbackList([UntilStopped([trained, stop, *callbacks]), *bar]),
+                    reset_num_timesteps=not resumed, tb_log_name="run")
     except KeyboardInterrupt:
         stop.signum = stop.signum or signal.SIGINT
     finally:

@@ -137,6 +137,20 @@ def test_resume_skips_a_checkpoint_whose_statistics_are_missing_or_cut_short(tmp
         resumable_checkpoint(tmp_path, "ppo")
 
 
+def test_a_resumed_run_s_progress_bar_counts_from_the_steps_it_kept():
+    from types import SimpleNamespace
+
+    from agents.training import RunProgressBar
+
+    bar = RunProgressBar()
+    bar.locals, bar.model = {"total_timesteps": 300}, SimpleNamespace(num_timesteps=100)
+    bar._on_training_start()
+    try:
+        assert (bar.pbar.total, bar.pbar.n) == (300, 100)
+    finally:
+        bar.pbar.close()
+
+
 def test_a_stop_signal_sets_a_flag_the_next_step_reads():
     """StopOnSignal by hand: the handler only records the signal and the next step returns
     False; a second signal raises at once; a signal the process ignores stays ignored;
