@@ -191,10 +191,15 @@ class RunProgressBar(ProgressBarCallback):
     kept (75,000/150,000) instead of counting the rest from zero."""
 
     def _on_training_start(self) -> None:
+        import warnings
+
         from stable_baselines3.common import callbacks
 
-        # learn(reset_num_timesteps=False) has already added the kept steps to the total.
-        self.pbar = callbacks.tqdm(total=self.locals["total_timesteps"], initial=self.model.num_timesteps)
+        with warnings.catch_warnings():  # tqdm.rich's "experimental" warning, as SB3 silences it
+            warnings.simplefilter("ignore")
+            # learn(reset_num_timesteps=False) has already added the kept steps to the total.
+            self.pbar = callbacks.tqdm(total=self.locals["total_timesteps"],
+                                       initial=self.model.num_timesteps)
 
 
 def ignore_stop_signals() -> None:

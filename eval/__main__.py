@@ -179,6 +179,7 @@ def compare_with_reference(cmp, args, executor, bar):
 def cmd_capacity(argv) -> int:
     from eval.capacity import add_references, capacity_studies
     from eval.compare import capacity_report
+    from eval.export import tables_use
     from eval.parallel import progress_bar
     from eval.report import save_json
     from policies.specs import make_policies
@@ -196,9 +197,11 @@ def cmd_capacity(argv) -> int:
         (study,) = capacity_studies([(scenario, policies)], args.seeds, args.requests, executor, bar)
         if args.reference:
             add_references([study], args.seeds, args.requests, executor, bar)
-    text = capacity_report(study, Path(args.out), args.seeds, args.requests)
-    save_json(Path(args.out) / "capacity.json", study.as_json())
-    print(json.dumps(study.as_json()) if args.json else text)
+        uses = tables_use(study, policies, args.requests, executor)
+    text = capacity_report(study, Path(args.out), args.seeds, args.requests, uses)
+    data = {**study.as_json(), **({"_table_use": uses} if uses else {})}
+    save_json(Path(args.out) / "capacity.json", data)
+    print(json.dumps(data) if args.json else text)
     return 0
 
 

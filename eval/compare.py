@@ -204,9 +204,11 @@ def held_out_line(study) -> str:
             "Picked on the other streams: no static budget meets the SLO on any stream.")
 
 
-def capacity_report(study, out: Path, seeds: int, num_requests: int) -> str:
+def capacity_report(study, out: Path, seeds: int, num_requests: int, uses: dict | None = None) -> str:
     """The capacity table of one scenario: every policy with its interval and its verdict
-    against the hindsight-best static budget on the fine ladder, and the ladder itself."""
+    against the hindsight-best static budget on the fine ladder, and the ladder itself;
+    with ``uses`` (table name -> ``eval.export.table_use``), what each table does at its
+    capacity."""
     b = study.best_budget
     best = study.best
     lines = ["# Capacity under the SLO", "", f"- scenario: {scenario_line(study.scenario)}",
@@ -228,6 +230,11 @@ def capacity_report(study, out: Path, seeds: int, num_requests: int) -> str:
               f"static:{b} (hindsight best)": best.capacity}
     fig = plots.capacity_bars(values, out / "capacity.png", "capacity under the SLO")
     lines += ["", f"![capacity]({fig.name})", ""]
+    if uses:
+        from eval.export import use_line
+
+        lines += ["## What the tables do at their capacity", ""]
+        lines += [f"- {n}: {use_line(u, u['action'], 'streams')}" for n, u in uses.items()] + [""]
     text = "\n".join(lines)
     write_atomic(out / "capacity.md", text)
     return text

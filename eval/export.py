@@ -524,7 +524,7 @@ def _trace_task(scenario: Scenario, table: BudgetTable, workload) -> tuple[list,
 
 
 def table_use(table: BudgetTable, scenarios: dict, factors: np.ndarray, num_requests: int,
-              seed_base: int, workers=None) -> dict:
+              seed_base: int, workers=None, executor=None) -> dict:
     """What the table does where the choice matters: each scenario's streams (``seed_base``,
     as its capacity searches drew them) at the table's own capacity there (``factors``: per
     scenario and stream, as a multiple of the scenario's load; 0, no capacity, is left out),
@@ -542,14 +542,25 @@ def table_use(table: BudgetTable, scenarios: dict, factors: np.ndarray, num_requ
             if f > 0:
                 at, workload = probe_stream(sc, i, len(row), num_requests, float(f), seed_base=seed_base)
                 tasks.append((at, table, workload))
-    found = make_executor(workers).map(_trace_task, tasks)
+    found = (executor or make_executor(workers)).map(_trace_task, tasks)
     values = [v for vs, _, _ in found for v in vs]
     budgets = [b for _, bs, _ in found for b in bs]
     decodes = [d for _, _, ds in found for d in ds]
     ladder = sorted(set(table.action.cells))
     hist = action_histogram(values, ladder, budgets, decodes,
                             time_fractions=table.action.kind == "time_fraction")
-    return {"streams": len(tasks), **hist}
+    return {"streams": len(tasks), "action": table.action.kind, **hist}
+
+
+def tables_use(study, policies, num_requests: int, executor) -> dict:
+    """What each table among ``policies`` does at its own capacity on the study's streams
+    (:func:`table_use`): the report's budget against state."""
+    from envs.seeds import CAPACITY_SEEDS
+
+    tables = [p for p in policies if p.kind == "table"]
+    return {p.name: table_use(p.table, {study.scenario: study.scenario},
+                              np.array([study.policies[p.name].factors]), num_requests,
+                              CAPACITY_SEEDS, executor=executor) for p in tables}
 
 
 def _goodput_task(scenario: Scenario, policy, workload) -> float:
@@ -895,14 +906,14 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
     print(serve_line(table))
 
 
-def use_line(use: dict, kind: str) -> str:
+def use_line(use: dict, kind: str, streams: str = "held-out streams") -> str:
     """What the table did at its capacity on the held-out streams, in one line."""
     from agents.checks import budget_label, used_text
 
     n = use["used_5pct"]
     what = (("fraction" if n == 1 else "fractions") + " of the ITL target" if kind == "time_fraction"
             else "budget" if n == 1 else "budgets")
-    line = (f"at its capacity on {use['streams']} held-out streams ({use['passes']:,} passes it "
+    line = (f"at its capacity on {use['streams']} {streams} ({use['passes']:,} passes it "
             f"decided): {n} {what} each in at least 5% of them ({used_text(use['shares'])})")
     if "budget_shares" in use:
         groups = ", ".join(f"{r['decodes']}: {r['median_budget']:,.0f}" for r in use["by_decodes"])

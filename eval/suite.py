@@ -31,6 +31,7 @@ def run_suite(names: list[str], specs: list[str], args, executor) -> str:
             comparisons.append(compare(sc, ps, args.seeds, None if sc.trace else args.requests,
                                        progress=bar, executor=executor))
     studies: list[CapacityStudy | None] = [None] * len(names)
+    uses: list[dict] = [{} for _ in names]
     if args.capacity:
         with progress_bar(len(names) * (len(specs) + 15) * args.seeds, "suite: capacity") as bar:
             studies = capacity_studies(list(zip(scenarios, policies)), args.seeds, args.requests,
@@ -40,14 +41,18 @@ def run_suite(names: list[str], specs: list[str], args, executor) -> str:
             chosen = [st for n, st in zip(names, studies) if n in wanted]
             with progress_bar(len(chosen) * args.seeds, "suite: reference") as bar:
                 add_references(chosen, args.seeds, args.requests, executor, bar)
+        if any(p.kind == "table" for p in policies[0]):
+            from eval.export import tables_use
+
+            uses = [tables_use(st, ps, args.requests, executor) for st, ps in zip(studies, policies)]
     data = {}
-    for name, cmp, st in zip(names, comparisons, studies):
+    for name, cmp, st, use in zip(names, comparisons, studies, uses):
         comparison_report(cmp, out / name, args.seeds, title=f"Scenario {name}")
         data[name] = {"scenario": scenario_line(cmp.scenario), "goodput": cmp.as_json()}
         if st is not None:
-            capacity_report(st, out / name, args.seeds, args.requests)
-            data[name]["capacity"] = st.as_json()
-    text = suite_text(names, specs, comparisons, studies, args, time.perf_counter() - t0)
+            capacity_report(st, out / name, args.seeds, args.requests, use)
+            data[name]["capacity"] = {**st.as_json(), **({"_table_use": use} if use else {})}
+    text = suite_text(names, specs, comparisons, studies, args, time.perf_counter() - t0, uses)
     write_atomic(out / "README.md", text)
     save_json(out / "suite.json", data)
     return text
@@ -116,7 +121,27 @@ def job_counts(names, specs, comparisons, studies) -> list[str]:
     return lines
 
 
-def suite_text(names, specs, comparisons, studies, args, wall_s: float) -> str:
+def use_counts(names, specs, comparisons, uses) -> list[str]:
+    """Per table: the scenarios where, at its capacity, at least three token-budget bins
+    (and three cell values) each hold 5% of the passes it decides."""
+    lines = []
+    for spec in specs:
+        found = [(name, u.get(_spec_names(cmp, specs)[spec]))
+                 for name, cmp, u in zip(names, comparisons, uses)]
+        found = [(name, u) for name, u in found if u]
+        if not found:
+            continue
+        bins = [name for name, u in found if u.get("budgets_5pct", 0) >= 3]
+        cells = [name for name, u in found if u["used_5pct"] >= 3]
+        lines.append(f"- {spec} at its capacity: at least 3 token-budget bins (2^(1/4)) each in 5% "
+                     f"of the passes it decides in {len(bins)} of {len(found)} scenarios, at least 3 "
+                     f"of its cell values in {len(cells)}"
+                     + (f" ({', '.join(cells)})" if cells else "")
+                     + "; each scenario's capacity.md gives the shares and the budget by running decodes")
+    return lines
+
+
+def suite_text(names, specs, comparisons, studies, args, wall_s: float, uses=None) -> str:
     head = ["# chunkpilot evaluation suite", "",
             f"- policies: {','.join(specs)}; {args.seeds} streams of {args.requests} requests per "
             f"scenario (a trace's window cut into {args.seeds} parts); commit {git_commit()}; "
@@ -136,6 +161,8 @@ def suite_text(names, specs, comparisons, studies, args, wall_s: float) -> str:
                  "(bisection to 2%).", ""]
         body += capacity_table(names, specs, comparisons, studies) + [""]
         body += job_counts(names, specs, comparisons, studies) + [""]
+        counts = use_counts(names, specs, comparisons, uses or [{} for _ in names])
+        body += counts + ([""] if counts else [])
     body += ["## Goodput at each scenario's base load", ""] + goodput_table(names, specs, comparisons)
     body += ["", "## Scenarios", ""] + [f"- [{n}]({n}/report.md): {scenario_line(SUITE[n])}" for n in names]
     return "\n".join(head + body + ["", f"Wall time: {wall_s:.0f} s with {executor_label(args)}.", ""])

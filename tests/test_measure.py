@@ -265,6 +265,30 @@ def test_sweeps_give_identical_json_on_one_or_two_workers(tmp_path):
     assert json.loads(one.stdout)["_hindsight_static"]["budget"] in FINE_LADDER
 
 
+def test_capacity_reports_what_a_table_does_at_its_own_capacity(tmp_path):
+    """A one-cell table (the time-budget rule at 0.9) asks 0.9 at every pass it decides,
+    at its capacity on each stream: the report and the JSON say so, and its budgets, one
+    per pass's decode set, are binned and grouped by running decodes."""
+    table = tmp_path / "t.json"
+    made = cli("eval", "export", "--rule", "time-budget", "--hardware", "a100-80g", "--out", str(table),
+               "--num-requests", "60")
+    assert made.returncode == 0, made.stderr
+    done = cli("eval", "capacity", "--hardware", "a100-80g", "--rate", "2", "--policies",
+               f"table:{table},time-budget", "--seeds", "2", "--requests", "80", "--workers", "1",
+               "--out", str(tmp_path / "c"), "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    (name,) = data["_table_use"]
+    use = data["_table_use"][name]
+    assert use["streams"] == 2 and use["passes"] > 0 and use["action"] == "time_fraction"
+    assert use["shares"] == {"0.9": 1.0} and use["used_5pct"] == 1
+    assert sum(use["budget_shares"].values()) == pytest.approx(1.0)
+    assert sum(r["share"] for r in use["by_decodes"]) == pytest.approx(1.0)
+    report = (tmp_path / "c" / "capacity.md").read_text()
+    assert "## What the tables do at their capacity" in report
+    assert f"- {name}: at its capacity on 2 streams" in report and "(0.9 100%)" in report
+
+
 @pytest.mark.parametrize("args, message", [
     (["compare", "--policies", "time-budget:0"], "FRACTION of the ITL target must lie in (0, 2]"),
     (["compare", "--policies", "time-budget:2.5"], "FRACTION of the ITL target must lie in (0, 2]"),
