@@ -222,7 +222,8 @@ def draw_training_conditions(args: Args, scenario: Scenario, executor) -> list[d
         from agents.conditions import MIN_CAPACITY_RPS
 
         print(f"dropped {len(drawn) - len(kept)} of {len(drawn)} conditions: under "
-              f"{MIN_CAPACITY_RPS:g} req/s of capacity under their SLO, the budget hardly matters")
+              f"{MIN_CAPACITY_RPS:g} req/s of capacity under their SLO, the budget hardly matters"
+              + ("; training on the scenario alone, at its own load" if not kept else ""))
     return kept
 
 
@@ -334,9 +335,9 @@ def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
                         args.seed, args.vec_env, args.decision_interval_s)
     tb_dir = str(run_dir / "tensorboard")
     if args.resume:
-        ckpt, model = resumable_checkpoint(run_dir, args.algo)
+        ckpt, model, stats = resumable_checkpoint(run_dir, args.algo)
         check_observations(model, run_dir, resuming=True)
-        model, venv = attach_env(model, venv, ckpt, args.gamma, tb_dir)
+        model, venv = attach_env(model, venv, stats, tb_dir)
         print(f"resuming from {ckpt} at {model.num_timesteps} timesteps")
         return model, venv, True
     venv = VecNormalize(venv, norm_obs=True, norm_reward=True, gamma=args.gamma)
@@ -396,6 +397,17 @@ def train(args: Args, model, venv, callback, run_dir: Path, resumed: bool) -> tu
     return seconds, model.num_timesteps - before, stopped_by
 
 
+def training_speed(timesteps: int, learned_steps: int, train_s: float) -> str:
+    """The run's timesteps and how fast they were learned: a resumed run's speed is that
+    of the steps learned since the resume."""
+    if not learned_steps or train_s <= 0:
+        return f"{timesteps:,} timesteps, trained before this resume"
+    rate = f"{train_s:.0f} s ({learned_steps / train_s:,.0f} steps/s)"
+    if learned_steps == timesteps:
+        return f"{timesteps:,} timesteps trained in {rate}"
+    return f"{timesteps:,} timesteps, {learned_steps:,} of them trained since the resume in {rate}"
+
+
 def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, callback,
            train_s: float, learned_steps: int, executor) -> str:
     """The final comparison on held-out arrivals and the run's summary."""
@@ -420,12 +432,7 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
             f"{'' if args.rate is None else f' at {args.rate} req/s'}, SLO TTFT {scenario.slo_ttft_s:g} s "
             f"/ ITL {scenario.slo_itl_s * 1e3:g} ms; trained on {len(config['conditions'])} conditions")
     checks = config["checks"]
-    earlier = model.num_timesteps - learned_steps
-    speed = (f"{learned_steps:,} of them trained in {train_s:.0f} s ({learned_steps / train_s:,.0f} "
-             "steps/s)" if learned_steps and train_s > 0 else "trained before this resume")
-    if learned_steps and not earlier:
-        speed = f"trained in {train_s:.0f} s ({learned_steps / train_s:,.0f} steps/s)"
-    facts = {"algorithm": f"{args.algo}, {model.num_timesteps:,} timesteps {speed}",
+    facts = {"algorithm": f"{args.algo}, {training_speed(model.num_timesteps, learned_steps, train_s)}",
              "policy file": "best_model.zip (lowest held-out cost)" if (run_dir / "best_model.zip").exists()
              else "model.zip",
              "best constant cost on them": f"{callback.baseline_cost:.2f}",
@@ -434,7 +441,8 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
                         actions)
     write_atomic(run_dir / "summary.md", text)
     write_json_atomic(run_dir / "summary.json", {
-        "scenario": desc, "timesteps": model.num_timesteps, "train_s": train_s,
+        "scenario": desc, "timesteps": model.num_timesteps, "trained_steps": learned_steps,
+        "train_s": train_s,
         "capacity": {n: st.as_json() for n, st in studies.items()}, "actions": actions,
         "eval_history": callback.history, "checks": checks})
     return text

@@ -94,46 +94,46 @@ def write_checkpoint(model, folder: Path, steps: int) -> Path:
 
 def resumable_checkpoint(run: Path, algo: str):
     """(the newest checkpoint that loads with its VecNormalize statistics, the model loaded
-    from it): a checkpoint cut short by a kill, or whose statistics are missing or cut
-    short (a model resumed on fresh statistics would see other inputs), is skipped with a
-    warning for the one before it."""
+    from it, those statistics): a checkpoint cut short by a kill, or whose statistics are
+    missing, cut short or not VecNormalize's (a model resumed on fresh statistics would see
+    other inputs), is skipped with a warning for the one before it."""
     import pickle
+
+    from stable_baselines3.common.vec_env import VecNormalize
 
     from agents.setup import load_model
 
-    def skip(path: Path, err: Exception) -> None:
-        print(f"warning: checkpoint {path} cannot be loaded ({type(err).__name__}); trying "
-              "the one before it", file=sys.stderr)
+    def skip(ckpt: Path, what: str, err: Exception) -> None:
+        print(f"warning: checkpoint {ckpt.name}: {what} cannot be loaded ({type(err).__name__}); "
+              "trying the one before it", file=sys.stderr)
 
     for ckpt in reversed(checkpoints(run)):
+        norm = norm_path_of(ckpt)
+        try:  # the statistics first: a small file, read before the model's zip
+            with open(norm, "rb") as f:
+                stats = pickle.load(f)
+            if not isinstance(stats, VecNormalize):
+                raise TypeError(f"holds a {type(stats).__name__}")
+        except Exception as err:  # missing, cut short or foreign: any of the file's or pickle's errors
+            skip(ckpt, f"its statistics {norm.name}", err)
+            continue
         try:
             model = load_model(algo, ckpt)
         except Exception as err:  # a truncated or foreign zip: any of zipfile's or SB3's errors
-            skip(ckpt, err)
+            skip(ckpt, "the model", err)
             continue
-        norm = norm_path_of(ckpt)
-        try:
-            with open(norm, "rb") as f:
-                pickle.load(f)
-        except Exception as err:  # missing, or cut short: any of the file's or pickle's errors
-            skip(norm, err)
-            continue
-        return ckpt, model
+        return ckpt, model, stats
     raise ConfigError(f"resume: no loadable checkpoint (ckpt_*_steps.zip with its "
                       f"ckpt_vecnormalize_*_steps.pkl) in {str(run)!r}")
 
 
-def attach_env(model, venv, checkpoint: Path, gamma: float, tb_dir: str):
-    """A resumed model on fresh environments, with the statistics saved next to its
-    checkpoint."""
-    from stable_baselines3.common.vec_env import VecNormalize
-
-    norm = norm_path_of(checkpoint)
-    venv = VecNormalize.load(str(norm), venv) if norm.exists() else VecNormalize(
-        venv, norm_obs=True, norm_reward=True, gamma=gamma)
-    model.set_env(venv)
+def attach_env(model, venv, stats, tb_dir: str):
+    """A resumed model on fresh environments, normalised by the statistics saved with its
+    checkpoint (``VecNormalize.load`` does the same: the unpickled wrapper on new envs)."""
+    stats.set_venv(venv)
+    model.set_env(stats)
     model.tensorboard_log = tb_dir
-    return model, venv
+    return model, stats
 
 
 class StopOnSignal(BaseCallback):
@@ -195,8 +195,10 @@ class RunProgressBar(ProgressBarCallback):
 
         from stable_baselines3.common import callbacks
 
-        with warnings.catch_warnings():  # tqdm.rich's "experimental" warning, as SB3 silences it
-            warnings.simplefilter("ignore")
+        from tqdm import TqdmExperimentalWarning
+
+        with warnings.catch_warnings():  # tqdm.rich's "experimental" warning (SB3 filters it too)
+            warnings.simplefilter("ignore", TqdmExperimentalWarning)
             # learn(reset_num_timesteps=False) has already added the kept steps to the total.
             self.pbar = callbacks.tqdm(total=self.locals["total_timesteps"],
                                        initial=self.model.num_timesteps)

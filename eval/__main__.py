@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envs.cli import parse
-from envs.errors import ConfigError, integer, require, run_cli, show
+from envs.errors import ConfigError, integer, run_cli, show
 from envs.files import check_output
 from envs.scenario import Scenario
 from envs.workload import check_num_requests
@@ -121,6 +121,11 @@ def _scenario(args) -> Scenario:
     return Scenario(**{k: getattr(args, k) for k in Scenario.__dataclass_fields__})
 
 
+def _given(argv, flag: str) -> bool:
+    """Whether ``flag`` is on the command line (``--flag V`` or ``--flag=V``)."""
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
 def _check_args(args, argv) -> None:
     """Everything a sweep is given, checked before it starts: streams, requests, workers,
     the report folder, and what the scenario names (profiles, trace, length specs)."""
@@ -136,7 +141,7 @@ def _check_args(args, argv) -> None:
     check_output("out", args.out, "folder")
     if isinstance(args, Scenario):
         # Streams come from held-out seeds (envs/seeds.py), never from --seed.
-        if any(a == "--seed" or a.startswith("--seed=") for a in argv):
+        if _given(argv, "--seed"):
             raise ConfigError(f"seed: got {show(args.seed)}, not used here: {argv[0] if argv else 'a sweep'} "
                               "draws its streams from held-out seeds; set how many with --seeds")
         _scenario(args).check()
@@ -179,25 +184,26 @@ def compare_with_reference(cmp, args, executor, bar):
 def cmd_capacity(argv) -> int:
     from eval.capacity import add_references, capacity_studies
     from eval.compare import capacity_report
-    from eval.export import tables_use
+    from eval.table_use import tables_use
     from eval.parallel import progress_bar
     from eval.report import save_json
     from policies.specs import make_policies
 
     args = parse(CapacityArgs, argv, prog="python -m eval capacity")
-    default = Scenario.__dataclass_fields__["num_requests"].default
-    require(args.num_requests == default, "num_requests", args.num_requests,
-            f"must be left out: a capacity search's streams take --requests ({args.requests} "
-            "here), and it searches the load")
+    if _given(argv, "--num-requests"):
+        raise ConfigError(f"num_requests: got {show(args.num_requests)}, not used here: a capacity "
+                          f"search's streams take --requests ({args.requests} here), and it "
+                          "searches the load")
     _check_args(args, ["capacity"] + list(argv))
     scenario = _scenario(args)
     policies = make_policies(args.policies, scenario, args.allow_table_mismatch)
     executor = args.executor()
-    with progress_bar((len(policies) + 15) * args.seeds, "capacity searches") as bar:
+    tables = sum(p.kind == "table" for p in policies)  # and each table's trace at its capacity
+    with progress_bar((len(policies) + 15 + tables) * args.seeds, "capacity searches") as bar:
         (study,) = capacity_studies([(scenario, policies)], args.seeds, args.requests, executor, bar)
         if args.reference:
             add_references([study], args.seeds, args.requests, executor, bar)
-        uses = tables_use(study, policies, args.requests, executor)
+        (uses,) = tables_use([study], [policies], args.requests, executor, bar)
     text = capacity_report(study, Path(args.out), args.seeds, args.requests, uses)
     data = {**study.as_json(), **({"_table_use": uses} if uses else {})}
     save_json(Path(args.out) / "capacity.json", data)

@@ -171,9 +171,14 @@ def quarter_steps_around(budget: int, floor: int) -> list[int]:
             if FINE_LADDER[j] not in POWERS_OF_TWO and FINE_LADDER[j] >= floor]
 
 
-def best_rung(results: dict[int, CapacityResult]) -> int:
-    """The budget of highest mean capacity (ties: the smaller budget)."""
-    return max(results, key=lambda b: (results[b].capacity, -b))
+def best_rung(results: dict[int, CapacityResult], streams: list[int] | None = None) -> int:
+    """The budget of highest mean capacity, over ``streams`` (default all; ties: the
+    smaller budget)."""
+    def mean(b: int) -> float:
+        r = results[b]
+        return r.capacity if streams is None else float(np.mean([r.per_stream[j] for j in streams]))
+
+    return max(results, key=lambda b: (mean(b), -b))
 
 
 @dataclass
@@ -209,13 +214,9 @@ class CapacityStudy:
         n = len(self.best.per_stream)
         if n < 2:
             return self.best, (self.best_budget,)
-        picks, per = [], []
-        for i in range(n):
-            rest = [j for j in range(n) if j != i]
-            b = max(self.rungs, key=lambda b: (sum(self.rungs[b].per_stream[j] for j in rest), -b))
-            picks.append(b)
-            per.append(self.rungs[b].per_stream[i])
-        return CapacityResult("static:held-out", "static", tuple(per), ()), tuple(picks)
+        picks = tuple(best_rung(self.rungs, [j for j in range(n) if j != i]) for i in range(n))
+        per = [self.rungs[b].per_stream[i] for i, b in enumerate(picks)]
+        return CapacityResult("static:held-out", "static", tuple(per), ()), picks
 
     def held_out_verdict(self, name: str):
         """A policy against :meth:`held_out_static`, paired stream by stream."""
@@ -228,7 +229,8 @@ class CapacityStudy:
         out["_hindsight_static"] = {"budget": self.best_budget, "capacity": self.best.capacity,
                                     "ci95": self.best.ci95}
         held, picks = self.held_out_static()
-        out["_held_out_static"] = {**held.as_json(), "picks": list(picks)}
+        out["_held_out_static"] = {"picks": list(picks), "capacity": held.capacity, "ci95": held.ci95,
+                                   "per_stream": list(held.per_stream)}
         out["_ladder"] = {str(b): r.as_json() for b, r in self.rungs.items()}
         return out
 

@@ -188,26 +188,32 @@ def comparison_report(cmp: Comparison, out: Path, seeds: int, title: str = "Comp
     return text
 
 
-def held_out_cell(v) -> str:
-    return f"{v.rel:+.1%} ± {v.half:.1%} ({v.kind})"
+def held_out_cell(study, name: str) -> str:
+    """A policy against the held-out static pick, as the verdict reads it."""
+    if study.held_out_static()[0].capacity <= 0:
+        return "the held-out pick serves nothing"
+    return str(study.held_out_verdict(name))
 
 
 def held_out_line(study) -> str:
     """What the static budget picked without the stream it is judged on serves, and how
     much of the hindsight pick's lead is the pick's luck."""
     held, picks = study.held_out_static()
+    if len(picks) < 2:
+        return "One stream: no held-out pick (it needs another stream to pick on)."
+    if study.best.capacity <= 0:
+        return "Held-out pick: no static budget meets the SLO on any stream."
     luck = study.best.capacity - held.capacity
-    return (f"Picked on the other streams and judged on the one left out (a user's pick from "
-            f"past arrivals): {', '.join(map(str, picks))}, serving {held.capacity:.3f} ± "
-            f"{held.ci95:.3f} req/s; the hindsight pick's lead from choosing on the streams it is "
-            f"judged on: {luck / study.best.capacity:.1%}." if study.best.capacity > 0 else
-            "Picked on the other streams: no static budget meets the SLO on any stream.")
+    return (f"Held-out pick (each stream judged under the rung best on the other streams, a "
+            f"user's pick from past arrivals): rungs {'/'.join(map(str, picks))} (one per stream), "
+            f"serving {held.capacity:.3f} ± {held.ci95:.3f} req/s; the hindsight pick's lead from "
+            f"choosing on the streams it is judged on: {luck / study.best.capacity:.1%}.")
 
 
 def capacity_report(study, out: Path, seeds: int, num_requests: int, uses: dict | None = None) -> str:
     """The capacity table of one scenario: every policy with its interval and its verdict
     against the hindsight-best static budget on the fine ladder, and the ladder itself;
-    with ``uses`` (table name -> ``eval.export.table_use``), what each table does at its
+    with ``uses`` (table name -> ``eval.table_use.pooled_use``), what each table does at its
     capacity."""
     b = study.best_budget
     best = study.best
@@ -223,7 +229,7 @@ def capacity_report(study, out: Path, seeds: int, num_requests: int, uses: dict 
     for n, r in study.policies.items():
         lines.append(f"| {n} | {r.capacity:.3f} ± {r.ci95:.3f} | "
                      f"{verdict_sentence(study.verdict(n), f'static:{b}', 'capacity')} | "
-                     f"{held_out_cell(study.held_out_verdict(n))} |")
+                     f"{held_out_cell(study, n)} |")
     lines += ["", "Static ladder measured: " + ", ".join(
         f"{k}: {r.capacity:.2f}" for k, r in study.rungs.items()) + " req/s."]
     values = {**{n: r.capacity for n, r in study.policies.items()},
@@ -231,7 +237,7 @@ def capacity_report(study, out: Path, seeds: int, num_requests: int, uses: dict 
     fig = plots.capacity_bars(values, out / "capacity.png", "capacity under the SLO")
     lines += ["", f"![capacity]({fig.name})", ""]
     if uses:
-        from eval.export import use_line
+        from eval.table_use import use_line
 
         lines += ["## What the tables do at their capacity", ""]
         lines += [f"- {n}: {use_line(u, u['action'], 'streams')}" for n, u in uses.items()] + [""]

@@ -49,7 +49,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from agents.checks import ActionTrace
 from envs.cli import parse
 from envs.errors import ConfigError, integer, number, require, show
 from envs.files import check_distinct, check_output
@@ -60,6 +59,7 @@ from eval.harness import run_policy
 from policies.table import (DERIVED, KIND, SCHEMA_VERSION, SLACK_COUNTS, STATE, BudgetTable,
                             hardware_provenance, model_provenance, write_atomic)
 from policies.table_policy import FEATURE_GETTERS, TablePolicy
+from eval.table_use import table_use, use_line
 
 LOUD_CAPACITY_LOSS = 0.01
 LOUD_GOODPUT_LOSS = 0.05
@@ -501,68 +501,6 @@ def fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs) -> 
     return out, use
 
 
-class TableTrace(ActionTrace):
-    """A table driving the simulator, recording each pass it decides (decodes running: with
-    none the budget is the cap whatever the cell holds): the cell's value (a fraction of
-    the ITL target, or a token budget), the tokens it became and the running decodes."""
-
-    def __init__(self, table: BudgetTable):
-        super().__init__(TablePolicy(table))
-        self.cells = table.action.cells
-
-    def __call__(self, state) -> int:
-        b = self.policy(state)
-        if state.num_decodes:
-            self.record(float(self.cells[self.policy.cell(state)]), b, state.num_decodes)
-        return b
-
-
-def _trace_task(scenario: Scenario, table: BudgetTable, workload) -> tuple[list, list, list]:
-    trace = TableTrace(table)
-    scenario.simulator(workload).run(trace)
-    return trace.values, trace.budgets, trace.decodes
-
-
-def table_use(table: BudgetTable, scenarios: dict, factors: np.ndarray, num_requests: int,
-              seed_base: int, workers=None, executor=None) -> dict:
-    """What the table does where the choice matters: each scenario's streams (``seed_base``,
-    as its capacity searches drew them) at the table's own capacity there (``factors``: per
-    scenario and stream, as a multiple of the scenario's load; 0, no capacity, is left out),
-    every pass it decides pooled: the share of passes per cell value and per token-budget
-    bin, and the budget against the running decodes (``agents.checks.action_histogram``).
-    At one SLO a fraction of the ITL target still becomes a different budget with each
-    pass's decodes."""
-    from agents.checks import action_histogram
-    from eval.capacity import probe_stream
-    from eval.parallel import make_executor
-
-    tasks = []
-    for sc, row in zip(scenarios.values(), factors):
-        for i, f in enumerate(row):
-            if f > 0:
-                at, workload = probe_stream(sc, i, len(row), num_requests, float(f), seed_base=seed_base)
-                tasks.append((at, table, workload))
-    found = (executor or make_executor(workers)).map(_trace_task, tasks)
-    values = [v for vs, _, _ in found for v in vs]
-    budgets = [b for _, bs, _ in found for b in bs]
-    decodes = [d for _, _, ds in found for d in ds]
-    ladder = sorted(set(table.action.cells))
-    hist = action_histogram(values, ladder, budgets, decodes,
-                            time_fractions=table.action.kind == "time_fraction")
-    return {"streams": len(tasks), "action": table.action.kind, **hist}
-
-
-def tables_use(study, policies, num_requests: int, executor) -> dict:
-    """What each table among ``policies`` does at its own capacity on the study's streams
-    (:func:`table_use`): the report's budget against state."""
-    from envs.seeds import CAPACITY_SEEDS
-
-    tables = [p for p in policies if p.kind == "table"]
-    return {p.name: table_use(p.table, {study.scenario: study.scenario},
-                              np.array([study.policies[p.name].factors]), num_requests,
-                              CAPACITY_SEEDS, executor=executor) for p in tables}
-
-
 def _goodput_task(scenario: Scenario, policy, workload) -> float:
     return float(run_policy(scenario, policy, [workload]).runs[0]["goodput"])
 
@@ -904,23 +842,6 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
               "past capacity it drives the engine into states its model does not; use other "
               "features, or serve the model", file=sys.stderr)
     print(serve_line(table))
-
-
-def use_line(use: dict, kind: str, streams: str = "held-out streams") -> str:
-    """What the table did at its capacity on the held-out streams, in one line."""
-    from agents.checks import budget_label, used_text
-
-    n = use["used_5pct"]
-    what = (("fraction" if n == 1 else "fractions") + " of the ITL target" if kind == "time_fraction"
-            else "budget" if n == 1 else "budgets")
-    line = (f"at its capacity on {use['streams']} {streams} ({use['passes']:,} passes it "
-            f"decided): {n} {what} each in at least 5% of them ({used_text(use['shares'])})")
-    if "budget_shares" in use:
-        groups = ", ".join(f"{r['decodes']}: {r['median_budget']:,.0f}" for r in use["by_decodes"])
-        line += (f"; token budgets in bins of 2^(1/4): {use['budgets_5pct']} bins each in at least "
-                 f"5% ({used_text(use['budget_shares'], budget_label)}); median budget by running "
-                 f"decodes {groups}")
-    return line
 
 
 def serve_line(table: BudgetTable) -> str:

@@ -41,10 +41,11 @@ def run_suite(names: list[str], specs: list[str], args, executor) -> str:
             chosen = [st for n, st in zip(names, studies) if n in wanted]
             with progress_bar(len(chosen) * args.seeds, "suite: reference") as bar:
                 add_references(chosen, args.seeds, args.requests, executor, bar)
-        if any(p.kind == "table" for p in policies[0]):
-            from eval.export import tables_use
+        if any(p.kind == "table" for ps in policies for p in ps):
+            from eval.table_use import tables_use
 
-            uses = [tables_use(st, ps, args.requests, executor) for st, ps in zip(studies, policies)]
+            with progress_bar(len(names) * args.seeds, "suite: tables at capacity") as bar:
+                uses = tables_use(studies, policies, args.requests, executor, bar)
     data = {}
     for name, cmp, st, use in zip(names, comparisons, studies, uses):
         comparison_report(cmp, out / name, args.seeds, title=f"Scenario {name}")
@@ -82,7 +83,7 @@ def capacity_table(names, specs, comparisons, studies) -> list[str]:
             cells.append(f"{r.capacity:.2f} ± {r.ci95:.2f} ({v.rel:+.1%} ± {v.half:.1%}, {v.kind})")
         held, picks = st.held_out_static()
         lines.append(f"| {name} | {st.best_budget}: {st.best.capacity:.2f} ± {st.best.ci95:.2f} | "
-                     f"{held.capacity:.2f} ({'/'.join(map(str, sorted(set(picks))))}) | "
+                     f"{held.capacity:.2f} ± {held.ci95:.2f} ({'/'.join(map(str, sorted(set(picks))))}) | "
                      + " | ".join(cells) + " |")
     return lines
 
@@ -116,14 +117,15 @@ def job_counts(names, specs, comparisons, studies) -> list[str]:
             if not v.matches:
                 short.append(f"{name} {v.rel:+.0%}")
         lines.append(f"- {spec}: within 2% of the hindsight static in {within} of {len(names)} "
-                     f"scenarios (of the held-out pick in {held}); beats it in {beats}"
-                     + (f"; short in {', '.join(short)}" if short else ""))
+                     f"scenarios and of the held-out pick in {held}; beats the hindsight static in "
+                     f"{beats}" + (f"; short of it in {', '.join(short)}" if short else ""))
     return lines
 
 
 def use_counts(names, specs, comparisons, uses) -> list[str]:
-    """Per table: the scenarios where, at its capacity, at least three token-budget bins
-    (and three cell values) each hold 5% of the passes it decides."""
+    """Per table, counted apart: the scenarios where, at its capacity, at least three
+    token-budget bins each hold 5% of the passes it decides, and those where three of its
+    cell values do; scenarios where it has no capacity are named, not counted."""
     lines = []
     for spec in specs:
         found = [(name, u.get(_spec_names(cmp, specs)[spec]))
@@ -131,12 +133,16 @@ def use_counts(names, specs, comparisons, uses) -> list[str]:
         found = [(name, u) for name, u in found if u]
         if not found:
             continue
-        bins = [name for name, u in found if u.get("budgets_5pct", 0) >= 3]
+        none = [name for name, u in found if not u["streams"]]
+        found = [(name, u) for name, u in found if u["streams"]]
+        few = [name for name, u in found if u.get("budgets_5pct", 0) < 3]
         cells = [name for name, u in found if u["used_5pct"] >= 3]
         lines.append(f"- {spec} at its capacity: at least 3 token-budget bins (2^(1/4)) each in 5% "
-                     f"of the passes it decides in {len(bins)} of {len(found)} scenarios, at least 3 "
-                     f"of its cell values in {len(cells)}"
+                     f"of the passes it decides in {len(found) - len(few)} of {len(found)} scenarios"
+                     + (f" (fewer in {', '.join(few)})" if few else "")
+                     + f"; at least 3 of its cell values in {len(cells)}"
                      + (f" ({', '.join(cells)})" if cells else "")
+                     + (f"; no capacity in {', '.join(none)}" if none else "")
                      + "; each scenario's capacity.md gives the shares and the budget by running decodes")
     return lines
 

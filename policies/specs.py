@@ -134,6 +134,12 @@ def shipped_table(scenario: Scenario) -> Path:
     return path
 
 
+DEFAULTED = ("vllm-default", "queue-depth", "no-decode-boost", "free-ride", "time-budget",
+             "time-budget-kv", "time-budget-few", "time-budget-slack", "time-budget-slack-kv",
+             "time-budget-deadline", "time-budget-deadline-kv")
+"""Specs whose arguments are all optional."""
+
+
 def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = False) -> BudgetPolicy:
     """Build the policy a spec names, for a scenario (some rules read its profiles)."""
     from policies.baselines import (FreeRidePolicy, NoDecodeBoostPolicy, QueueDepthPolicy,
@@ -143,9 +149,11 @@ def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = Fals
 
     spec = spec.strip()
     kind, colon, rest = spec.partition(":")
-    if colon and not all(rest.split(":")):
-        raise ConfigError(f"policy: got {show(spec)}, an empty argument after ':'; leave the "
-                          f"':' out for the defaults ({kind})")
+    # model: and table: take one path, which may hold ':' itself; the others, numbers.
+    if colon and kind and kind not in ("model", "table") and not all(rest.split(":")):
+        hint = (f"fill it in or drop it ({kind} without arguments takes its defaults)"
+                if kind in DEFAULTED else "fill it in or drop it")
+        raise ConfigError(f"policy: got {show(spec)}, an empty argument after ':'; {hint}")
     args = rest.split(":") if rest else []
     if kind == "static":
         (n,) = _ints(spec, args, (1,))

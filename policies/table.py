@@ -530,7 +530,7 @@ class BudgetTable:
         made = ", ".join(f"{k} {p[k]}" for k in ("exported", "run_dir", "algo", "commit")
                          if p.get(k))
         overhead = hw.get("per_pass_overhead_s") or 0.0
-        hw_name = hw["name"] + (f" (+{overhead * 1e3:g} ms per pass)" if overhead else "")
+        hw_name = hw["name"] + (f" (priced with {overhead * 1e3:g} ms per pass)" if overhead else "")
         return (f"{self.path} [{self.digest or '-'}]: {hw_name} + {m['name']} (TP "
                 f"{m['tensor_parallel']}), SLO TTFT {_num(slo['ttft_s'])} s / ITL "
                 f"{_num(slo['itl_s'])} s; {self.cells} cells ({sum(self.visited)} visited), "
@@ -686,9 +686,10 @@ def _norm(name: str) -> str:
 
 
 def hardware_provenance(profile) -> dict:
-    """The provenance block of a hardware profile (any object with its fields), with its
-    fixed cost per pass (recorded, not compared: a serving engine does not know its own,
-    and a time-fraction table's cost block already holds it in ``fixed_s``)."""
+    """The provenance block of a hardware profile (any object with its fields), with the
+    fixed cost per pass the table was priced with (recorded, not compared: a time-fraction
+    table's ``fixed_s`` includes it, and an engine adds only its own cost beyond it,
+    ``CHUNKPILOT_STEP_OVERHEAD_S``; this says how much is already in)."""
     return {"name": profile.name, **{f: float(getattr(profile, f)) for f in HARDWARE_FIGURES},
             "per_pass_overhead_s": float(profile.per_pass_overhead_s)}
 
@@ -753,7 +754,8 @@ def _read_file(path: str) -> bytes:
 
 def _value_error(err: ValueError) -> str:
     """What a ValueError of ``json.loads`` says, in one short phrase (Python's text on a
-    huge integer is 150 characters of advice)."""
+    huge integer is 150 characters of advice). ``envs.files`` has its own: this module
+    imports only the standard library, so that an engine can carry it alone."""
     text = str(err)
     if "integer string conversion" in text:
         return f"an integer of over {sys.get_int_max_str_digits():,} digits"

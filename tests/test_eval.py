@@ -131,3 +131,34 @@ def test_trained_trace_overlap_is_said():
     assert "overlaps its training arrivals" in training_overlap(p, early)
     assert "after its training window" in training_overlap(p, late)
     assert training_overlap(StaticPolicy(2048), early) is None
+
+
+def test_suite_lines_by_hand():
+    """Two scenarios by hand: one where the hindsight pick (1,500: 1.03) leads the held-out
+    one (1,500 on stream 0, 2,000 on the others: 0.83), and one no budget serves. The
+    policy at 1.0 everywhere is 3.2% short of the first pick and 20% over the second."""
+    from types import SimpleNamespace
+
+    from envs.scenario import Scenario
+    from eval.capacity import CapacityResult, CapacityStudy
+    from eval.suite import capacity_table, job_counts, use_counts
+
+    def res(name, *per):
+        return CapacityResult(name, "static", per, ())
+
+    rungs = {1000: res("a", 1.0, 1.0, 1.0), 1500: res("b", 0.9, 1.1, 1.1), 2000: res("c", 1.3, 0.8, 0.8)}
+    studies = [CapacityStudy(Scenario(), {"p": res("p", 1.0, 1.0, 1.0)}, rungs),
+               CapacityStudy(Scenario(), {"p": res("p", 0.0, 0.0, 0.0)}, {1000: res("a", 0.0, 0.0, 0.0)})]
+    cmps = [SimpleNamespace(results={"p": None})] * 2
+    table = capacity_table(["s1", "s0"], ["p"], cmps, studies)
+    assert table[2] == "| s1 | 1500: 1.03 ± 0.13 | 0.83 ± 0.07 (1500/2000) | 1.00 ± 0.00 (-3.2% ± 12.6%, ties) |"
+    assert table[3].startswith("| s0 | 1000: 0.00 ± 0.00 | 0.00 ± 0.00 (1000) | 0.00 ± 0.00")
+    assert job_counts(["s1", "s0"], ["p"], cmps, studies) == [
+        "- p: within 2% of the hindsight static in 1 of 2 scenarios and of the held-out pick in 2; "
+        "beats the hindsight static in 0; short of it in s1 -3%"]
+    uses = [{"p": {"streams": 3, "used_5pct": 1, "budgets_5pct": 3}}, {"p": {"streams": 0, "used_5pct": 0}}]
+    (line,) = use_counts(["s1", "s0"], ["p"], cmps, uses)
+    assert line.startswith("- p at its capacity: at least 3 token-budget bins (2^(1/4)) each in 5% of "
+                           "the passes it decides in 1 of 1 scenarios; at least 3 of its cell values "
+                           "in 0; no capacity in s0;")
+    assert use_counts(["s1", "s0"], ["p"], cmps, [{}, {}]) == []

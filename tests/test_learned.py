@@ -479,7 +479,8 @@ def test_export_measures_what_a_table_does_at_capacity():
     from envs.scenario import Scenario
     from envs.seeds import CAPACITY_SEEDS
     from eval.capacity import probe_stream
-    from eval.export import _trace_task, rule_table, table_use
+    from eval.export import rule_table
+    from eval.table_use import _trace_task, table_use
 
     sc = Scenario(hardware="h100-sxm", model="llama-3-8b", rate=6.0, num_kv_blocks=6000)
     table = rule_table("time-budget-deadline-kv", sc, sc.stream(0, 1, 7, 60))
@@ -557,7 +558,7 @@ def test_rule_export_writes_a_table_the_runtime_accepts_and_refuses_other_rules(
     assert max(fixed) - min(fixed) == pytest.approx(0.003)
     assert json.loads(slow.read_text())["provenance"]["hardware"]["per_pass_overhead_s"] == 0.003
     show = cli("policies.table", "show", str(slow))
-    assert "a100-80g (+3 ms per pass) + llama-3-8b" in show.stdout
+    assert "a100-80g (priced with 3 ms per pass) + llama-3-8b" in show.stdout
     for rule in ("time-budget-kv", "static:2048", "time-budget-deadline:0.5"):
         bad = cli("eval", "export", "--rule", rule, "--out", str(tmp_path / "no.json"))
         assert bad.returncode == 2 and bad.stderr.startswith("error: rule: got")

@@ -63,9 +63,20 @@ def test_the_held_out_pick_is_judged_on_the_stream_it_did_not_see():
     # A tie between rungs goes to the smaller budget, as the hindsight pick's does.
     tied = CapacityStudy(Scenario(), {}, {512: res("a", 1.0, 2.0, 2.0), 1024: res("b", 2.0, 2.0, 1.0)})
     assert tied.held_out_static()[1] == (512, 512, 1024) and tied.best_budget == 512
+    from eval.compare import held_out_cell, held_out_line
+
+    assert held_out_line(study).endswith("rungs 1500/2000/2000 (one per stream), serving 0.833 ± "
+                                         "0.065 req/s; the hindsight pick's lead from choosing on "
+                                         "the streams it is judged on: 19.4%.")
+    assert held_out_cell(study, "p") == "beats (+20.0% ± 7.8%)"  # (0.12, 0.24, 0.24): sd 0.069
     # With one stream there is nothing to hold out: the hindsight pick.
     one = CapacityStudy(Scenario(), {}, {512: res("a", 1.0), 1024: res("b", 2.0)})
     assert one.held_out_static() == (one.best, (1024,))
+    assert held_out_line(one).startswith("One stream: no held-out pick")
+    # Each rung serving one stream only: held out, none serves; said so, not "+0.0% (beats)".
+    odd = CapacityStudy(Scenario(), {"p": res("p", 1.0, 1.0)}, {512: res("a", 1.0, 0.0), 1024: res("b", 0.0, 1.0)})
+    assert odd.held_out_static()[0].per_stream == (0.0, 0.0)
+    assert held_out_cell(odd, "p") == "the held-out pick serves nothing"
 
 
 def test_time_budget_never_prices_a_pass_above_its_target():
@@ -299,8 +310,11 @@ def test_capacity_reports_what_a_table_does_at_its_own_capacity(tmp_path):
     (["compare", "--policies", "time-budget-deadline:1"], "TOP multiple of the ITL target must lie in (1, 16]"),
     (["compare", "--policies", "time-budget-deadline-kv:17"], "TOP multiple of the ITL target must lie in (1, 16]"),
     (["compare", "--policies", "time-budget-deadline-kv:"], "an empty argument after ':'"),
-    (["compare", "--policies", "reference:2048::1"], "an empty argument after ':'"),
-    (["capacity", "--num-requests", "100"], "num_requests: got 100, must be left out: a capacity search's"),
+    (["compare", "--policies", "reference:2048::1"], "an empty argument after ':'; fill it in or drop it"),
+    (["compare", "--policies", "time-budget-deadline-kv:"], "drop it (time-budget-deadline-kv without arguments takes"),
+    (["compare", "--policies", "table:/nowhere/a::b.json"], "/nowhere/a::b.json: cannot read"),
+    (["capacity", "--num-requests", "100"], "num_requests: got 100, not used here: a capacity search"),
+    (["capacity", "--num-requests=600"], "num_requests: got 600, not used here"),
     (["compare", "--policies", "reference:2048:inf"], "arguments must be finite and > 0"),
     (["compare", "--policies", "reference:2048:0.01"], "horizon_s: got 0.01, must be at least one pass"),
     (["compare", "--policies", "fast-rule"], "unknown spec 'fast-rule'"),

@@ -111,10 +111,14 @@ def test_resume_continues_and_refuses_a_conflicting_flag(tmp_path):
 
 
 def test_resume_skips_a_checkpoint_whose_statistics_are_missing_or_cut_short(tmp_path, monkeypatch, capsys):
-    """The newest checkpoint's VecNormalize file emptied, the one before it missing: the
-    resume falls back to the oldest whole pair, warning about each file it skips; with
-    none left it is one line."""
+    """The newest checkpoint's VecNormalize file emptied, the one before it missing, the
+    one before that foreign: the resume falls back to the oldest whole pair, warning
+    about each checkpoint it skips, and returns its statistics; with none left it is one
+    line."""
     import pickle
+
+    import gymnasium as gym
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
     import agents.setup
     from agents.training import resumable_checkpoint
@@ -122,19 +126,48 @@ def test_resume_skips_a_checkpoint_whose_statistics_are_missing_or_cut_short(tmp
 
     folder = tmp_path / "checkpoints"
     folder.mkdir()
-    for steps in (128, 256, 384):
+    for steps in (128, 256, 384, 512):
         (folder / f"ckpt_{steps}_steps.zip").write_bytes(b"zip")
-    (folder / "ckpt_vecnormalize_128_steps.pkl").write_bytes(pickle.dumps({"obs_rms": None}))
-    (folder / "ckpt_vecnormalize_384_steps.pkl").write_bytes(b"")
+    stats = VecNormalize(DummyVecEnv([lambda: gym.make("CartPole-v1")]))
+    stats.save(str(folder / "ckpt_vecnormalize_128_steps.pkl"))
+    (folder / "ckpt_vecnormalize_256_steps.pkl").write_bytes(pickle.dumps({"obs_rms": None}))
+    (folder / "ckpt_vecnormalize_512_steps.pkl").write_bytes(b"")
     monkeypatch.setattr(agents.setup, "load_model", lambda algo, path: f"model from {path.name}")
-    ckpt, model = resumable_checkpoint(tmp_path, "ppo")
+    ckpt, model, found = resumable_checkpoint(tmp_path, "ppo")
     assert ckpt.name == "ckpt_128_steps.zip" and model == "model from ckpt_128_steps.zip"
+    assert isinstance(found, VecNormalize) and found.clip_obs == stats.clip_obs
     err = capsys.readouterr().err
-    assert "ckpt_vecnormalize_384_steps.pkl cannot be loaded (EOFError)" in err
-    assert "ckpt_vecnormalize_256_steps.pkl cannot be loaded (FileNotFoundError)" in err
+    assert ("checkpoint ckpt_512_steps.zip: its statistics ckpt_vecnormalize_512_steps.pkl cannot "
+            "be loaded (EOFError)") in err
+    assert "ckpt_vecnormalize_384_steps.pkl cannot be loaded (FileNotFoundError)" in err
+    assert "ckpt_vecnormalize_256_steps.pkl cannot be loaded (TypeError)" in err
     (folder / "ckpt_vecnormalize_128_steps.pkl").unlink()
     with pytest.raises(ConfigError, match="no loadable checkpoint"):
         resumable_checkpoint(tmp_path, "ppo")
+
+
+def test_dropped_training_conditions_are_said(monkeypatch, capsys):
+    import agents.conditions
+    import train
+
+    args = train.Args(conditions=3)
+    drawn = agents.conditions.draw_conditions(args.scenario(), 3, args.seed)
+    monkeypatch.setattr(agents.conditions, "with_capacities", lambda sc, conds, **kw: conds[:1])
+    assert train.draw_training_conditions(args, args.scenario(), None) == drawn[:1]
+    assert "dropped 2 of 3 conditions: under" in capsys.readouterr().out
+    monkeypatch.setattr(agents.conditions, "with_capacities", lambda sc, conds, **kw: [])
+    assert train.draw_training_conditions(args, args.scenario(), None) == []
+    assert "dropped 3 of 3 conditions" in (out := capsys.readouterr().out)
+    assert "training on the scenario alone, at its own load" in out
+
+
+def test_the_summary_s_speed_is_that_of_the_steps_learned_in_this_session():
+    from train import training_speed
+
+    assert training_speed(150_000, 150_000, 50.0) == "150,000 timesteps trained in 50 s (3,000 steps/s)"
+    assert training_speed(150_000, 50_000, 25.0) == ("150,000 timesteps, 50,000 of them trained since "
+                                                     "the resume in 25 s (2,000 steps/s)")
+    assert training_speed(150_000, 0, 0.0) == "150,000 timesteps, trained before this resume"
 
 
 def test_a_resumed_run_s_progress_bar_counts_from_the_steps_it_kept():
@@ -149,6 +182,22 @@ def test_a_resumed_run_s_progress_bar_counts_from_the_steps_it_kept():
         assert (bar.pbar.total, bar.pbar.n) == (300, 100)
     finally:
         bar.pbar.close()
+    # learn() hands SB3 this bar (not SB3's own, which counts the rest from zero) and keeps
+    # the count on a resume.
+    from agents.training import TrainedSteps, learn
+
+    seen = {}
+
+    class Fake:
+        num_timesteps = 100
+
+        def learn(self, steps, **kw):
+            seen.update(kw, steps=steps)
+
+    learn(Fake(), 300, [], progress_bar=True, resumed=True, trained=TrainedSteps())
+    bars = [c for c in seen["callback"].callbacks if isinstance(c, RunProgressBar)]
+    assert seen["steps"] == 200 and len(bars) == 1 and seen["reset_num_timesteps"] is False
+    assert not seen.get("progress_bar")
 
 
 def test_a_stop_signal_sets_a_flag_the_next_step_reads():
