@@ -23,7 +23,7 @@ import platform
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from envs.cli import parse
@@ -174,18 +174,21 @@ def resumed_args(args: Args, argv: list[str] | None) -> tuple[Args, dict]:
     this command line applied; a conflicting flag is refused, naming it."""
     from agents.runs import read_config
 
+    from envs.cli import given_fields
+
     config = read_config(args.resume, "resume")
     saved = config["args"]
-    defaults = Args()
-    for f in fields(Args):
-        given, default = getattr(args, f.name), getattr(defaults, f.name)
-        if f.name in RUN_FIELDS_ON_RESUME or given == default:
-            continue
-        if f.name in saved and given != saved[f.name]:
-            raise ConfigError(f"{f.name}: got {given!r}, but the run being resumed was trained with "
-                              f"{saved[f.name]!r}; drop the flag or start a new run")
+    given = given_fields(Args, sys.argv[1:] if argv is None else argv)
+    for name in sorted(given - set(RUN_FIELDS_ON_RESUME)):
+        value = getattr(args, name)
+        if name in saved and value != saved[name]:
+            raise ConfigError(f"{name}: got {value!r}, but the run being resumed was trained with "
+                              f"{saved[name]!r}; drop the flag or start a new run")
+    # The run's own values, run-control flags included (its checkpoint and evaluation
+    # periods, its total), except those this command line sets.
     merged = {**{k: v for k, v in saved.items() if k in Args.__dataclass_fields__},
-              **{k: getattr(args, k) for k in RUN_FIELDS_ON_RESUME}}
+              **{k: getattr(args, k) for k in RUN_FIELDS_ON_RESUME if k in given or k not in saved}}
+    merged["resume"] = args.resume
     return Args(**merged), config
 
 

@@ -124,6 +124,16 @@ class OneLineParser(argparse.ArgumentParser):
         raise ConfigError(f"{message} (see {self.prog} --help)")
 
 
+def given_fields(cls: type, argv: list[str] | None = None) -> set[str]:
+    """The fields of ``cls`` that ``argv`` sets (by flag, abbreviated or not), whatever
+    their values: a flag given its default value is still given."""
+    parser = OneLineParser(prog="-")
+    add_arguments(parser, cls)
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
+
+
 def parse(cls: type[T], argv: list[str] | None = None, description: str | None = None,
           prog: str | None = None) -> T:
     """Parse ``argv`` into an instance of the dataclass ``cls``."""

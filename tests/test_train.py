@@ -5,6 +5,7 @@ checkpoint; and its bad options (fast, in-process)."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 import os
 import signal
 import subprocess
@@ -144,6 +145,34 @@ def test_resume_skips_a_checkpoint_whose_statistics_are_missing_or_cut_short(tmp
     (folder / "ckpt_vecnormalize_128_steps.pkl").unlink()
     with pytest.raises(ConfigError, match="no loadable checkpoint"):
         resumable_checkpoint(tmp_path, "ppo")
+
+
+def test_resume_keeps_the_run_s_own_values_and_refuses_any_flag_that_differs(tmp_path):
+    """A flag is refused when it differs from the run's value even where it equals the
+    default (--conditions 32, --n-envs 8), abbreviated too; the run's checkpoint and
+    evaluation periods and its total are kept unless the command line sets them."""
+    import train
+    from envs.cli import parse
+    from envs.errors import ConfigError
+
+    saved = {**asdict(train.Args()), "n_envs": 2, "conditions": 4, "checkpoint_every": 256,
+             "eval_every": 256, "total_timesteps": 1024}
+    (tmp_path / "config.json").write_text(json.dumps({"args": saved, "scenario": {}, "ladder": [],
+                                                      "action_type": "discrete"}))
+
+    def resumed(*flags):
+        argv = ["--resume", str(tmp_path), *flags]
+        return train.resumed_args(parse(train.Args, argv), argv)[0]
+
+    for flags, name in ((("--conditions", "32"), "conditions"), (("--n-envs", "8"), "n_envs"),
+                        (("--conditions=31",), "conditions"), (("--n-env", "8"), "n_envs")):
+        with pytest.raises(ConfigError, match=f"^{name}: got .* trained with"):
+            resumed(*flags)
+    kept = resumed("--conditions", "4")
+    assert (kept.n_envs, kept.conditions, kept.checkpoint_every, kept.eval_every,
+            kept.total_timesteps, kept.resume) == (2, 4, 256, 256, 1024, str(tmp_path))
+    more = resumed("--total-timesteps", "2048", "--checkpoint-every", "512")
+    assert (more.total_timesteps, more.checkpoint_every, more.eval_every) == (2048, 512, 256)
 
 
 def test_dropped_training_conditions_are_said(monkeypatch, capsys):
