@@ -38,6 +38,9 @@ class CapacityResult:
     """(stream, load factor, p99 TTFT, p99 ITL) of every probe, in the order run."""
     factors: tuple[float, ...] = ()
     """Each stream's capacity as a multiple of the scenario's own load."""
+    unbounded: tuple[int, ...] = ()
+    """The streams that met the SLO at every load the search tried: their capacity is a
+    lower bound (a stream too short for any load to bind)."""
 
     @property
     def capacity(self) -> float:
@@ -49,8 +52,11 @@ class CapacityResult:
         return float(1.96 * np.std(self.per_stream, ddof=1) / math.sqrt(n)) if n > 1 else 0.0
 
     def as_json(self) -> dict:
-        return {"capacity_rps": self.capacity, "ci95": self.ci95,
-                "per_stream": list(self.per_stream), "kind": self.kind}
+        out = {"capacity_rps": self.capacity, "ci95": self.ci95,
+               "per_stream": list(self.per_stream), "kind": self.kind}
+        if self.unbounded:
+            out["unbounded_streams"] = list(self.unbounded)
+        return out
 
 
 MAX_PROBE_REQUESTS = 20000
@@ -82,12 +88,19 @@ def _probe(scenario: Scenario, policy, stream: int, streams: int, num_requests: 
     return ok, s["ttft_p99_s"], itl, rate
 
 
+BRACKET_STEPS = 24
+"""Most loads the bracketing tries each way from its start (2^23 times the scenario's load
+and 2^-23 of it in steps of 2): a --rate far from the capacity is still found."""
+
+
 def stream_capacity(scenario: Scenario, policy, stream: int, streams: int, num_requests: int,
                     rel_tol: float = 0.02, max_probes: int = 16, start: float = 1.0,
                     step: float = 2.0, min_duration_s: float = 0.0, seed_base: int = CAPACITY_SEEDS):
     """One stream's (capacity in req/s, load factor, probes): bracket the SLO's boundary by
     dividing or multiplying the load by ``step`` from ``start`` times the scenario's own,
-    then bisect to ``rel_tol``. Synthetic streams are seeded from ``seed_base``."""
+    then bisect to ``rel_tol`` (at most ``max_probes`` bisection probes). A stream that
+    meets the SLO at every load tried returns the highest (``CapacityResult.unbounded``
+    flags it); one that meets it at none, 0. Synthetic streams are seeded from ``seed_base``."""
     probes, rates = [], {}
 
     def meets(factor: float) -> bool:
@@ -98,7 +111,7 @@ def stream_capacity(scenario: Scenario, policy, stream: int, streams: int, num_r
         return ok
 
     lo, hi, factor = None, None, start
-    for _ in range(8):  # bracket: lower until it meets, raise until it fails
+    for _ in range(BRACKET_STEPS):  # bracket: lower until it meets, raise until it fails
         if meets(factor):
             lo = factor
             if hi is not None:
@@ -112,7 +125,8 @@ def stream_capacity(scenario: Scenario, policy, stream: int, streams: int, num_r
     if lo is None:
         return 0.0, 0.0, probes
     hi = hi if hi is not None else lo
-    while hi - lo > rel_tol * hi and len(probes) < max_probes:
+    bracketed = len(probes)  # max_probes bounds the bisection, whatever the bracketing took
+    while hi - lo > rel_tol * hi and len(probes) - bracketed < max_probes:
         mid = (lo + hi) / 2
         if meets(mid):
             lo = mid
@@ -156,11 +170,13 @@ def capacity_sweep(pairs, seeds: int, num_requests: int, rel_tol: float = 0.02,
                           hint or 1.0, 1.25 if hint else 2.0, min_duration_s, seed_base))
     found = (executor or LocalExecutor()).map(stream_capacity, tasks, progress)
     out = []
-    for k, (_, p) in enumerate(pairs):
+    for k, (sc, p) in enumerate(pairs):
         runs = found[k * seeds:(k + 1) * seeds]
+        unbounded = tuple(i for i, (_, _, probes) in enumerate(runs)
+                          if all(t <= sc.slo_ttft_s and it <= sc.slo_itl_s for _, _, t, it in probes))
         out.append(CapacityResult(p.name, p.kind, tuple(c for c, _, _ in runs),
                                   tuple(pr for _, _, probes in runs for pr in probes),
-                                  tuple(f for _, f, _ in runs)))
+                                  tuple(f for _, f, _ in runs), unbounded))
     return out
 
 
@@ -229,8 +245,9 @@ class CapacityStudy:
         out["_hindsight_static"] = {"budget": self.best_budget, "capacity": self.best.capacity,
                                     "ci95": self.best.ci95}
         held, picks = self.held_out_static()
-        out["_held_out_static"] = {"picks": list(picks), "capacity": held.capacity, "ci95": held.ci95,
-                                   "per_stream": list(held.per_stream)}
+        out["_held_out_static"] = None if len(picks) < 2 else {
+            "picks": list(picks), "capacity": held.capacity, "ci95": held.ci95,
+            "per_stream": list(held.per_stream)}
         out["_ladder"] = {str(b): r.as_json() for b, r in self.rungs.items()}
         return out
 

@@ -13,6 +13,7 @@ from envs.scenario import Scenario
 from envs.seeds import PERIODIC_EVAL_SEEDS
 from envs.workload import load_trace
 from eval import plots
+from eval.capacity import BRACKET_STEPS
 from eval.harness import PolicyResult, Verdict, best_of, paired_verdict, static_policies
 from eval.report import git_commit, results_table, scenario_line, verdict_sentence
 
@@ -188,8 +189,26 @@ def comparison_report(cmp: Comparison, out: Path, seeds: int, title: str = "Comp
     return text
 
 
+def unbounded_note(studies) -> str | None:
+    """A line naming the results whose search met the SLO at every load it tried (their
+    capacity is a lower bound), or None."""
+    found = [(n, len(r.unbounded)) for st in studies
+             for n, r in [*st.policies.items(), *((f"static:{b}", r) for b, r in st.rungs.items())]
+             if r.unbounded]
+    if not found:
+        return None
+    names = ", ".join(f"{n} ({k} stream{'s' * (k > 1)})" for n, k in found[:8])
+    return (f"NOTE: the SLO held at every load tried (up to 2^{BRACKET_STEPS - 1} times the "
+            f"scenario's) for {names}{' and more' if len(found) > 8 else ''}: those capacities are "
+            "lower bounds, and the verdicts that use them are not measurements; longer streams "
+            "(--requests) let a load bind.")
+
+
 def held_out_cell(study, name: str) -> str:
     """A policy against the held-out static pick, as the verdict reads it."""
+    picks = study.held_out_static()[1]
+    if len(picks) < 2:
+        return "n/a (one stream)"
     if study.held_out_static()[0].capacity <= 0:
         return "the held-out pick serves nothing"
     return str(study.held_out_verdict(name))
@@ -222,16 +241,21 @@ def capacity_report(study, out: Path, seeds: int, num_requests: int, uses: dict 
              f"(bisection to 2%), over {seeds} streams of {num_requests} requests; ± is a 95% "
              "interval over streams; verdicts compare stream by stream",
              f"- commit {git_commit()}", "",
-             f"Hindsight-best static budget (fine ladder, steps of 2^(1/4)): {b} at "
-             f"{best.capacity:.3f} ± {best.ci95:.3f} req/s.", "", held_out_line(study), "",
+             (f"Hindsight-best static budget (fine ladder, steps of 2^(1/4)): {b} at "
+              f"{best.capacity:.3f} ± {best.ci95:.3f} req/s." if best.capacity > 0 else
+              "No static budget on the fine ladder meets the SLO at any load tried, on any stream."),
+             "", held_out_line(study), "",
              "| policy | capacity (req/s) | against static:" + str(b) + " | against the held-out pick |",
              "|---|---:|---|---|"]
     for n, r in study.policies.items():
-        lines.append(f"| {n} | {r.capacity:.3f} ± {r.ci95:.3f} | "
-                     f"{verdict_sentence(study.verdict(n), f'static:{b}', 'capacity')} | "
-                     f"{held_out_cell(study, n)} |")
+        against = (verdict_sentence(study.verdict(n), f'static:{b}', 'capacity') if best.capacity > 0
+                   else "no static budget meets the SLO" + (", this policy does" if r.capacity > 0 else ""))
+        lines.append(f"| {n} | {r.capacity:.3f} ± {r.ci95:.3f} | {against} | {held_out_cell(study, n)} |")
     lines += ["", "Static ladder measured: " + ", ".join(
         f"{k}: {r.capacity:.2f}" for k, r in study.rungs.items()) + " req/s."]
+    note = unbounded_note([study])
+    if note:
+        lines += ["", note]
     values = {**{n: r.capacity for n, r in study.policies.items()},
               f"static:{b} (hindsight best)": best.capacity}
     fig = plots.capacity_bars(values, out / "capacity.png", "capacity under the SLO")

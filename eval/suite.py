@@ -10,7 +10,7 @@ from pathlib import Path
 
 from envs.files import write_atomic
 from eval.capacity import CapacityStudy, add_references, capacity_studies
-from eval.compare import Comparison, capacity_report, compare, comparison_report
+from eval.compare import Comparison, capacity_report, compare, comparison_report, unbounded_note
 from eval.parallel import progress_bar
 from eval.report import git_commit, save_json, scenario_line
 from eval.scenarios import SUITE
@@ -167,6 +167,8 @@ def suite_text(names, specs, comparisons, studies, args, wall_s: float, uses=Non
                  "(bisection to 2%).", ""]
         body += capacity_table(names, specs, comparisons, studies) + [""]
         body += job_counts(names, specs, comparisons, studies) + [""]
+        note = unbounded_note(studies)
+        body += [note, ""] if note else []
         counts = use_counts(names, specs, comparisons, uses or [{} for _ in names])
         body += counts + ([""] if counts else [])
     body += ["## Goodput at each scenario's base load", ""] + goodput_table(names, specs, comparisons)

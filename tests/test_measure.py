@@ -4,6 +4,7 @@ rule, the reference controller, intervals, and sweeps that give the same numbers
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -41,6 +42,28 @@ def test_fine_ladder_finds_the_optimum_between_two_powers_of_two(cliff):
     assert b not in POWERS_OF_TWO and 256 < b < 512
     assert study.best.capacity > 1.05 * max(study.rungs[256].capacity, study.rungs[512].capacity)
     assert study.as_json()["_hindsight_static"]["budget"] == b
+
+
+def test_a_rate_far_from_capacity_finds_the_same_capacity_and_a_stream_no_load_binds_is_flagged():
+    """Started at a thousandth of the load, the search brackets the same boundary (each
+    stream's capacity within the bisection's 2%, twice); a one-request stream meets the
+    SLO at every load, so its capacity is the search's ceiling, flagged as a lower bound
+    and said in the report."""
+    from eval.capacity import capacity
+    from eval.compare import unbounded_note
+
+    sc = Scenario(rate=4.0, prompt="fixed:2000", output="fixed:40")
+    near = capacity(sc, StaticPolicy(2048), seeds=2, num_requests=60)
+    far = capacity(sc.with_fields(rate=0.004), StaticPolicy(2048), seeds=2, num_requests=60)
+    assert near.unbounded == far.unbounded == ()
+    for a, b in zip(near.per_stream, far.per_stream):
+        assert a > 0 and abs(a - b) <= 0.04 * a
+    one = capacity(sc, StaticPolicy(2048), seeds=2, num_requests=1)
+    assert one.unbounded == (0, 1) and one.as_json()["unbounded_streams"] == [0, 1]
+    study = SimpleNamespace(policies={"static:2048": one}, rungs={})
+    assert unbounded_note([study]).startswith("NOTE: the SLO held at every load tried (up to 2^23 "
+                                              "times the scenario's) for static:2048 (2 streams)")
+    assert unbounded_note([SimpleNamespace(policies={"x": near}, rungs={})]) is None
 
 
 def test_the_held_out_pick_is_judged_on_the_stream_it_did_not_see():
