@@ -118,6 +118,15 @@ def load_table_policy(path: str, scenario: Scenario | None = None, name: str | N
             raise ConfigError(f"table: {reason}; pass --allow-table-mismatch to evaluate it anyway")
         if reason:
             print(f"warning: {reason}", file=sys.stderr)
+        if table.mismatch(hardware_provenance(scenario.hardware_profile()),
+                          model_provenance(scenario.model_profile())):
+            # Built for other hardware or another model: its fractions become tokens with its
+            # own stored cost model, as a serving engine's would, plus the scenario's cost
+            # per pass beyond the one it was priced with (an engine's CHUNKPILOT_STEP_OVERHEAD_S).
+            priced = table.provenance["hardware"].get("per_pass_overhead_s") or 0.0
+            extra = max(scenario.hardware_profile().per_pass_overhead_s - priced, 0.0)
+            return TablePolicy(table.with_step_overhead(extra), name=name or f"table:{path}",
+                               stored_cost=True)
     return TablePolicy(table, name=name or f"table:{path}")
 
 

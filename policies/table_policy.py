@@ -26,15 +26,18 @@ assert set(FEATURE_GETTERS) == set(STATE)
 class TablePolicy(BudgetPolicy):
     """A table driving the simulator. A time-fraction table turns its fractions into tokens
     with the simulated engine's own cost model (as an engine calibrated for its per-step
-    overhead would), not the coefficients stored for the hardware and model alone."""
+    overhead would), not the coefficients stored for the hardware and model alone; with
+    ``stored_cost``, with the stored ones as a serving engine does (for a table built for
+    other hardware or another model: ``table.with_step_overhead`` adds the engine's own
+    cost per step beyond them)."""
 
     kind = "table"
 
-    def __init__(self, table: BudgetTable, name: str | None = None):
+    def __init__(self, table: BudgetTable, name: str | None = None, stored_cost: bool = False):
         self.table = table
         self.name = name or f"table:{table.path}"
         self._getters = tuple((n, FEATURE_GETTERS[n]) for n in table.needs)
-        self._time = table.action.kind == "time_fraction"
+        self._time = table.action.kind == "time_fraction" and not stored_cost
         self._itl_s = table.itl_s
 
     def values(self, state) -> dict:

@@ -402,3 +402,31 @@ def test_every_rule_answers_sb3_predict_on_env_observations():
                                                      actions="tokens")),
                               n_eval_episodes=1)
     assert np.isfinite(mean)
+
+
+def test_a_table_for_other_hardware_is_evaluated_with_its_own_cost_model(tmp_path):
+    """An A100 time-budget table evaluated on an H100 (--allow-table-mismatch) turns its
+    fractions into tokens with the A100 coefficients it stores, as a serving engine would,
+    not with the simulated H100's (which would ask about three times as many)."""
+    from envs.scenario import Scenario
+    from policies.specs import make_policy
+    from tests.conftest import cli
+
+    path = tmp_path / "a100.json"
+    assert cli("eval", "export", "--rule", "time-budget", "--hardware", "a100-80g", "--out", str(path),
+               "--num-requests", "60").returncode == 0
+    sc = Scenario(num_requests=60)
+    policy = make_policy(f"table:{path}", sc, allow_table_mismatch=True)
+    h100 = sc.simulator().roofline.coefficients()
+    asked = []
+
+    def spy(state):
+        b = policy(state)
+        if state.num_decodes:
+            values = policy.values(state)
+            asked.append((b, policy.table.action.budget(values), policy.table.action.budget(values, h100)))
+        return b
+
+    sc.simulator(sc.workload()).run(spy)
+    assert asked and all(b == stored for b, stored, _ in asked)
+    assert all(2 * b < h for b, _, h in asked if h < 16384)  # the H100 would ask about three times more
