@@ -363,7 +363,10 @@ def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
     return model, venv, False
 
 
-def evaluator(args: Args, config: dict, scenario: Scenario, run_dir: Path):
+def evaluator(args: Args, config: dict, scenario: Scenario, run_dir: Path, timesteps: int = 0):
+    """The periodic evaluation; a resumed run's keeps its best cost and its last
+    evaluation, but not past ``timesteps`` (a resume from an older checkpoint evaluates
+    again the steps it learns again)."""
     from agents.callbacks import SimEvalCallback
     from agents.checks import constant_costs, draw_episodes
     from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS
@@ -379,7 +382,8 @@ def evaluator(args: Args, config: dict, scenario: Scenario, run_dir: Path):
     best = json.loads(best_file.read_text()) if best_file.exists() else {}
     return SimEvalCallback(episodes, baseline, tuple(config["ladder"]), config["actions"],
                            config["action_type"], args.eval_every, run_dir,
-                           best_cost=best.get("cost", float("inf")), last_eval=best.get("last_eval", 0))
+                           best_cost=best.get("cost", float("inf")),
+                           last_eval=min(best.get("last_eval", 0), timesteps))
 
 
 def train(args: Args, model, venv, callback, run_dir: Path, resumed: bool) -> tuple[float, int, int | None]:
@@ -408,7 +412,8 @@ def training_speed(timesteps: int, learned_steps: int, train_s: float) -> str:
     rate = f"{train_s:.0f} s ({learned_steps / train_s:,.0f} steps/s)"
     if learned_steps == timesteps:
         return f"{timesteps:,} timesteps trained in {rate}"
-    return f"{timesteps:,} timesteps, {learned_steps:,} of them trained since the resume in {rate}"
+    return (f"{timesteps:,} timesteps, {learned_steps:,} of them trained since the resume at "
+            f"{timesteps - learned_steps:,} in {rate}")
 
 
 def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, callback,
@@ -474,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         print_checks(checks)
         config = write_config(run_dir, args, scenario, conditions, checks)
     model, venv, resumed = build_model(args, config, scenario, run_dir)
-    callback = evaluator(args, config, scenario, run_dir)
+    callback = evaluator(args, config, scenario, run_dir, model.num_timesteps)
     if resumed and model.num_timesteps >= args.total_timesteps and (run_dir / "summary.md").exists():
         print(f"{run_dir} has already trained {model.num_timesteps:,} of {args.total_timesteps:,} "
               "timesteps; raise --total-timesteps to train on")

@@ -5,14 +5,15 @@ checkpoint; and its bad options (fast, in-process)."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import cli
@@ -190,12 +191,30 @@ def test_dropped_training_conditions_are_said(monkeypatch, capsys):
     assert "training on the scenario alone, at its own load" in out
 
 
+def test_a_resume_from_an_older_checkpoint_evaluates_the_steps_it_learns_again(tmp_path, monkeypatch):
+    """best.json says the abandoned line evaluated at 1,024 steps; resumed from 768, the
+    next evaluation is due from 768, and the best cost found so far is kept."""
+    import agents.checks
+    import train
+
+    (tmp_path / "best.json").write_text(json.dumps({"cost": 1.5, "last_eval": 1024}))
+    monkeypatch.setattr(agents.checks, "draw_episodes", lambda *a, **k: [])
+    monkeypatch.setattr(agents.checks, "constant_costs", lambda eps, names, **k: {names[0]: np.zeros(1)})
+    config = {"conditions": [], "checks": {"best_constant": "f1"}, "ladder": [1.0], "actions": "time",
+              "action_type": "discrete"}
+    args = train.Args()
+    back = train.evaluator(args, config, args.scenario(), tmp_path, timesteps=768)
+    assert (back._last, back.best) == (768, 1.5)
+    ahead = train.evaluator(args, config, args.scenario(), tmp_path, timesteps=2048)
+    assert ahead._last == 1024
+
+
 def test_the_summary_s_speed_is_that_of_the_steps_learned_in_this_session():
     from train import training_speed
 
     assert training_speed(150_000, 150_000, 50.0) == "150,000 timesteps trained in 50 s (3,000 steps/s)"
     assert training_speed(150_000, 50_000, 25.0) == ("150,000 timesteps, 50,000 of them trained since "
-                                                     "the resume in 25 s (2,000 steps/s)")
+                                                     "the resume at 100,000 in 25 s (2,000 steps/s)")
     assert training_speed(150_000, 0, 0.0) == "150,000 timesteps, trained before this resume"
 
 
