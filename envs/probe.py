@@ -110,7 +110,7 @@ def render(r: dict) -> str:
     ms = r["pass_ms"]
     shown = ", ".join(f"{t:.1f}" for t in ms[:6]) + (f", ... ({len(ms)} passes)" if len(ms) > 6 else "")
     lines = [
-        f"{r['running']} users decoding at {r['context_tokens']:,} tokens of context on "
+        f"{r['running']} user{'s' * (r['running'] != 1)} decoding at {r['context_tokens']:,} tokens of context on "
         f"{r['hardware']} + {r['model']}; a prompt of {r['prompt_tokens']:,} tokens arrives; "
         f"budget {r['budget']:,}",
         "",

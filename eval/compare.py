@@ -238,7 +238,7 @@ def capacity_report(study, out: Path, seeds: int, num_requests: int, uses: dict 
     best = study.best
     lines = ["# Capacity under the SLO", "", f"- scenario: {scenario_line(study.scenario)}",
              f"- capacity: per stream, the highest load at which p99 TTFT and p99 ITL meet the SLO "
-             f"(bisection to 2%), over {seeds} streams of {num_requests} requests; ± is a 95% "
+             f"(bisection to 2%), over {seeds} stream{'s' * (seeds != 1)} of {num_requests} requests; ± is a 95% "
              "interval over streams; verdicts compare stream by stream",
              f"- commit {git_commit()}", "",
              (f"Hindsight-best static budget (fine ladder, steps of 2^(1/4)): {b} at "

@@ -149,7 +149,7 @@ def use_counts(names, specs, comparisons, uses) -> list[str]:
 
 def suite_text(names, specs, comparisons, studies, args, wall_s: float, uses=None) -> str:
     head = ["# chunkpilot evaluation suite", "",
-            f"- policies: {','.join(specs)}; {args.seeds} streams of {args.requests} requests per "
+            f"- policies: {','.join(specs)}; {args.seeds} stream{'s' * (args.seeds != 1)} of {args.requests} requests per "
             f"scenario (a trace's window cut into {args.seeds} parts); commit {git_commit()}; "
             f"{time.strftime('%Y-%m-%d %H:%M')}",
             "- the static ladder is searched in steps of 2^(1/4) from 64 to 16,384 tokens (powers of "

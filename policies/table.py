@@ -81,6 +81,8 @@ SLO_FIELDS = ("ttft_s", "itl_s")
 # 80 GB, a MIG slice vs the whole GPU); the same part reports within a few percent of
 # its datasheet (an H200's 141 GB reads as 150.1e9 bytes through NVML: 6%).
 FIGURE_TOLERANCE = 0.15
+MAX_STEP_S = 60.0
+"""The most a table's recorded fixed cost per pass may be: no engine step takes a minute."""
 # Bytes per weight: bf16 vs fp8 vs 4-bit differ by 2x; 4-bit schemes differ by their
 # scales (0.5 to 0.5625).
 BYTES_PER_WEIGHT_TOLERANCE = 0.15
@@ -276,11 +278,12 @@ class TimeFractionAction:
         if not all(_is_positive(f) and f <= MAX_FRACTION for f in fractions):
             raise TableError(f"{path}: fractions: every cell must be a number in (0, {MAX_FRACTION:g}]")
         cost = spec.get("cost")
-        if not isinstance(cost, dict) or not all(
-                isinstance(cost.get(f), (int, float)) and not isinstance(cost.get(f), bool)
-                and math.isfinite(cost[f]) and cost[f] >= 0 for f in COST_FIELDS):
-            raise TableError(f"{path}: action.cost: must hold {', '.join(COST_FIELDS)} as finite "
-                             "numbers >= 0 (seconds)")
+        if not isinstance(cost, dict):
+            raise TableError(f"{path}: action.cost: must be an object holding {', '.join(COST_FIELDS)}")
+        for f in COST_FIELDS:
+            if not (_finite(cost.get(f)) and cost[f] >= 0):
+                raise TableError(f"{path}: action.cost.{f}: got {_short(cost.get(f))}, must be a "
+                                 "finite number >= 0 (seconds)")
         if cost["exposed"] > 1:
             raise TableError(f"{path}: action.cost.exposed: got {cost['exposed']!r}, must lie in [0, 1]")
         itl, cap = spec.get("itl_s"), spec.get("cap")
@@ -423,7 +426,7 @@ class BudgetTable:
         try:
             data = json.loads(text, parse_constant=_no_constant)
         except json.JSONDecodeError as err:
-            raise TableError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+            raise TableError(f"{path}: line {err.lineno}: not valid JSON ({err.msg})") from None
         except RecursionError:
             raise TableError(f"{path}: nests lists or objects more than {MAX_DEPTH} deep") from None
         except ValueError as err:  # NaN/Infinity, or an integer of over 4,300 digits
@@ -618,9 +621,9 @@ def _read_provenance(prov, path: str) -> dict:
                 raise TableError(f"{path}: provenance.{block}.{f}: got {_short(v)}, must be an "
                                  f"integer > 0 and <= {MAX_BUDGET}")
     overhead = prov["hardware"].get("per_pass_overhead_s")  # tables exported before it lack it
-    if overhead is not None and not (_finite(overhead) and overhead >= 0):
+    if overhead is not None and not (_finite(overhead) and 0 <= overhead <= MAX_STEP_S):
         raise TableError(f"{path}: provenance.hardware.per_pass_overhead_s: got {_short(overhead)}, "
-                         "must be a number >= 0 (or absent)")
+                         f"must be a number of seconds in [0, {MAX_STEP_S:g}] (or absent)")
     params = prov["model"].get("params")  # tables exported before it was recorded lack it
     if params is not None and not _is_positive(params):
         raise TableError(f"{path}: provenance.model.params: got {_short(params)}, must be a "

@@ -73,7 +73,9 @@ def test_time_fraction_table_looks_up_then_converts():
     ({"fractions": [1.0, 30.0, 0.5]}, "fractions: every cell must be a number in (0, 16]"),
     ({"fractions": [1.0, 0.5]}, "fractions: must list 3 cells"),
     ({"action": {"kind": "time_fraction", "itl_s": 0.1, "cap": 16384, "cost": {"weights_s": 1}}},
-     "action.cost: must hold"),
+     "action.cost.kv_s_per_token: got None, must be a finite number >= 0 (seconds)"),
+    ({"action": {"kind": "time_fraction", "itl_s": 0.1, "cap": 16384, "cost": 3}},
+     "action.cost: must be an object holding weights_s"),
     ({"action": {"kind": "time_fraction", "itl_s": -1, "cap": 16384}}, "action.itl_s"),
 ])
 def test_bad_time_fraction_tables_are_one_line_errors(change, message):
