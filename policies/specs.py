@@ -115,7 +115,11 @@ def load_table_policy(path: str, scenario: Scenario | None = None, name: str | N
                                 model_provenance(scenario.model_profile()),
                                 {"ttft_s": scenario.slo_ttft_s, "itl_s": scenario.slo_itl_s})
         if reason and not allow_mismatch:
-            raise ConfigError(f"table: {reason}; pass --allow-table-mismatch to evaluate it anyway")
+            slo = table.provenance["slo"]
+            hint = (f"; serve its SLO with --slo-ttft-s {slo['ttft_s']:g} --slo-itl-s {slo['itl_s']:g}, or"
+                    if table.mismatch(slo={"ttft_s": scenario.slo_ttft_s, "itl_s": scenario.slo_itl_s})
+                    else ";")
+            raise ConfigError(f"table: {reason}{hint} pass --allow-table-mismatch to evaluate it anyway")
         if reason:
             print(f"warning: {reason}", file=sys.stderr)
         if table.mismatch(hardware_provenance(scenario.hardware_profile()),

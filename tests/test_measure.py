@@ -338,6 +338,8 @@ def test_capacity_reports_what_a_table_does_at_its_own_capacity(tmp_path):
     (["compare", "--policies", "table:/nowhere/a::b.json"], "/nowhere/a::b.json: cannot read"),
     (["capacity", "--num-requests", "100"], "num_requests: got 100, not used here: a capacity search"),
     (["capacity", "--num-requests=600"], "num_requests: got 600, not used here"),
+    (["capacity", "--hardware", "m5-max", "--model", "llama-3-8b-q4", "--policies", "table:auto"],
+     "serve its SLO with --slo-ttft-s 10 --slo-itl-s 0.2, or pass --allow-table-mismatch"),
     (["compare", "--policies", "reference:2048:inf"], "arguments must be finite and > 0"),
     (["compare", "--policies", "reference:2048:0.01"], "horizon_s: got 0.01, must be at least one pass"),
     (["compare", "--policies", "fast-rule"], "unknown spec 'fast-rule'"),
