@@ -41,10 +41,11 @@ def run_suite(names: list[str], specs: list[str], args, executor) -> str:
             chosen = [st for n, st in zip(names, studies) if n in wanted]
             with progress_bar(len(chosen) * args.seeds, "suite: reference") as bar:
                 add_references(chosen, args.seeds, args.requests, executor, bar)
-        if any(p.kind == "table" for ps in policies for p in ps):
+        tables = sum(p.kind == "table" for ps in policies for p in ps)
+        if tables:
             from eval.table_use import tables_use
 
-            with progress_bar(len(names) * args.seeds, "suite: tables at capacity") as bar:
+            with progress_bar(tables * args.seeds, "suite: tables at capacity") as bar:
                 uses = tables_use(studies, policies, args.requests, executor, bar)
     data = {}
     for name, cmp, st, use in zip(names, comparisons, studies, uses):
