@@ -169,6 +169,10 @@ RUN_FIELDS_ON_RESUME = ("total_timesteps", "resume", "run_dir", "progress_bar", 
                         "ray_address", "torch_threads", "vec_env", "eval_every", "checkpoint_every")
 
 
+RUN_FIELDS_KEPT = ("total_timesteps", "eval_every", "checkpoint_every")
+"""Run-control flags a resume records in the run's config.json as its own."""
+
+
 def resumed_args(args: Args, argv: list[str] | None) -> tuple[Args, dict]:
     """The run's own arguments (from its config.json), with only the run-control flags of
     this command line applied; a conflicting flag is refused, naming it."""
@@ -178,7 +182,15 @@ def resumed_args(args: Args, argv: list[str] | None) -> tuple[Args, dict]:
 
     config = read_config(args.resume, "resume")
     saved = config["args"]
+    missing = [f for f in Args.__dataclass_fields__ if f not in saved and f not in RUN_FIELDS_ON_RESUME]
+    if missing:
+        raise ConfigError(f"resume: {str(Path(args.resume) / 'config.json')!r} has no {missing[0]!r} "
+                          f"in its args{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; "
+                          "written by another version, or edited")
     given = given_fields(Args, sys.argv[1:] if argv is None else argv)
+    if "run_dir" in given and Path(args.run_dir) != Path(args.resume):
+        raise ConfigError(f"run_dir: got {args.run_dir!r}, not used with --resume: the run goes on "
+                          f"in {args.resume!r}; copy that folder to continue it elsewhere")
     for name in sorted(given - set(RUN_FIELDS_ON_RESUME)):
         value = getattr(args, name)
         if name in saved and value != saved[name]:
@@ -189,6 +201,14 @@ def resumed_args(args: Args, argv: list[str] | None) -> tuple[Args, dict]:
     merged = {**{k: v for k, v in saved.items() if k in Args.__dataclass_fields__},
               **{k: getattr(args, k) for k in RUN_FIELDS_ON_RESUME if k in given or k not in saved}}
     merged["resume"] = args.resume
+    # A raised total or new periods become the run's own: a later bare --resume (the one
+    # an interrupted run suggests) continues to them.
+    kept = {k: merged[k] for k in RUN_FIELDS_KEPT if k in given and saved.get(k) != merged[k]}
+    if kept:
+        from agents.training import write_json_atomic
+
+        config["args"] = {**saved, **kept}
+        write_json_atomic(Path(args.resume) / "config.json", config)
     return Args(**merged), config
 
 

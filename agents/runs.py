@@ -40,6 +40,15 @@ def read_config(run_dir: str | Path, field: str = "run_dir") -> dict:
         if not isinstance(config, dict) or key not in config:
             raise ConfigError(f"{field}: {str(path)!r} has no {key!r}; not a train.py run "
                               "directory, or one written by another version")
+    conditions = config.get("conditions", [])
+    for key, ok in (("args", isinstance(config["args"], dict)),
+                    ("scenario", isinstance(config["scenario"], dict)),
+                    ("conditions", isinstance(conditions, list)
+                     and all(isinstance(c, dict) for c in conditions))):
+        if not ok:
+            raise ConfigError(f"{field}: {str(path)!r}: {key} must be "
+                              f"{'a list of objects' if key == 'conditions' else 'an object'}; "
+                              "the file was edited or cut")
     return config
 
 

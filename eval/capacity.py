@@ -110,16 +110,22 @@ def stream_capacity(scenario: Scenario, policy, stream: int, streams: int, num_r
         rates[factor] = rate
         return ok
 
+    from envs.workload import MAX_RATE
+
+    # The loads a scenario accepts: rates (or trace speed-ups) in [1/MAX_RATE, MAX_RATE].
+    base = scenario.rate_scale if scenario.trace else scenario.rate
+    low, high = 1 / (MAX_RATE * base), MAX_RATE / base
     lo, hi, factor = None, None, start
     for _ in range(BRACKET_STEPS):  # bracket: lower until it meets, raise until it fails
+        factor = min(max(factor, low), high)
         if meets(factor):
             lo = factor
-            if hi is not None:
+            if hi is not None or factor >= high:
                 break
             factor *= step
         else:
             hi = factor
-            if lo is not None:
+            if lo is not None or factor <= low:
                 break
             factor /= step
     if lo is None:

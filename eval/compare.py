@@ -11,7 +11,7 @@ import numpy as np
 from envs.files import write_atomic
 from envs.scenario import Scenario
 from envs.seeds import PERIODIC_EVAL_SEEDS
-from envs.workload import load_trace
+from envs.workload import MAX_RATE, load_trace
 from eval import plots
 from eval.capacity import BRACKET_STEPS
 from eval.harness import PolicyResult, Verdict, best_of, paired_verdict, static_policies
@@ -199,7 +199,7 @@ def unbounded_note(studies) -> str | None:
         return None
     names = ", ".join(f"{n} ({k} stream{'s' * (k > 1)})" for n, k in found[:8])
     return (f"NOTE: the SLO held at every load tried (up to 2^{BRACKET_STEPS - 1} times the "
-            f"scenario's) for {names}{' and more' if len(found) > 8 else ''}: those capacities are "
+            f"scenario's, at most {MAX_RATE:.0e} requests/s) for {names}{' and more' if len(found) > 8 else ''}: those capacities are "
             "lower bounds, and the verdicts that use them are not measurements; longer streams "
             "(--requests) let a load bind.")
 

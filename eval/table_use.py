@@ -20,9 +20,10 @@ class TableTrace(ActionTrace):
     none the budget is the cap whatever the cell holds): the cell's value (a fraction of
     the ITL target, or a token budget), the tokens it became and the running decodes."""
 
-    def __init__(self, table: BudgetTable):
-        super().__init__(TablePolicy(table))
-        self.cells = table.action.cells
+    def __init__(self, table: BudgetTable | TablePolicy):
+        policy = table if isinstance(table, TablePolicy) else TablePolicy(table)
+        super().__init__(policy)
+        self.cells = policy.table.action.cells
 
     def __call__(self, state) -> int:
         b = self.policy(state)
@@ -31,16 +32,18 @@ class TableTrace(ActionTrace):
         return b
 
 
-def _trace_task(scenario: Scenario, table: BudgetTable, workload) -> tuple[list, list, list]:
+def _trace_task(scenario: Scenario, table: BudgetTable | TablePolicy, workload) -> tuple[list, list, list]:
     trace = TableTrace(table)
     scenario.simulator(workload).run(trace)
     return trace.values, trace.budgets, trace.decodes
 
 
-def use_tasks(table: BudgetTable, scenarios, factors, num_requests: int, seed_base: int) -> list:
+def use_tasks(table: BudgetTable | TablePolicy, scenarios, factors, num_requests: int,
+              seed_base: int) -> list:
     """One trace task per stream with a capacity: each scenario's stream ``i`` (drawn from
     ``seed_base`` as its capacity search drew it) at ``factors[scenario][i]`` times the
-    scenario's load; 0, no capacity, is left out."""
+    scenario's load; 0, no capacity, is left out. A table policy is traced as it was
+    evaluated (a table for other hardware converts with its stored cost model)."""
     from eval.capacity import probe_stream
 
     tasks = []
@@ -82,7 +85,7 @@ def tables_use(studies, policies, num_requests: int, executor, progress=None) ->
     fan-out."""
     from envs.seeds import CAPACITY_SEEDS
 
-    jobs = [(k, p, use_tasks(p.table, [st.scenario], [st.policies[p.name].factors], num_requests,
+    jobs = [(k, p, use_tasks(p, [st.scenario], [st.policies[p.name].factors], num_requests,
                              CAPACITY_SEEDS))
             for k, (st, ps) in enumerate(zip(studies, policies)) for p in ps if p.kind == "table"]
     tasks = [t for _, _, ts in jobs for t in ts]

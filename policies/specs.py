@@ -120,10 +120,13 @@ def load_table_policy(path: str, scenario: Scenario | None = None, name: str | N
                     if table.mismatch(slo={"ttft_s": scenario.slo_ttft_s, "itl_s": scenario.slo_itl_s})
                     else ";")
             raise ConfigError(f"table: {reason}{hint} pass --allow-table-mismatch to evaluate it anyway")
+        other_part = table.mismatch(hardware_provenance(scenario.hardware_profile()),
+                                    model_provenance(scenario.model_profile()))
         if reason:
-            print(f"warning: {reason}", file=sys.stderr)
-        if table.mismatch(hardware_provenance(scenario.hardware_profile()),
-                          model_provenance(scenario.model_profile())):
+            how = ("; evaluated with the cost model it stores, as a serving engine would convert "
+                   "its fractions" if other_part and table.action.kind == "time_fraction" else "")
+            print(f"warning: {reason}{how}", file=sys.stderr)
+        if other_part:
             # Built for other hardware or another model: its fractions become tokens with its
             # own stored cost model, as a serving engine's would, plus the scenario's cost
             # per pass beyond the one it was priced with (an engine's CHUNKPILOT_STEP_OVERHEAD_S).

@@ -60,9 +60,13 @@ def test_a_rate_far_from_capacity_finds_the_same_capacity_and_a_stream_no_load_b
         assert a > 0 and abs(a - b) <= 0.04 * a
     one = capacity(sc, StaticPolicy(2048), seeds=2, num_requests=1)
     assert one.unbounded == (0, 1) and one.as_json()["unbounded_streams"] == [0, 1]
+    # From a rate near the most a scenario accepts, the search stops there.
+    top = capacity(sc.with_fields(rate=1e5), StaticPolicy(2048), seeds=1, num_requests=1)
+    assert top.unbounded == (0,) and top.per_stream == (pytest.approx(1e9),)
     study = SimpleNamespace(policies={"static:2048": one}, rungs={})
     assert unbounded_note([study]).startswith("NOTE: the SLO held at every load tried (up to 2^23 "
-                                              "times the scenario's) for static:2048 (2 streams)")
+                                              "times the scenario's, at most 1e+09 requests/s) for "
+                                              "static:2048 (2 streams)")
     assert unbounded_note([SimpleNamespace(policies={"x": near}, rungs={})]) is None
 
 

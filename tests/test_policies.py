@@ -432,3 +432,7 @@ def test_a_table_for_other_hardware_is_evaluated_with_its_own_cost_model(tmp_pat
     sc.simulator(sc.workload()).run(spy)
     assert asked and all(b == stored for b, stored, _ in asked)
     assert all(2 * b < h for b, _, h in asked if h < 16384)  # the H100 would ask about three times more
+    # What the capacity report says the table does is what was evaluated.
+    from eval.table_use import _trace_task
+
+    assert _trace_task(sc, policy, sc.workload())[1] == [b for b, _, _ in asked]

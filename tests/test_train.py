@@ -166,14 +166,28 @@ def test_resume_keeps_the_run_s_own_values_and_refuses_any_flag_that_differs(tmp
         return train.resumed_args(parse(train.Args, argv), argv)[0]
 
     for flags, name in ((("--conditions", "32"), "conditions"), (("--n-envs", "8"), "n_envs"),
+                        (("--run-dir", str(tmp_path / "elsewhere")), "run_dir"),
                         (("--conditions=31",), "conditions"), (("--n-env", "8"), "n_envs")):
-        with pytest.raises(ConfigError, match=f"^{name}: got .* trained with"):
+        with pytest.raises(ConfigError, match=f"^{name}: got .*(trained with|not used with --resume)"):
             resumed(*flags)
     kept = resumed("--conditions", "4")
     assert (kept.n_envs, kept.conditions, kept.checkpoint_every, kept.eval_every,
             kept.total_timesteps, kept.resume) == (2, 4, 256, 256, 1024, str(tmp_path))
     more = resumed("--total-timesteps", "2048", "--checkpoint-every", "512")
     assert (more.total_timesteps, more.checkpoint_every, more.eval_every) == (2048, 512, 256)
+    # ...and become the run's own: the bare resume an interrupted run suggests goes on to them.
+    again = resumed()
+    assert (again.total_timesteps, again.checkpoint_every) == (2048, 512)
+    assert json.loads((tmp_path / "config.json").read_text())["args"]["total_timesteps"] == 2048
+    # A config.json that parses but was edited or cut is one line, not a traceback.
+    good = json.loads((tmp_path / "config.json").read_text())
+    for change, needle in (({"args": {k: v for k, v in saved.items() if k != "n_envs"}},
+                            "has no 'n_envs' in its args"),
+                           ({"args": []}, "args must be an object"),
+                           ({"conditions": "x"}, "conditions must be a list of objects")):
+        (tmp_path / "config.json").write_text(json.dumps({**good, **change}))
+        with pytest.raises(ConfigError, match=needle):
+            resumed()
 
 
 def test_dropped_training_conditions_are_said(monkeypatch, capsys):
