@@ -384,9 +384,9 @@ def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
 
 
 def evaluator(args: Args, config: dict, scenario: Scenario, run_dir: Path, timesteps: int = 0):
-    """The periodic evaluation; a resumed run's keeps its best cost and its last
-    evaluation, but not past ``timesteps`` (a resume from an older checkpoint evaluates
-    again the steps it learns again)."""
+    """The periodic evaluation; a resumed run's keeps its best cost, its last evaluation
+    and its history, but not past ``timesteps`` (a resume from an older checkpoint
+    evaluates again the steps it learns again)."""
     from agents.callbacks import SimEvalCallback
     from agents.checks import constant_costs, draw_episodes
     from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS
@@ -398,12 +398,29 @@ def evaluator(args: Args, config: dict, scenario: Scenario, run_dir: Path, times
     episodes = draw_episodes(scenario, sampler, args.eval_episodes, PERIODIC_EVAL_SEEDS)
     best_constant = config["checks"]["best_constant"]
     baseline = float(constant_costs(episodes, [best_constant])[best_constant].mean())
-    best_file = run_dir / "best.json"
-    best = json.loads(best_file.read_text()) if best_file.exists() else {}
+    best = read_best(run_dir / "best.json")
     return SimEvalCallback(episodes, baseline, tuple(config["ladder"]), config["actions"],
                            config["action_type"], args.eval_every, run_dir,
-                           best_cost=best.get("cost", float("inf")),
-                           last_eval=min(best.get("last_eval", 0), timesteps))
+                           best_cost=best["cost"], last_eval=min(best["last_eval"], timesteps),
+                           history=[h for h in best["history"] if h["timesteps"] <= timesteps])
+
+
+def read_best(path: Path) -> dict:
+    """A run's best.json (best cost, last evaluation, history); a missing one is a fresh
+    start, and a damaged one too, with a warning (it holds no model, only the figures)."""
+    fresh = {"cost": float("inf"), "last_eval": 0, "history": []}
+    if not path.exists():
+        return fresh
+    try:
+        best = json.loads(path.read_text())
+        out = {"cost": float(best.get("cost", fresh["cost"])), "last_eval": int(best.get("last_eval", 0)),
+               "history": [h for h in best.get("history", [])
+                           if isinstance(h, dict) and isinstance(h.get("timesteps"), int)]}
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        print(f"warning: {path} cannot be read ({type(err).__name__}); evaluating afresh",
+              file=sys.stderr)
+        return fresh
+    return out
 
 
 def train(args: Args, model, venv, callback, run_dir: Path, resumed: bool) -> tuple[float, int, int | None]:
@@ -418,7 +435,8 @@ def train(args: Args, model, venv, callback, run_dir: Path, resumed: bool) -> tu
     seconds, stopped_by = learn(model, args.total_timesteps, [callback, ckpts], args.progress_bar,
                                 resumed, trained)
     write_checkpoint(model, run_dir / "checkpoints", model.num_timesteps)
-    write_json_atomic(run_dir / "best.json", {"cost": callback.best, "last_eval": callback._last})
+    write_json_atomic(run_dir / "best.json", {"cost": callback.best, "last_eval": callback._last,
+                                              "history": callback.history})
     if stopped_by is None:
         save_model(model, run_dir / "model.zip", run_dir / "vecnormalize.pkl")
     return seconds, model.num_timesteps - before, stopped_by

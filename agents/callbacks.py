@@ -50,14 +50,14 @@ class SimEvalCallback(BaseCallback):
 
     def __init__(self, episodes, baseline_cost: float, ladder, actions: str, action_type: str,
                  eval_every: int, run_dir: Path | None = None, weights=None,
-                 best_cost: float = math.inf, last_eval: int = 0):
+                 best_cost: float = math.inf, last_eval: int = 0, history: list | None = None):
         super().__init__()
         self.episodes, self.baseline_cost = episodes, baseline_cost
         self.ladder, self.actions, self.action_type = ladder, actions, action_type
         self.eval_every, self.run_dir, self.weights = eval_every, run_dir, weights
         self.best = best_cost
         self._last = last_eval
-        self.history: list[dict] = []
+        self.history: list[dict] = list(history or [])  # a resumed run's earlier evaluations
 
     def _on_training_start(self) -> None:
         if not self.history and self._last == 0:

@@ -211,7 +211,8 @@ def test_a_resume_from_an_older_checkpoint_evaluates_the_steps_it_learns_again(t
     import agents.checks
     import train
 
-    (tmp_path / "best.json").write_text(json.dumps({"cost": 1.5, "last_eval": 1024}))
+    history = [{"timesteps": t, "cost": 2.0} for t in (0, 512, 1024)]
+    (tmp_path / "best.json").write_text(json.dumps({"cost": 1.5, "last_eval": 1024, "history": history}))
     monkeypatch.setattr(agents.checks, "draw_episodes", lambda *a, **k: [])
     monkeypatch.setattr(agents.checks, "constant_costs", lambda eps, names, **k: {names[0]: np.zeros(1)})
     config = {"conditions": [], "checks": {"best_constant": "f1"}, "ladder": [1.0], "actions": "time",
@@ -219,8 +220,14 @@ def test_a_resume_from_an_older_checkpoint_evaluates_the_steps_it_learns_again(t
     args = train.Args()
     back = train.evaluator(args, config, args.scenario(), tmp_path, timesteps=768)
     assert (back._last, back.best) == (768, 1.5)
+    assert [h["timesteps"] for h in back.history] == [0, 512]  # summary.json's whole history
     ahead = train.evaluator(args, config, args.scenario(), tmp_path, timesteps=2048)
-    assert ahead._last == 1024
+    assert ahead._last == 1024 and ahead.history == history
+    # A damaged best.json holds no model: a fresh start of the evaluation, with a warning.
+    for text in ("{cut", "[1, 2]", '{"cost": "x"}'):
+        (tmp_path / "best.json").write_text(text)
+        fresh = train.evaluator(args, config, args.scenario(), tmp_path, timesteps=768)
+        assert (fresh._last, fresh.best, fresh.history) == (0, float("inf"), [])
 
 
 def test_the_summary_s_speed_is_that_of_the_steps_learned_in_this_session():
