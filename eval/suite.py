@@ -160,7 +160,11 @@ def suite_text(names, specs, comparisons, studies, args, wall_s: float, uses=Non
             "when the interval excludes zero)",
             "- held-out pick: each stream's capacity under the rung that is best on the other "
             "streams (the rungs picked in brackets), a fixed number a user could pick from past "
-            "arrivals; the hindsight pick is chosen on the streams it is judged on", ""]
+            "arrivals; the hindsight pick is chosen on the streams it is judged on",
+            "- a table's use at its capacity: over the passes it decides on each stream at its own "
+            "capacity, the 2^(1/4) token-budget bins and the cell values each holding at least 5% "
+            "of them; one budget everywhere is a static budget, three or more is counted as "
+            "state-dependent", ""]
     body = []
     if studies[0] is not None:
         body += ["## Capacity under the SLO", "",
