@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.cli import parse
+from envs.cli import given_fields, parse
 from envs.errors import ConfigError, integer, run_cli, show
 from envs.files import check_output
 from envs.scenario import Scenario
@@ -121,11 +121,6 @@ def _scenario(args) -> Scenario:
     return Scenario(**{k: getattr(args, k) for k in Scenario.__dataclass_fields__})
 
 
-def _given(argv, flag: str) -> bool:
-    """Whether ``flag`` is on the command line (``--flag V`` or ``--flag=V``)."""
-    return any(a == flag or a.startswith(flag + "=") for a in argv)
-
-
 def _check_args(args, argv) -> None:
     """Everything a sweep is given, checked before it starts: streams, requests, workers,
     the report folder, and what the scenario names (profiles, trace, length specs)."""
@@ -141,7 +136,7 @@ def _check_args(args, argv) -> None:
     check_output("out", args.out, "folder")
     if isinstance(args, Scenario):
         # Streams come from held-out seeds (envs/seeds.py), never from --seed.
-        if _given(argv, "--seed"):
+        if "seed" in given_fields(type(args), argv[1:]):
             raise ConfigError(f"seed: got {show(args.seed)}, not used here: {argv[0] if argv else 'a sweep'} "
                               "draws its streams from held-out seeds; set how many with --seeds")
         _scenario(args).check()
@@ -190,7 +185,7 @@ def cmd_capacity(argv) -> int:
     from policies.specs import make_policies
 
     args = parse(CapacityArgs, argv, prog="python -m eval capacity")
-    if _given(argv, "--num-requests"):
+    if "num_requests" in given_fields(CapacityArgs, argv):
         raise ConfigError(f"num_requests: got {show(args.num_requests)}, not used here: a capacity "
                           f"search's streams take --requests ({args.requests} here), and it "
                           "searches the load")

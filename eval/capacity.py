@@ -84,8 +84,12 @@ def _probe(scenario: Scenario, policy, stream: int, streams: int, num_requests: 
     s = sc.simulator(w).run(policy).summary(sc.slo())
     itl = 0.0 if math.isnan(s["itl_p99_s"]) else s["itl_p99_s"]
     rate = sc.rate if not sc.trace else (w.mean_rate if len(w) > 1 else 0.0)
-    ok = s["ttft_p99_s"] <= sc.slo_ttft_s and itl <= sc.slo_itl_s
-    return ok, s["ttft_p99_s"], itl, rate
+    return meets_slo(sc, s["ttft_p99_s"], itl), s["ttft_p99_s"], itl, rate
+
+
+def meets_slo(scenario: Scenario, ttft_p99_s: float, itl_p99_s: float) -> bool:
+    """Whether a probe's p99 TTFT and p99 ITL meet the scenario's targets."""
+    return ttft_p99_s <= scenario.slo_ttft_s and itl_p99_s <= scenario.slo_itl_s
 
 
 BRACKET_STEPS = 24
@@ -179,7 +183,7 @@ def capacity_sweep(pairs, seeds: int, num_requests: int, rel_tol: float = 0.02,
     for k, (sc, p) in enumerate(pairs):
         runs = found[k * seeds:(k + 1) * seeds]
         unbounded = tuple(i for i, (_, _, probes) in enumerate(runs)
-                          if all(t <= sc.slo_ttft_s and it <= sc.slo_itl_s for _, _, t, it in probes))
+                          if all(meets_slo(sc, t, it) for _, _, t, it in probes))
         out.append(CapacityResult(p.name, p.kind, tuple(c for c, _, _ in runs),
                                   tuple(pr for _, _, probes in runs for pr in probes),
                                   tuple(f for _, f, _ in runs), unbounded))

@@ -206,12 +206,12 @@ def unbounded_note(studies) -> str | None:
 
 def held_out_cell(study, name: str) -> str:
     """A policy against the held-out static pick, as the verdict reads it."""
-    picks = study.held_out_static()[1]
+    held, picks = study.held_out_static()
     if len(picks) < 2:
         return "n/a (one stream)"
-    if study.held_out_static()[0].capacity <= 0:
+    if held.capacity <= 0:
         return "the held-out pick serves nothing"
-    return str(study.held_out_verdict(name))
+    return str(paired_verdict(study.policies[name].per_stream, held.per_stream))
 
 
 def held_out_line(study) -> str:

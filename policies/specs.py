@@ -111,17 +111,16 @@ def load_table_policy(path: str, scenario: Scenario | None = None, name: str | N
     except TableError as err:
         raise ConfigError(f"table: {err}") from None
     if scenario is not None:
-        reason = table.mismatch(hardware_provenance(scenario.hardware_profile()),
-                                model_provenance(scenario.model_profile()),
-                                {"ttft_s": scenario.slo_ttft_s, "itl_s": scenario.slo_itl_s})
+        hardware = hardware_provenance(scenario.hardware_profile())
+        model = model_provenance(scenario.model_profile())
+        slo = {"ttft_s": scenario.slo_ttft_s, "itl_s": scenario.slo_itl_s}
+        reason = table.mismatch(hardware, model, slo)
+        other_part = reason and table.mismatch(hardware, model)
         if reason and not allow_mismatch:
-            slo = table.provenance["slo"]
-            hint = (f"; serve its SLO with --slo-ttft-s {slo['ttft_s']:g} --slo-itl-s {slo['itl_s']:g}, or"
-                    if table.mismatch(slo={"ttft_s": scenario.slo_ttft_s, "itl_s": scenario.slo_itl_s})
-                    else ";")
+            built = table.provenance["slo"]
+            hint = (f"; serve its SLO with --slo-ttft-s {built['ttft_s']:g} --slo-itl-s "
+                    f"{built['itl_s']:g}, or" if table.mismatch(slo=slo) else ";")
             raise ConfigError(f"table: {reason}{hint} pass --allow-table-mismatch to evaluate it anyway")
-        other_part = table.mismatch(hardware_provenance(scenario.hardware_profile()),
-                                    model_provenance(scenario.model_profile()))
         if reason:
             how = ("; evaluated with the cost model it stores, as a serving engine would convert "
                    "its fractions" if other_part and table.action.kind == "time_fraction" else "")
