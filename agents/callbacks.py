@@ -12,6 +12,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from agents.checks import action_histogram, episode_cost
 from envs.actions import clamp_budget
+from envs.metrics import ci95_half
 from agents.checks import ActionTrace
 from policies.learned import ModelPolicy, ObsNorm
 
@@ -79,8 +80,7 @@ class SimEvalCallback(BaseCallback):
         for v, share in hist["shares"].items():
             self.logger.record(f"eval/action_share/{v}", share)
         self.logger.dump(self.num_timesteps)
-        entry = {"timesteps": self.num_timesteps, "cost": cost, "cost_ci95": float(
-            1.96 * np.std(costs, ddof=1) / math.sqrt(len(costs))) if len(costs) > 1 else 0.0,
+        entry = {"timesteps": self.num_timesteps, "cost": cost, "cost_ci95": ci95_half(costs),
             "actions_used_5pct": hist["used_5pct"]}
         self.history.append(entry)
         if self.run_dir is not None and cost <= self.best:

@@ -22,6 +22,7 @@ import numpy as np
 
 from envs.episodes import EpisodeSampler, draw_episode
 from envs.reward import RewardMeter, RewardWeights
+from envs.metrics import ci95_half
 from envs.scenario import Scenario
 
 
@@ -104,6 +105,13 @@ def ranking_check(base: Scenario, conditions: list[dict], costs: dict, probe_con
                      for n, c, r in zip(names, mean_cost, mean_cap)]}
 
 
+SELECT_Z = 1.96
+"""Standard errors by which a fixed choice must beat (or stay within) another for the
+teacher picks below: a selection threshold over 4-8 paired episodes, not a reported
+interval. The shipped presets' teachers were chosen with it; Student's t over 4 episodes
+(3.18) would keep the overall teacher on nearly every condition."""
+
+
 def teacher_choice(costs: dict, ranking: dict | None = None) -> str:
     """The fixed choice to start from: the lowest mean cost over the paired episodes, or,
     among the choices whose cost ties with it (the paired 95% interval spans zero), the
@@ -116,7 +124,7 @@ def teacher_choice(costs: dict, ranking: dict | None = None) -> str:
     if not ranking:
         return low
     capacity = {r["policy"]: r["relative_capacity"] for r in ranking["rows"]}
-    tied = [n for n in costs if n == low or paired_verdict(costs[n], costs[low]).kind == "ties"]
+    tied = [n for n in costs if n == low or paired_verdict(costs[n], costs[low], SELECT_Z).kind == "ties"]
     return max(tied, key=lambda n: (capacity.get(n, 0.0), -costs[n].mean()))
 
 
@@ -153,12 +161,12 @@ def condition_teachers(base: Scenario, sampler: EpisodeSampler, names: list[str]
     for i in range(len(sampler.conditions)):
         mine = {n: c[owner == i] for n, c in costs.items()}
         better = [n for n in names if n != teacher
-                  and paired_verdict(mine[teacher], mine[n]).kind == "beats"]
+                  and paired_verdict(mine[teacher], mine[n], SELECT_Z).kind == "beats"]
         if not better:
             picks.append(teacher)
             continue
         low = min(better, key=lambda n: mine[n].mean())
-        tied = [n for n in better if n == low or paired_verdict(mine[n], mine[low]).kind == "ties"]
+        tied = [n for n in better if n == low or paired_verdict(mine[n], mine[low], SELECT_Z).kind == "ties"]
         picks.append(min(tied, key=lambda n: (n[1:] != teacher[1:], mine[n].mean())))
     return picks
 
@@ -193,7 +201,7 @@ def room_check(episodes, best: str, best_costs: np.ndarray, weights=None, execut
     tasks = [(sc, w, best, weights) for sc, w in episodes]
     ref = np.asarray((executor or LocalExecutor()).map(_room_task, tasks, progress))
     d = best_costs[:len(ref)] - ref
-    half = float(1.96 * d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
+    half = ci95_half(d)
     return {"best_constant": best, "best_cost": float(best_costs[:len(ref)].mean()),
             "reference_cost": float(ref.mean()), "gain": float(d.mean()), "gain_ci95": half,
             "episodes": len(ref)}

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from envs.metrics import ci95_half
 from envs.scenario import Scenario
 from envs.seeds import CAPACITY_SEEDS
 
@@ -48,8 +49,7 @@ class CapacityResult:
 
     @property
     def ci95(self) -> float:
-        n = len(self.per_stream)
-        return float(1.96 * np.std(self.per_stream, ddof=1) / math.sqrt(n)) if n > 1 else 0.0
+        return ci95_half(self.per_stream)
 
     def as_json(self) -> dict:
         out = {"capacity_rps": self.capacity, "ci95": self.ci95,

@@ -11,6 +11,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from envs.actions import STATIC_LADDER
+from envs.metrics import ci95_half
 from envs.scenario import Scenario
 from envs.seeds import PERIODIC_EVAL_SEEDS
 from envs.workload import Workload, load_trace
@@ -70,8 +71,10 @@ class Verdict:
         return f"{self.kind} ({self.rel:+.1%} ± {self.half:.1%})"
 
 
-def paired_verdict(values, reference) -> Verdict:
-    """Compare per-stream figures of a policy with a reference's on the same streams."""
+def paired_verdict(values, reference, z: float | None = None) -> Verdict:
+    """Compare per-stream figures of a policy with a reference's on the same streams: the
+    mean paired difference and its 95% interval (Student's t over the streams), or ``z``
+    standard errors where a caller selects by a fixed threshold rather than reporting."""
     a, b = np.asarray(values, dtype=float), np.asarray(reference, dtype=float)
     base = float(np.mean(b)) if len(b) else 0.0
     if not len(a) or base <= 0:
@@ -79,7 +82,7 @@ def paired_verdict(values, reference) -> Verdict:
         return Verdict("beats" if top > 0 else "ties", 0.0, 0.0)
     d = (a - b) / base
     rel = float(d.mean())
-    half = float(1.96 * d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
+    half = ci95_half(d, z)
     if rel - half > 0:
         return Verdict("beats", rel, half)
     if rel + half < 0:
@@ -98,10 +101,7 @@ class PolicyResult:
         return float(np.mean(vals)) if vals else math.nan
 
     def ci95(self, key: str) -> float:
-        vals = [r[key] for r in self.runs]
-        if len(vals) < 2:
-            return 0.0
-        return float(1.96 * np.std(vals, ddof=1) / math.sqrt(len(vals)))
+        return ci95_half([r[key] for r in self.runs])
 
     def summary(self) -> dict:
         out = {k: self.mean(k) for k in KEY_METRICS}

@@ -57,8 +57,8 @@ def test_goodput_mean_and_interval_by_hand():
     from eval.harness import PolicyResult
     r = PolicyResult("x", runs=[{"goodput": 0.9}, {"goodput": 0.7}])
     assert r.mean("goodput") == pytest.approx(0.8)
-    # 1.96 * sample std / sqrt(n) = 1.96 * 0.1414 / 1.414
-    assert r.ci95("goodput") == pytest.approx(1.96 * np.std([0.9, 0.7], ddof=1) / np.sqrt(2))
+    # t(0.975, 1 df) * sample std / sqrt(n) = 12.706 * 0.1414 / 1.414 = 1.2706
+    assert r.ci95("goodput") == pytest.approx(1.2706)
 
 
 def test_capacity_is_the_boundary_of_the_slo():
@@ -109,9 +109,14 @@ def test_eval_cli_bad_input():
 def test_paired_verdict_by_hand():
     from eval.harness import paired_verdict
 
-    v = paired_verdict([11, 12, 13], [10, 10, 10])  # +10%, +20%, +30%: mean +20% ± 1.96*10%/sqrt 3
-    assert v.kind == "beats" and v.rel == pytest.approx(0.2)
-    assert v.half == pytest.approx(1.96 * 0.1 / np.sqrt(3))
+    # +10%, +20%, +30%: mean +20% ± t(0.975, 2 df) * 10% / sqrt 3 = 4.303 * 0.05774 = 24.8%:
+    # a tie on three streams (the normal 1.96 would have said "beats", ± 11.3%)
+    v = paired_verdict([11, 12, 13], [10, 10, 10])
+    assert v.kind == "ties" and v.rel == pytest.approx(0.2)
+    assert v.half == pytest.approx(0.24844, abs=1e-5)
+    # five streams, +16% to +24%: sd 3.162%, ± 2.776 * 3.162% / sqrt 5 = 3.93%: beats
+    v = paired_verdict([11.6, 11.8, 12, 12.2, 12.4], [10] * 5)
+    assert v.kind == "beats" and v.half == pytest.approx(0.039256, abs=1e-5)
     v = paired_verdict([9, 11, 10], [10, 10, 10])
     assert v.kind == "ties" and v.rel == pytest.approx(0.0) and v.matches
     v = paired_verdict([8, 8.5, 9], [10, 10, 10])
@@ -136,7 +141,9 @@ def test_trained_trace_overlap_is_said():
 def test_suite_lines_by_hand():
     """Two scenarios by hand: one where the hindsight pick (1,500: 1.03) leads the held-out
     one (1,500 on stream 0, 2,000 on the others: 0.83), and one no budget serves. The
-    policy at 1.0 everywhere is 3.2% short of the first pick and 20% over the second."""
+    policy at 1.0 everywhere is 3.2% short of the first pick and 20% over the second.
+    Intervals: t(0.975, 2 df) = 4.303 times the standard error (0.1155 / sqrt 3 for the
+    pick: 0.29)."""
     from types import SimpleNamespace
 
     from envs.scenario import Scenario
@@ -151,7 +158,7 @@ def test_suite_lines_by_hand():
                CapacityStudy(Scenario(), {"p": res("p", 0.0, 0.0, 0.0)}, {1000: res("a", 0.0, 0.0, 0.0)})]
     cmps = [SimpleNamespace(results={"p": None})] * 2
     table = capacity_table(["s1", "s0"], ["p"], cmps, studies)
-    assert table[2] == "| s1 | 1500: 1.03 ± 0.13 | 0.83 ± 0.07 (1500/2000) | 1.00 ± 0.00 (-3.2% ± 12.6%, ties) |"
+    assert table[2] == "| s1 | 1500: 1.03 ± 0.29 | 0.83 ± 0.14 (1500/2000) | 1.00 ± 0.00 (-3.2% ± 27.8%, ties) |"
     assert table[3].startswith("| s0 | 1000: 0.00 ± 0.00 | 0.00 ± 0.00 (1000) | 0.00 ± 0.00")
     assert job_counts(["s1", "s0"], ["p"], cmps, studies) == [
         "- p: within 2% of the hindsight static in 1 of 2 scenarios and of the held-out pick in 2; "

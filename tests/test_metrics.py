@@ -84,3 +84,19 @@ def test_slo_must_be_positive():
     from envs.errors import ConfigError
     with pytest.raises(ConfigError, match="slo itl_s"):
         SLO(2.0, 0.0)
+
+
+def test_t975_by_table_and_expansion():
+    from envs.metrics import ci95_half, t975
+
+    # Student's t 0.975 quantiles from a statistics table
+    for df, t in ((1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (19, 2.093), (30, 2.042),
+                  (40, 2.021), (60, 2.000), (120, 1.980)):
+        assert t975(df) == pytest.approx(t, abs=1e-3), df
+    assert t975(10 ** 9) == pytest.approx(1.95996, abs=1e-5)  # the normal quantile
+    assert all(t975(d) > t975(d + 1) for d in range(1, 200))  # narrows with more streams
+    with pytest.raises(ValueError, match="df: got 0"):
+        t975(0)
+    # 5 values 1..5: sd 1.5811, half 2.776 * 1.5811 / sqrt 5 = 1.9630
+    assert ci95_half([1, 2, 3, 4, 5]) == pytest.approx(1.9630, abs=1e-4)
+    assert ci95_half([3.0]) == 0.0 and ci95_half([]) == 0.0
