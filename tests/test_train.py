@@ -72,10 +72,10 @@ def test_a_trained_run_exports_a_table_the_runtime_accepts(tmp_path):
     data = json.loads(table.read_text())
     dagger = data["provenance"]["dagger"]
     labels = ["round 0", "round 1", "round 2", "time-budget-deadline:4", "time-budget-deadline:16",
-              "time-budget-deadline-kv:4", "time-budget-deadline-kv:16"]
-    assert dagger["rounds"] == 2 and dagger["candidates"] == labels and dagger["chosen"] in range(7)
-    assert len(dagger["capacity_kept"]) == 7
-    assert "goodput_kept" not in dagger or len(dagger["goodput_kept"]) == 7
+              "time-budget-deadline-kv:4", "time-budget-deadline-kv:16", "time-budget-slack:7"]
+    assert dagger["rounds"] == 2 and dagger["candidates"] == labels and dagger["chosen"] in range(8)
+    assert len(dagger["capacity_kept"]) == 8
+    assert "goodput_kept" not in dagger or len(dagger["goodput_kept"]) == 8
     assert dagger["streams"] > 0
     assert f"kept: the table of {labels[dagger['chosen']]} among round 0" in out.stdout
     fid = data["fidelity"]
