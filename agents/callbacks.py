@@ -12,7 +12,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 
 from agents.checks import action_histogram, episode_cost
 from envs.actions import clamp_budget
-from envs.metrics import ci95_half
+from envs.stats import ci95_half
 from agents.checks import ActionTrace
 from policies.learned import ModelPolicy, ObsNorm
 

@@ -22,8 +22,8 @@ import numpy as np
 
 from envs.episodes import EpisodeSampler, draw_episode
 from envs.reward import RewardMeter, RewardWeights
-from envs.metrics import ci95_half
 from envs.scenario import Scenario
+from envs.stats import ci95_half
 
 
 def episode_cost(scenario: Scenario, workload, policy, weights: RewardWeights | None = None) -> float:
@@ -114,9 +114,9 @@ interval. The shipped presets' teachers were chosen with it; Student's t over 4 
 
 def teacher_choice(costs: dict, ranking: dict | None = None) -> str:
     """The fixed choice to start from: the lowest mean cost over the paired episodes, or,
-    among the choices whose cost ties with it (the paired 95% interval spans zero), the
-    one with the highest capacity in ``ranking`` (:func:`ranking_check`). The return is
-    a noisy proxy for capacity: on an L40S's training mix the KV-aware slack rule ``h16``
+    among the choices whose cost ties with it (within :data:`SELECT_Z` paired standard
+    errors), the one with the highest capacity in ``ranking`` (:func:`ranking_check`). The
+    return is a noisy proxy for capacity: on an L40S's training mix the KV-aware slack rule ``h16``
     costs 0.70 against 0.64 for ``k1``, within the interval, and serves 5% more."""
     from eval.harness import paired_verdict
 
@@ -124,7 +124,8 @@ def teacher_choice(costs: dict, ranking: dict | None = None) -> str:
     if not ranking:
         return low
     capacity = {r["policy"]: r["relative_capacity"] for r in ranking["rows"]}
-    tied = [n for n in costs if n == low or paired_verdict(costs[n], costs[low], SELECT_Z).kind == "ties"]
+    tied = [n for n in costs
+            if n == low or paired_verdict(costs[n], costs[low], SELECT_Z).kind == "ties"]
     return max(tied, key=lambda n: (capacity.get(n, 0.0), -costs[n].mean()))
 
 
@@ -133,9 +134,10 @@ def condition_teachers(base: Scenario, sampler: EpisodeSampler, names: list[str]
                        progress=None) -> list[str]:
     """For each of ``sampler``'s conditions, the fixed choice among ``names`` with the lowest
     mean cost on ``per_condition`` episodes of that condition alone, where it beats
-    ``teacher`` there (paired, beyond the 95% interval); ``teacher`` otherwise. Among the
-    choices that tie with the lowest there, the one with ``teacher``'s top (``h4`` for
-    ``g4``: the same rule, holding back as the cache fills), so that the teachers disagree
+    ``teacher`` there (paired, by more than :data:`SELECT_Z` standard errors); ``teacher``
+    otherwise. Among the choices that tie with the lowest there, the one with
+    ``teacher``'s top (``h4`` for ``g4``: the same rule, holding back as the cache fills),
+    so that the teachers disagree
     only where the condition needs it: on an A100 ``k0.917`` tied with ``h4`` on two tight
     caches, and cloning it turned the policy to 0.917 of the target in half of all
     passes, where ``g4`` takes 1.
@@ -166,7 +168,8 @@ def condition_teachers(base: Scenario, sampler: EpisodeSampler, names: list[str]
             picks.append(teacher)
             continue
         low = min(better, key=lambda n: mine[n].mean())
-        tied = [n for n in better if n == low or paired_verdict(mine[n], mine[low], SELECT_Z).kind == "ties"]
+        tied = [n for n in better
+                if n == low or paired_verdict(mine[n], mine[low], SELECT_Z).kind == "ties"]
         picks.append(min(tied, key=lambda n: (n[1:] != teacher[1:], mine[n].mean())))
     return picks
 

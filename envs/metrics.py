@@ -49,34 +49,6 @@ class SLO:
         positive("slo itl_s", self.itl_s)
 
 
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-"""Student's t 0.975 quantiles for 1-30 degrees of freedom (any statistics table)."""
-_Z975 = 1.959964
-
-
-def t975(df: int) -> float:
-    """Student's t 0.975 quantile for ``df`` degrees of freedom: the table up to 30, then
-    the Cornish-Fisher expansion in 1/df (within 0.001 of the exact value from 30 on)."""
-    if df < 1:
-        raise ValueError(f"df: got {df}, must be >= 1")
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z = _Z975
-    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
-
-
-def ci95_half(values, z: float | None = None) -> float:
-    """Half-width of the 95% interval of the mean of ``values`` (Student's t with n - 1
-    degrees of freedom: with 5 streams 2.78 standard errors, not the normal 1.96), or ``z``
-    standard errors where given; 0 with fewer than two values."""
-    v = np.asarray(values, dtype=float)
-    if len(v) < 2:
-        return 0.0
-    return float((t975(len(v) - 1) if z is None else z) * v.std(ddof=1) / math.sqrt(len(v)))
-
-
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, q) -> np.ndarray | float:
     """``np.percentile(np.repeat(values, weights), q)`` without the repeat."""
     values = np.asarray(values, dtype=np.float64)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from envs.metrics import ci95_half
+from envs.stats import ci95_half
 from envs.scenario import Scenario
 from envs.seeds import CAPACITY_SEEDS
 

@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from envs.actions import STATIC_LADDER
-from envs.metrics import ci95_half
+from envs.stats import ci95_half, standard_error
 from envs.scenario import Scenario
 from envs.seeds import PERIODIC_EVAL_SEEDS
 from envs.workload import Workload, load_trace
@@ -56,7 +56,8 @@ class Verdict:
     ``kind`` is "beats" or "falls short" when the 95% interval of the per-stream
     differences excludes zero, and "ties" when it does not; ``matches`` says whether the
     policy is within ``MATCH_TOLERANCE`` of the reference (job 1), ``rel`` and ``half``
-    the mean relative difference and its 95% half-interval.
+    the mean relative difference and its 95% half-interval (``z`` standard errors where
+    :func:`paired_verdict` was given one).
     """
 
     kind: str
@@ -82,7 +83,7 @@ def paired_verdict(values, reference, z: float | None = None) -> Verdict:
         return Verdict("beats" if top > 0 else "ties", 0.0, 0.0)
     d = (a - b) / base
     rel = float(d.mean())
-    half = ci95_half(d, z)
+    half = ci95_half(d) if z is None else z * standard_error(d)
     if rel - half > 0:
         return Verdict("beats", rel, half)
     if rel + half < 0:

@@ -114,6 +114,8 @@ def test_paired_verdict_by_hand():
     v = paired_verdict([11, 12, 13], [10, 10, 10])
     assert v.kind == "ties" and v.rel == pytest.approx(0.2)
     assert v.half == pytest.approx(0.24844, abs=1e-5)
+    v = paired_verdict([11, 12, 13], [10, 10, 10], z=1.96)  # a fixed threshold: 1.96 * 5.774%
+    assert v.kind == "beats" and v.half == pytest.approx(0.11316, abs=1e-5)
     # five streams, +16% to +24%: sd 3.162%, ± 2.776 * 3.162% / sqrt 5 = 3.93%: beats
     v = paired_verdict([11.6, 11.8, 12, 12.2, 12.4], [10] * 5)
     assert v.kind == "beats" and v.half == pytest.approx(0.039256, abs=1e-5)

@@ -87,7 +87,7 @@ def test_slo_must_be_positive():
 
 
 def test_t975_by_table_and_expansion():
-    from envs.metrics import ci95_half, t975
+    from envs.stats import ci95_half, standard_error, t975
 
     # Student's t 0.975 quantiles from a statistics table
     for df, t in ((1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (19, 2.093), (30, 2.042),
@@ -100,3 +100,4 @@ def test_t975_by_table_and_expansion():
     # 5 values 1..5: sd 1.5811, half 2.776 * 1.5811 / sqrt 5 = 1.9630
     assert ci95_half([1, 2, 3, 4, 5]) == pytest.approx(1.9630, abs=1e-4)
     assert ci95_half([3.0]) == 0.0 and ci95_half([]) == 0.0
+    assert standard_error([1, 2, 3, 4, 5]) == pytest.approx(0.70711, abs=1e-5)
