@@ -32,7 +32,8 @@ A rule is a table too (``--rule``): the time-budget rules choose a fraction of t
 target by thresholds on quantities an engine has (the p99 slack, the prefill queue's due
 time), so a table of 1, 2 or 4 cells over them makes the rule's budget at every pass; it
 is checked against the rule on the scenario's stream before it is written. The
-export of a run weighs rules' tables (``--rules``, the deadline rules by default) against its DAgger
+export of a run weighs rules' tables (``--rules``: by default the deadline rules and
+``time-budget-slack:7``) against its DAgger
 rounds' on the same streams and measures, and writes a rule's table where it keeps more
 of the model's figures than every round's: a learned table that does not beat the rule
 it learned from is not worth shipping.
@@ -107,10 +108,10 @@ class ExportArgs:
     tables on the same streams and measures; a rule's table is written where it keeps more
     of the model's capacity and goodput than every round's (comma-separated; "none": the
     rounds only). Only for runs acting in time. ``time-budget-slack:7`` spends the slack on
-    every prompt, in passes of up to 0.7 s (a third of a 2 s TTFT target): where each pass
-    re-reads the weights for a large share of its time (an A100 with 3 ms per pass), that
-    prefills a 16K prompt in 2-3 passes, as the best static budget there (8,192) does,
-    where the deadline rules take 100 ms passes until the queue is due late (docs/suite.md)."""
+    every prompt, in passes of up to 7 times the ITL target (0.7 s at 100 ms, a third of a
+    2 s TTFT target): where a pass's fixed part is a large share of one within the target,
+    few long passes prefill faster than the deadline rules' passes within it
+    (docs/learning.md)."""
     fidelity_seeds: int = 5
     """Streams per capacity in the fidelity check (0: skip it)."""
     fidelity_requests: int = 600
