@@ -54,7 +54,7 @@ def capacity_lines(studies: dict, learned_name: str) -> list[str]:
         cells = []
         for n in st.policies:
             r, v = st.policies[n], st.verdict(n)
-            cells.append(f"{r.capacity:.2f} ± {r.ci95:.2f} ({v.rel:+.1%} ± {v.half:.1%}, {v.kind})")
+            cells.append(f"{r.capacity:.2f} ± {r.ci95:.2f} ({v.cell})")
         lines.append(f"| {name} | {st.best_budget}: {st.best.capacity:.2f} ± {st.best.ci95:.2f} | "
                      + " | ".join(cells) + " |")
     return lines

@@ -56,7 +56,7 @@ from envs.files import check_distinct, check_output
 from envs.workload import check_num_requests
 from envs.scenario import Scenario
 from envs.seeds import TABLE_BUILD_SEEDS, TABLE_FIDELITY_SEEDS, TABLE_SELECT_SEEDS
-from eval.harness import run_policy
+from eval.harness import NOT_JUDGED, run_policy
 from policies.table import (DERIVED, KIND, SCHEMA_VERSION, SLACK_COUNTS, STATE, BudgetTable,
                             hardware_provenance, model_provenance, write_atomic)
 from policies.table_policy import FEATURE_GETTERS, TablePolicy
@@ -786,6 +786,13 @@ def run_provenance(model, args: ExportArgs) -> dict:
     return prov
 
 
+def capacity_judged(f: dict) -> str:
+    """A fidelity capacity record's difference and verdict, table against model."""
+    if f["verdict"] == NOT_JUDGED:
+        return f"{-f['loss']:+.1%}, one stream: not judged"
+    return f"{-f['loss']:+.1%} ± {f['loss_ci95']:.1%}, table {f['verdict']} model"
+
+
 def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
     fid = table.fidelity
     kind = table.action.kind
@@ -815,8 +822,7 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
     for name, f in fid.get("capacity", {}).items():
         worst = max(worst, f["loss"])
         print(f"capacity on {name}: model {f['model_capacity_rps']:.3f}, table "
-              f"{f['table_capacity_rps']:.3f} req/s ({-f['loss']:+.1%} ± {f['loss_ci95']:.1%}, "
-              f"table {f['verdict']} model)")
+              f"{f['table_capacity_rps']:.3f} req/s ({capacity_judged(f)})")
     low = 0.0
     for name, f in fid.get("goodput", {}).items():
         if f["verdict"] == "falls short" and (f["model_goodput"] or 0.0) > MIN_MODEL_GOODPUT:

@@ -54,7 +54,9 @@ class Verdict:
     """A policy against a reference measured on the same streams (capacity or goodput).
 
     ``kind`` is "beats" or "falls short" when the 95% interval of the per-stream
-    differences excludes zero, and "ties" when it does not; ``matches`` says whether the
+    differences excludes zero, "ties" when it does not, and "not judged" on one stream,
+    where there is no interval (a difference of one stream is noise as likely as not);
+    ``matches`` says whether the
     policy is within ``MATCH_TOLERANCE`` of the reference (job 1), ``rel`` and ``half``
     the mean relative difference and its 95% half-interval (``z`` standard errors where
     :func:`paired_verdict` was given one).
@@ -68,8 +70,24 @@ class Verdict:
     def matches(self) -> bool:
         return self.rel >= -MATCH_TOLERANCE
 
+    @property
+    def figure(self) -> str:
+        """The difference and its interval, or that one stream has none."""
+        if self.kind == NOT_JUDGED:
+            return f"{self.rel:+.1%}, one stream: no interval"
+        return f"{self.rel:+.1%} ± {self.half:.1%}"
+
+    @property
+    def cell(self) -> str:
+        """The figure and the verdict, as a report's table cell shows them in brackets."""
+        return self.figure if self.kind == NOT_JUDGED else f"{self.figure}, {self.kind}"
+
     def __str__(self) -> str:
-        return f"{self.kind} ({self.rel:+.1%} ± {self.half:.1%})"
+        return f"{self.kind} ({self.figure})"
+
+
+NOT_JUDGED = "not judged"
+"""A :class:`Verdict`'s kind on one stream."""
 
 
 def paired_verdict(values, reference, z: float | None = None) -> Verdict:
@@ -83,6 +101,8 @@ def paired_verdict(values, reference, z: float | None = None) -> Verdict:
         return Verdict("beats" if top > 0 else "ties", 0.0, 0.0)
     d = (a - b) / base
     rel = float(d.mean())
+    if len(d) < 2:
+        return Verdict(NOT_JUDGED, rel, 0.0)
     half = ci95_half(d) if z is None else z * standard_error(d)
     if rel - half > 0:
         return Verdict("beats", rel, half)

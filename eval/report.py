@@ -10,7 +10,7 @@ from pathlib import Path
 
 from envs.files import write_atomic
 from envs.scenario import Scenario
-from eval.harness import MATCH_TOLERANCE, PolicyResult
+from eval.harness import MATCH_TOLERANCE, NOT_JUDGED, PolicyResult
 
 
 def git_commit() -> str:
@@ -63,13 +63,16 @@ def short_table(rows: list[tuple[str, dict]]) -> str:
 def verdict_sentence(verdict, best_name: str, what: str = "goodput") -> str:
     """DESIGN.md section 5's two jobs, said plainly, for a policy against the hindsight-best
     static budget (an :class:`eval.harness.Verdict` over the same streams)."""
-    fig = f"{verdict.rel:+.1%} ± {verdict.half:.1%} {what}"
+    fig = f"{verdict.figure} {what}"
     job1 = (f"within {MATCH_TOLERANCE:.0%}: job 1 met" if verdict.matches
             else f"not within {MATCH_TOLERANCE:.0%}: job 1 not met")
     if verdict.kind == "beats":
         return f"beats the best static budget ({best_name}) by {fig} (job 2)"
     if verdict.kind == "ties":
         return f"ties with the best static budget ({best_name}), {fig} ({job1})"
+    if verdict.kind == NOT_JUDGED:
+        return (f"{verdict.rel:+.1%} {what} against the best static budget ({best_name}) on one "
+                f"stream: no interval, not judged ({job1} on that stream)")
     return f"falls short of the best static budget ({best_name}): {fig} ({job1})"
 
 

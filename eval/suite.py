@@ -81,7 +81,7 @@ def capacity_table(names, specs, comparisons, studies) -> list[str]:
                 cells.append("not run")
                 continue
             r, v = st.policies[n], st.verdict(n)
-            cells.append(f"{r.capacity:.2f} ± {r.ci95:.2f} ({v.rel:+.1%} ± {v.half:.1%}, {v.kind})")
+            cells.append(f"{r.capacity:.2f} ± {r.ci95:.2f} ({v.cell})")
         held, picks = st.held_out_static()
         lines.append(f"| {name} | {st.best_budget}: {st.best.capacity:.2f} ± {st.best.ci95:.2f} | "
                      f"{held.capacity:.2f} ± {held.ci95:.2f} ({'/'.join(map(str, sorted(set(picks))))}) | "

@@ -116,6 +116,11 @@ def test_paired_verdict_by_hand():
     assert v.half == pytest.approx(0.24844, abs=1e-5)
     v = paired_verdict([11, 12, 13], [10, 10, 10], z=1.96)  # a fixed threshold: 1.96 * 5.774%
     assert v.kind == "beats" and v.half == pytest.approx(0.11316, abs=1e-5)
+    # One stream has no interval: +10% there is not judged, neither "beats" nor a tie
+    v = paired_verdict([11], [10])
+    assert v.kind == "not judged" and v.rel == pytest.approx(0.1) and v.matches
+    assert v.cell == "+10.0%, one stream: no interval" and str(v) == "not judged (+10.0%, one stream: no interval)"
+    assert paired_verdict([11], [10], z=1.96).kind == "not judged"
     # five streams, +16% to +24%: sd 3.162%, ± 2.776 * 3.162% / sqrt 5 = 3.93%: beats
     v = paired_verdict([11.6, 11.8, 12, 12.2, 12.4], [10] * 5)
     assert v.kind == "beats" and v.half == pytest.approx(0.039256, abs=1e-5)

@@ -327,6 +327,18 @@ def test_capacity_reports_what_a_table_does_at_its_own_capacity(tmp_path):
     assert f"- {name}: at its capacity on 2 streams" in report and "(0.9 100%)" in report
 
 
+def test_one_stream_is_not_judged(tmp_path):
+    """With one stream there is no interval: the capacity report gives the difference and
+    says so, instead of calling any difference a win or a loss at ± 0.0%."""
+    done = cli("eval", "capacity", "--hardware", "a100-80g", "--rate", "2", "--policies", "time-budget",
+               "--seeds", "1", "--requests", "60", "--workers", "1", "--out", str(tmp_path / "c"))
+    assert done.returncode == 0, done.stderr
+    report = (tmp_path / "c" / "capacity.md").read_text()
+    (row,) = [line for line in report.splitlines() if line.startswith("| time-budget |")]
+    assert "on one stream: no interval, not judged" in row and "± 0.0%" not in row
+    assert "beats" not in row and "ties" not in row and "falls short" not in row
+
+
 @pytest.mark.parametrize("args, message", [
     (["compare", "--policies", "time-budget:0"], "FRACTION of the ITL target must lie in (0, 2]"),
     (["compare", "--policies", "time-budget:2.5"], "FRACTION of the ITL target must lie in (0, 2]"),
