@@ -83,8 +83,12 @@ def _none_or(conv):
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """A flag per init field of the dataclass ``cls``, its help from the field's docstring.
+    Fields named in ``cls.CLI_REFUSED`` (inherited ones a command does not use) still parse,
+    so that the command can refuse them in one line, but ``--help`` leaves them out."""
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
+    refused = set(getattr(cls, "CLI_REFUSED", ()))
     for f in dataclasses.fields(cls):
         if not f.init or f.metadata.get("cli") is False:
             continue
@@ -93,18 +97,21 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         help_text = docs.get(f.name, "").replace("%", "%%")  # argparse formats help with %
+        hide = f.name in refused
         if tp is bool:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
-                                default=default, help=help_text)
+                                default=default, help=argparse.SUPPRESS if hide else help_text)
             continue
         if typing.get_origin(tp) is tuple:  # several values, the flag repeatable: --x A B --x C
             parser.add_argument(flag, dest=f.name, action="extend", nargs="+", default=None,
-                                metavar=f.name.upper(), help=f"{help_text} (default: none)")
+                                metavar=f.name.upper(),
+                                help=argparse.SUPPRESS if hide else f"{help_text} (default: none)")
             continue
         conv = CONVERTERS.get(tp, str)
-        kwargs: dict[str, Any] = dict(dest=f.name, default=default, metavar=f.name.upper(),
-                                      type=_none_or(conv) if optional else conv,
-                                      help=f"{help_text} (default: {default})")
+        kwargs: dict[str, Any] = dict(
+            dest=f.name, default=default, metavar=f.name.upper(),
+            type=_none_or(conv) if optional else conv,
+            help=argparse.SUPPRESS if hide else f"{help_text} (default: {default})")
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
         parser.add_argument(flag, **kwargs)

@@ -62,6 +62,7 @@ class SweepArgs:
 class CompareArgs(SweepArgs, Scenario):
     """Score policies on the same arrivals (a trace, or seeded synthetic streams)."""
 
+    CLI_REFUSED = ("seed",)  # its streams come from held-out seeds
     policies: str = "static:2048,static:8192,vllm-default,queue-depth,sarathi-slo,time-budget"
     """Comma-separated policy specs."""
     seeds: int = 5
@@ -80,6 +81,7 @@ class CompareArgs(SweepArgs, Scenario):
 class CapacityArgs(SweepArgs, Scenario):
     """Find each policy's capacity under the SLO by bisection on the arrival rate."""
 
+    CLI_REFUSED = ("num_requests", "seed")  # its streams take --requests, from held-out seeds
     policies: str = "vllm-default,queue-depth,sarathi-slo,time-budget,time-budget-kv"
     """Comma-separated policy specs (the fine static ladder is always searched)."""
     seeds: int = 5

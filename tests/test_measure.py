@@ -327,6 +327,19 @@ def test_capacity_reports_what_a_table_does_at_its_own_capacity(tmp_path):
     assert f"- {name}: at its capacity on 2 streams" in report and "(0.9 100%)" in report
 
 
+def test_help_leaves_out_the_flags_a_command_refuses():
+    """`eval capacity` refuses --num-requests and --seed (its streams take --requests, from
+    held-out seeds), and `eval compare` --seed: their --help does not offer them."""
+    import re
+
+    for command, refused, kept in (("capacity", ("--num-requests", "--seed"), ("--requests", "--seeds")),
+                                   ("compare", ("--seed",), ("--num-requests", "--seeds"))):
+        out = cli("eval", command, "--help")
+        assert out.returncode == 0, out.stderr
+        flags = set(re.findall(r"--[\w-]+", out.stdout))
+        assert not flags & set(refused) and set(kept) <= flags, (command, flags)
+
+
 def test_one_stream_is_not_judged(tmp_path):
     """With one stream there is no interval: the capacity report gives the difference and
     says so, instead of calling any difference a win or a loss at ± 0.0%."""
