@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from envs.cli import parse
-from envs.errors import ConfigError, integer, number, require, run_cli
+from envs.errors import ConfigError, exit_on_the_next_signal, integer, number, require, run_cli
 from envs.scenario import Scenario, named_workload
 
 
@@ -526,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train_s, learned_steps, stopped_by = train(args, model, venv, callback, run_dir, resumed)
         if stopped_by is not None:
+            exit_on_the_next_signal()
             print(f"interrupted after {model.num_timesteps} trained timesteps; checkpoint saved in "
                   f"{run_dir / 'checkpoints'}; continue with: python train.py --resume {run_dir}",
                   file=sys.stderr)

@@ -115,17 +115,56 @@ def fraction(field: str, value: float) -> None:
     require(_is_real(value) and 0 < value <= 1, field, value, "must lie in (0, 1]")
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is (as Ctrl-C raises KeyboardInterrupt), so that it
+    ends with one line and exit 143 instead of a stack dump."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated
+
+
+def catch_sigterm() -> None:
+    """Turn SIGTERM into :class:`Terminated` (in the main thread, and unless the process
+    was started with it ignored). Ray's driver takes SIGTERM over in ``ray.init`` (a native
+    stack dump, then exit), so a local Ray instance's start calls this again."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and (
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN):
+        signal.signal(signal.SIGTERM, _terminate)
+
+
+def exit_on_the_next_signal() -> None:
+    """After a first Ctrl-C or SIGTERM: a second one while the command cleans up (Ray's
+    shutdown, the progress bars) ends the process at once, without a traceback."""
+    import os
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, lambda signum, frame: os._exit(128 + signum))
+
+
 def cli_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Run a CLI ``main`` in this process and return its exit code: bad input prints one
-    line (``error: field: got ..., allowed ...``) and returns 2; ``--help`` returns 0."""
+    line (``error: field: got ..., allowed ...``) and returns 2; ``--help`` returns 0; a
+    Ctrl-C prints "interrupted" and returns 130, a SIGTERM "terminated" and 143."""
+    catch_sigterm()
     try:
         return main(argv)
     except ConfigError as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Terminated) as stop:
+        exit_on_the_next_signal()
+        term = isinstance(stop, Terminated)
+        print("terminated" if term else "interrupted", file=sys.stderr)
+        return 143 if term else 130
     except SystemExit as exit_:  # argparse's --help
         return exit_.code if isinstance(exit_.code, int) else 0
 

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from envs.errors import ConfigError, integer, show
+from envs.errors import ConfigError, catch_sigterm, integer, show
 
 MAX_CLUSTER_WORKERS = 4096
 
@@ -49,6 +49,7 @@ class RayExecutor:
                 where = f"the Ray cluster at {address!r}" if address else "a local Ray instance"
                 msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 raise ConfigError(f"ray_address: cannot start or reach {where} ({msg})") from None
+            catch_sigterm()  # ray.init takes SIGTERM over
         self.workers = int(ray.cluster_resources().get("CPU", workers or 1))
         self._remote: dict[Callable, object] = {}
 

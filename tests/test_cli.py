@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,37 @@ def test_probe_reproduces_the_measured_laptop_trade_table(budget, ttft_s, worst_
                    "--context-tokens", "1000", "--prompt-tokens", "8000", "--budget", str(budget))
     assert r["ttft_ms"] / 1e3 == pytest.approx(ttft_s, rel=0.05)
     assert r["worst_gap_ms"] / 1e3 == pytest.approx(worst_s, abs=0.05)
+
+
+def test_sigterm_and_a_second_ctrl_c_end_a_command_in_one_line():
+    """A command stopped by SIGTERM says "terminated" and exits 143 (Ray's driver prints a
+    native stack dump for it otherwise); after a first Ctrl-C, a second one during the
+    cleanup (Ray's shutdown sleeps in an atexit hook) ends the process at once, without
+    the "Exception ignored in atexit callback" traceback."""
+    import signal
+    import time
+
+    script = textwrap.dedent("""
+        import atexit, sys, time
+        from envs.errors import run_cli
+        atexit.register(lambda: time.sleep(5))  # a slow cleanup, as ray.shutdown's
+        def main(argv):
+            print("ready", flush=True)
+            time.sleep(30)
+            return 0
+        run_cli(main)
+    """)
+    for signals, code, line in (([signal.SIGTERM], 143, "terminated"),
+                                ([signal.SIGINT, signal.SIGINT], 130, "interrupted")):
+        proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        assert proc.stdout.readline().strip() == "ready"
+        start = time.monotonic()
+        for sig in signals:
+            proc.send_signal(sig)
+            time.sleep(0.3)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == code and err.strip() == line, err
+        if len(signals) > 1:  # the second Ctrl-C cut the 5 s cleanup short
+            assert time.monotonic() - start < 4
