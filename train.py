@@ -442,16 +442,21 @@ def train(args: Args, model, venv, callback, run_dir: Path, resumed: bool) -> tu
     return seconds, model.num_timesteps - before, stopped_by
 
 
-def training_speed(timesteps: int, learned_steps: int, train_s: float) -> str:
+def training_speed(timesteps: int, learned_steps: int, train_s: float,
+                   total: int | None = None) -> str:
     """The run's timesteps and how fast they were learned: a resumed run's speed is that
-    of the steps learned since the resume."""
+    of the steps learned since the resume. Past a requested ``total`` it says so: learning
+    stops at the end of the rollout that reaches it (the steps of every environment
+    between updates)."""
+    over = (f" (--total-timesteps {total:,}, reached within the last rollout)"
+            if total is not None and timesteps > total else "")
     if not learned_steps or train_s <= 0:
-        return f"{timesteps:,} timesteps, trained before this resume"
+        return f"{timesteps:,} timesteps{over}, trained before this resume"
     rate = f"{train_s:.0f} s ({learned_steps / train_s:,.0f} steps/s)"
     if learned_steps == timesteps:
-        return f"{timesteps:,} timesteps trained in {rate}"
-    return (f"{timesteps:,} timesteps, {learned_steps:,} of them trained since the resume at "
-            f"{timesteps - learned_steps:,} in {rate}")
+        return f"{timesteps:,} timesteps{over} trained in {rate}"
+    return (f"{timesteps:,} timesteps{over}, {learned_steps:,} of them trained since the resume "
+            f"at {timesteps - learned_steps:,} in {rate}")
 
 
 def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, callback,
@@ -478,7 +483,7 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
             f"{'' if args.rate is None else f' at {args.rate} req/s'}, SLO TTFT {scenario.slo_ttft_s:g} s "
             f"/ ITL {scenario.slo_itl_s * 1e3:g} ms; trained on {len(config['conditions'])} conditions")
     checks = config["checks"]
-    facts = {"algorithm": f"{args.algo}, {training_speed(model.num_timesteps, learned_steps, train_s)}",
+    facts = {"algorithm": f"{args.algo}, {training_speed(model.num_timesteps, learned_steps, train_s, args.total_timesteps)}",
              "policy file": "best_model.zip (lowest held-out cost)" if (run_dir / "best_model.zip").exists()
              else "model.zip",
              "best constant cost on them": f"{callback.baseline_cost:.2f}",

@@ -151,6 +151,10 @@ def cmd_compare(argv) -> int:
     from policies.specs import make_policies
 
     args = parse(CompareArgs, argv, prog="python -m eval compare")
+    if {"num_requests", "requests"} <= given_fields(CompareArgs, argv):
+        raise ConfigError(f"requests: got {args.requests} and --num-requests {args.num_requests}; "
+                          "give one (--requests: requests per stream; --num-requests: the "
+                          "scenario's, the default for --requests)")
     _check_args(args, ["compare"] + list(argv))
     scenario = _scenario(args)
     policies = make_policies(args.policies, scenario, args.allow_table_mismatch)
@@ -216,8 +220,16 @@ def cmd_suite(argv) -> int:
     names = list(SUITE) if args.scenarios == "all" else [s.strip() for s in args.scenarios.split(",")]
     unknown = [n for n in names if n not in SUITE]
     if unknown:
-        raise ConfigError(f"scenarios: unknown {show(', '.join(map(repr, unknown)), 200)}; known: "
+        raise ConfigError(f"scenarios: unknown {show(', '.join(unknown), 200)}; known: "
                           f"{', '.join(SUITE)}")
+    if args.reference_scenarios is not None:
+        wanted = [s.strip() for s in args.reference_scenarios.split(",")]
+        stray = [n for n in wanted if n not in names]
+        if stray or not args.reference:
+            raise ConfigError(
+                f"reference_scenarios: got {show(args.reference_scenarios, 200)}; "
+                + (f"{', '.join(stray)} not among the suite's scenarios ({', '.join(names)})" if stray
+                   else "given without --reference, which it narrows"))
     _check_args(args, ["suite"] + list(argv))
     specs = [s.strip() for s in args.policies.split(",") if s.strip()]
     print(run_suite(names, specs, args, args.executor()))

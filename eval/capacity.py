@@ -51,6 +51,12 @@ class CapacityResult:
     def ci95(self) -> float:
         return ci95_half(self.per_stream)
 
+    def text(self, digits: int = 2) -> str:
+        """The capacity ± its 95% interval; the capacity alone on one stream (no interval)."""
+        if len(self.per_stream) < 2:
+            return f"{self.capacity:.{digits}f}"
+        return f"{self.capacity:.{digits}f} ± {self.ci95:.{digits}f}"
+
     def as_json(self) -> dict:
         out = {"capacity_rps": self.capacity, "ci95": self.ci95,
                "per_stream": list(self.per_stream), "kind": self.kind}

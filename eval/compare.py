@@ -174,7 +174,8 @@ def comparison_report(cmp: Comparison, out: Path, seeds: int, title: str = "Comp
     lines = [f"# {title}", "",
              f"- scenario: {scenario_line(cmp.scenario)}",
              f"- streams: {len(next(iter(cmp.results.values())).runs)} (identical arrivals for every "
-             f"policy; synthetic seeds {PERIODIC_EVAL_SEEDS}+, never drawn in training)",
+             + (f"policy; parts of the trace {cmp.scenario.trace}'s window)" if cmp.scenario.trace else
+                f"policy; synthetic seeds {PERIODIC_EVAL_SEEDS}+, never drawn in training)"),
              f"- commit {git_commit()}, {time.strftime('%Y-%m-%d %H:%M')}", "",
              results_table(cmp.results), "", "## Against the best static budget", "",
              *two_questions(cmp), ""]
@@ -225,7 +226,7 @@ def held_out_line(study) -> str:
     luck = study.best.capacity - held.capacity
     return (f"Held-out pick (each stream judged under the rung best on the other streams, a "
             f"user's pick from past arrivals): rungs {'/'.join(map(str, picks))} (one per stream), "
-            f"serving {held.capacity:.3f} ± {held.ci95:.3f} req/s; the hindsight pick's lead from "
+            f"serving {held.text(3)} req/s; the hindsight pick's lead from "
             f"choosing on the streams it is judged on: {luck / study.best.capacity:.1%}.")
 
 
@@ -242,7 +243,7 @@ def capacity_report(study, out: Path, seeds: int, num_requests: int, uses: dict 
              "interval over streams; verdicts compare stream by stream",
              f"- commit {git_commit()}", "",
              (f"Hindsight-best static budget (fine ladder, steps of 2^(1/4)): {b} at "
-              f"{best.capacity:.3f} ± {best.ci95:.3f} req/s." if best.capacity > 0 else
+              f"{best.text(3)} req/s." if best.capacity > 0 else
               "No static budget on the fine ladder meets the SLO at any load tried, on any stream."),
              "", held_out_line(study), "",
              "| policy | capacity (req/s) | against static:" + str(b) + " | against the held-out pick |",
@@ -250,7 +251,7 @@ def capacity_report(study, out: Path, seeds: int, num_requests: int, uses: dict 
     for n, r in study.policies.items():
         against = (verdict_sentence(study.verdict(n), f'static:{b}', 'capacity') if best.capacity > 0
                    else "no static budget meets the SLO" + (", this policy does" if r.capacity > 0 else ""))
-        lines.append(f"| {n} | {r.capacity:.3f} ± {r.ci95:.3f} | {against} | {held_out_cell(study, n)} |")
+        lines.append(f"| {n} | {r.text(3)} | {against} | {held_out_cell(study, n)} |")
     lines += ["", "Static ladder measured: " + ", ".join(
         f"{k}: {r.capacity:.2f}" for k, r in study.rungs.items()) + " req/s."]
     note = unbounded_note([study])

@@ -81,10 +81,11 @@ def capacity_table(names, specs, comparisons, studies) -> list[str]:
                 cells.append("not run")
                 continue
             r, v = st.policies[n], st.verdict(n)
-            cells.append(f"{r.capacity:.2f} ± {r.ci95:.2f} ({v.cell})")
+            cells.append(f"{r.text()} ({v.cell})")
         held, picks = st.held_out_static()
-        lines.append(f"| {name} | {st.best_budget}: {st.best.capacity:.2f} ± {st.best.ci95:.2f} | "
-                     f"{held.capacity:.2f} ± {held.ci95:.2f} ({'/'.join(map(str, sorted(set(picks))))}) | "
+        held_cell = (f"{held.text()} ({'/'.join(map(str, sorted(set(picks))))})"
+                     if len(st.best.per_stream) > 1 else "n/a (one stream)")
+        lines.append(f"| {name} | {st.best_budget}: {st.best.text()} | {held_cell} | "
                      + " | ".join(cells) + " |")
     return lines
 
@@ -114,7 +115,7 @@ def job_counts(names, specs, comparisons, studies) -> list[str]:
             v = st.verdict(n)
             within += v.matches
             beats += v.kind == "beats"
-            held += st.held_out_verdict(n).matches
+            held += len(st.best.per_stream) > 1 and st.held_out_verdict(n).matches
             if not v.matches:
                 short.append(f"{name} {v.rel:+.0%}")
         lines.append(f"- {spec}: within 2% of the hindsight static in {within} of {len(names)} "

@@ -170,6 +170,18 @@ def test_suite_lines_by_hand():
     assert job_counts(["s1", "s0"], ["p"], cmps, studies) == [
         "- p: within 2% of the hindsight static in 1 of 2 scenarios and of the held-out pick in 2; "
         "beats the hindsight static in 0; short of it in s1 -3%"]
+    # One stream: no interval and no held-out pick, in the cells and the counts
+    one = [CapacityStudy(Scenario(), {"p": res("p", 1.1)}, {1000: res("a", 1.0), 2000: res("c", 0.5)})]
+    (row,) = capacity_table(["s"], ["p"], cmps[:1], one)[2:]
+    assert row == "| s | 1000: 1.00 | n/a (one stream) | 1.10 (+10.0%, one stream: no interval) |"
+    assert job_counts(["s"], ["p"], cmps[:1], one) == [
+        "- p: within 2% of the hindsight static in 1 of 1 scenarios and of the held-out pick in 0; "
+        "beats the hindsight static in 0"]
+    from agents.summary import job_lines
+
+    assert "Job 2 (beat it where the dynamics give room): not judged: one stream" in "\n".join(
+        job_lines({"s": CapacityStudy(Scenario(), {"p": res("p", 1.1), "time-budget": res("t", 1.0)},
+                                      {1000: res("a", 1.0)})}, "p"))
     uses = [{"p": {"streams": 3, "used_5pct": 1, "budgets_5pct": 3}}, {"p": {"streams": 0, "used_5pct": 0}}]
     (line,) = use_counts(["s1", "s0"], ["p"], cmps, uses)
     assert line.startswith("- p at its capacity: at least 3 token-budget bins (2^(1/4)) each in 5% of "

@@ -237,6 +237,10 @@ def test_the_summary_s_speed_is_that_of_the_steps_learned_in_this_session():
     assert training_speed(150_000, 50_000, 25.0) == ("150,000 timesteps, 50,000 of them trained since "
                                                      "the resume at 100,000 in 25 s (2,000 steps/s)")
     assert training_speed(150_000, 0, 0.0) == "150,000 timesteps, trained before this resume"
+    assert training_speed(2_048, 2_048, 2.0, total=1_024) == (
+        "2,048 timesteps (--total-timesteps 1,024, reached within the last rollout) trained in 2 s "
+        "(1,024 steps/s)")
+    assert training_speed(1_024, 1_024, 2.0, total=1_024) == "1,024 timesteps trained in 2 s (512 steps/s)"
 
 
 def test_a_resumed_run_s_progress_bar_counts_from_the_steps_it_kept():
