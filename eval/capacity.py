@@ -52,10 +52,12 @@ class CapacityResult:
         return ci95_half(self.per_stream)
 
     def text(self, digits: int = 2) -> str:
-        """The capacity ± its 95% interval; the capacity alone on one stream (no interval)."""
+        """The capacity ± its 95% interval; the capacity alone on one stream (no interval);
+        ">=" before it where a stream met the SLO at every load tried (a lower bound)."""
+        low = ">= " if self.unbounded else ""
         if len(self.per_stream) < 2:
-            return f"{self.capacity:.{digits}f}"
-        return f"{self.capacity:.{digits}f} ± {self.ci95:.{digits}f}"
+            return f"{low}{self.capacity:.{digits}f}"
+        return f"{low}{self.capacity:.{digits}f} ± {self.ci95:.{digits}f}"
 
     def as_json(self) -> dict:
         out = {"capacity_rps": self.capacity, "ci95": self.ci95,

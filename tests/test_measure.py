@@ -63,6 +63,7 @@ def test_a_rate_far_from_capacity_finds_the_same_capacity_and_a_stream_no_load_b
     # From a rate near the most a scenario accepts, the search stops there.
     top = capacity(sc.with_fields(rate=1e5), StaticPolicy(2048), seeds=1, num_requests=1)
     assert top.unbounded == (0,) and top.per_stream == (pytest.approx(1e9),)
+    assert top.text(0) == ">= 1000000000" and near.text().startswith(tuple("0123456789"))
     study = SimpleNamespace(policies={"static:2048": one}, rungs={})
     assert unbounded_note([study]).startswith("NOTE: the SLO held at every load tried (up to 2^23 "
                                               "times the scenario's, at most 1e+09 requests/s) for "
