@@ -71,7 +71,7 @@ def job_lines(studies: dict, learned_name: str, rule_name: str = "time-budget") 
                for st in studies.values() if st.policies[rule_name].capacity > 0]
     lines = [f"- Job 1 (match the best fixed budget with one policy, no tuning): within 2% of the "
              f"fine-ladder hindsight static in {len(within)} of {len(studies)} scenarios"
-             + (f"; short in {', '.join(short)}." if short else ".")]
+             + (f"; more than 2% below it in {', '.join(short)}." if short else ".")]
     one = all(st.verdict(learned_name).kind == NOT_JUDGED for st in studies.values())
     lines.append("- Job 2 (beat it where the dynamics give room): " + (
         "not judged: one stream per scenario has no interval (raise --final-seeds)." if one else

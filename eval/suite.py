@@ -120,7 +120,7 @@ def job_counts(names, specs, comparisons, studies) -> list[str]:
                 short.append(f"{name} {v.rel:+.0%}")
         lines.append(f"- {spec}: within 2% of the hindsight static in {within} of {len(names)} "
                      f"scenarios and of the held-out pick in {held}; beats the hindsight static in "
-                     f"{beats}" + (f"; short of it in {', '.join(short)}" if short else ""))
+                     f"{beats}" + (f"; more than 2% below it in {', '.join(short)}" if short else ""))
     return lines
 
 

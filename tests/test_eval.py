@@ -169,7 +169,7 @@ def test_suite_lines_by_hand():
     assert table[3].startswith("| s0 | 1000: 0.00 ± 0.00 | 0.00 ± 0.00 (1000) | 0.00 ± 0.00")
     assert job_counts(["s1", "s0"], ["p"], cmps, studies) == [
         "- p: within 2% of the hindsight static in 1 of 2 scenarios and of the held-out pick in 2; "
-        "beats the hindsight static in 0; short of it in s1 -3%"]
+        "beats the hindsight static in 0; more than 2% below it in s1 -3%"]
     # One stream: no interval and no held-out pick, in the cells and the counts
     one = [CapacityStudy(Scenario(), {"p": res("p", 1.1)}, {1000: res("a", 1.0), 2000: res("c", 0.5)})]
     (row,) = capacity_table(["s"], ["p"], cmps[:1], one)[2:]
