@@ -108,8 +108,9 @@ def ranking_check(base: Scenario, conditions: list[dict], costs: dict, probe_con
 SELECT_Z = 1.96
 """Standard errors by which a fixed choice must beat (or stay within) another for the
 teacher picks below: a selection threshold over 4-8 paired episodes, not a reported
-interval. The shipped presets' teachers were chosen with it; Student's t over 4 episodes
-(3.18) would keep the overall teacher on nearly every condition."""
+interval. The shipped presets' teachers were chosen with it; with Student's t over 4
+episodes (3.18) a tight cache of short conversations no longer gets its own teacher
+(tests/test_train.py)."""
 
 
 def teacher_choice(costs: dict, ranking: dict | None = None) -> str:
