@@ -55,10 +55,9 @@ class Verdict:
 
     ``kind`` is "beats" or "falls short" when the 95% interval of the per-stream
     differences excludes zero, "ties" when it does not, and "not judged" on one stream,
-    where there is no interval (a difference of one stream is noise as likely as not);
-    ``matches`` says whether the
-    policy is within ``MATCH_TOLERANCE`` of the reference (job 1), ``rel`` and ``half``
-    the mean relative difference and its 95% half-interval (``z`` standard errors where
+    where there is no interval; ``matches`` says whether the policy is within
+    ``MATCH_TOLERANCE`` of the reference (job 1), ``rel`` and ``half`` the mean relative
+    difference and its 95% half-interval (``z`` standard errors where
     :func:`paired_verdict` was given one).
     """
 
