@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from envs.cli import parse
-from envs.errors import ConfigError, exit_on_the_next_signal, integer, number, require, run_cli
+from envs.errors import ConfigError, integer, number, require, run_cli
 from envs.scenario import Scenario, named_workload
 
 
@@ -484,7 +484,8 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
             f"{'' if args.rate is None else f' at {args.rate} req/s'}, SLO TTFT {scenario.slo_ttft_s:g} s "
             f"/ ITL {scenario.slo_itl_s * 1e3:g} ms; trained on {len(config['conditions'])} conditions")
     checks = config["checks"]
-    facts = {"algorithm": f"{args.algo}, {training_speed(model.num_timesteps, learned_steps, train_s, args.total_timesteps)}",
+    speed = training_speed(model.num_timesteps, learned_steps, train_s, args.total_timesteps)
+    facts = {"algorithm": f"{args.algo}, {speed}",
              "policy file": "best_model.zip (lowest held-out cost)" if (run_dir / "best_model.zip").exists()
              else "model.zip",
              "best constant cost on them": f"{callback.baseline_cost:.2f}",
@@ -532,7 +533,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train_s, learned_steps, stopped_by = train(args, model, venv, callback, run_dir, resumed)
         if stopped_by is not None:
-            exit_on_the_next_signal()
             print(f"interrupted after {model.num_timesteps} trained timesteps; checkpoint saved in "
                   f"{run_dir / 'checkpoints'}; continue with: python train.py --resume {run_dir}",
                   file=sys.stderr)

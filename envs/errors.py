@@ -156,7 +156,10 @@ def cli_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
     Ctrl-C prints "interrupted" and returns 130, a SIGTERM "terminated" and 143."""
     catch_sigterm()
     try:
-        return main(argv)
+        code = main(argv)
+        if code in (130, 143):  # stopped by a signal it handled itself (train.py's checkpoint)
+            exit_on_the_next_signal()
+        return code
     except ConfigError as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2

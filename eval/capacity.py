@@ -237,6 +237,11 @@ class CapacityStudy:
 
         return paired_verdict(self.policies[name].per_stream, self.best.per_stream)
 
+    @property
+    def has_held_out(self) -> bool:
+        """Whether there is a held-out pick: it needs another stream to pick on."""
+        return len(self.best.per_stream) > 1
+
     def held_out_static(self) -> tuple[CapacityResult, tuple[int, ...]]:
         """(each stream's capacity under the rung that is best on the other streams, those
         rungs): the fixed number a user could pick from past arrivals, judged on arrivals
@@ -246,7 +251,7 @@ class CapacityStudy:
         around the best rung of all streams: the held-out pick chooses among them.) With
         one stream it is the hindsight pick."""
         n = len(self.best.per_stream)
-        if n < 2:
+        if not self.has_held_out:
             return self.best, (self.best_budget,)
         picks = tuple(best_rung(self.rungs, [j for j in range(n) if j != i]) for i in range(n))
         per = [self.rungs[b].per_stream[i] for i, b in enumerate(picks)]
@@ -263,7 +268,7 @@ class CapacityStudy:
         out["_hindsight_static"] = {"budget": self.best_budget, "capacity": self.best.capacity,
                                     "ci95": self.best.ci95}
         held, picks = self.held_out_static()
-        out["_held_out_static"] = None if len(picks) < 2 else {
+        out["_held_out_static"] = None if not self.has_held_out else {
             "picks": list(picks), "capacity": held.capacity, "ci95": held.ci95,
             "per_stream": list(held.per_stream)}
         out["_ladder"] = {str(b): r.as_json() for b, r in self.rungs.items()}

@@ -199,17 +199,18 @@ def unbounded_note(studies) -> str | None:
     if not found:
         return None
     names = ", ".join(f"{n} ({k} stream{'s' * (k > 1)})" for n, k in found[:8])
+    more = " and more" if len(found) > 8 else ""
     return (f"NOTE: the SLO held at every load tried (up to 2^{BRACKET_STEPS - 1} times the "
-            f"scenario's, at most {MAX_RATE:.0e} requests/s) for {names}{' and more' if len(found) > 8 else ''}: those capacities are "
-            "lower bounds, and the verdicts that use them are not measurements; longer streams "
-            "(--requests) let a load bind.")
+            f"scenario's, at most {MAX_RATE:.0e} requests/s) for {names}{more}: those "
+            "capacities are lower bounds, and the verdicts that use them are not measurements; "
+            "longer streams (--requests) let a load bind.")
 
 
 def held_out_cell(study, name: str) -> str:
     """A policy against the held-out static pick, as the verdict reads it."""
-    held, picks = study.held_out_static()
-    if len(picks) < 2:
+    if not study.has_held_out:
         return "n/a (one stream)"
+    held, _ = study.held_out_static()
     if held.capacity <= 0:
         return "the held-out pick serves nothing"
     return str(paired_verdict(study.policies[name].per_stream, held.per_stream))
@@ -218,9 +219,9 @@ def held_out_cell(study, name: str) -> str:
 def held_out_line(study) -> str:
     """What the static budget picked without the stream it is judged on serves, and how
     much of the hindsight pick's lead is the pick's luck."""
-    held, picks = study.held_out_static()
-    if len(picks) < 2:
+    if not study.has_held_out:
         return "One stream: no held-out pick (it needs another stream to pick on)."
+    held, picks = study.held_out_static()
     if study.best.capacity <= 0:
         return "Held-out pick: no static budget meets the SLO on any stream."
     luck = study.best.capacity - held.capacity

@@ -84,7 +84,7 @@ def capacity_table(names, specs, comparisons, studies) -> list[str]:
             cells.append(f"{r.text()} ({v.cell})")
         held, picks = st.held_out_static()
         held_cell = (f"{held.text()} ({'/'.join(map(str, sorted(set(picks))))})"
-                     if len(st.best.per_stream) > 1 else "n/a (one stream)")
+                     if st.has_held_out else "n/a (one stream)")
         lines.append(f"| {name} | {st.best_budget}: {st.best.text()} | {held_cell} | "
                      + " | ".join(cells) + " |")
     return lines
@@ -115,7 +115,7 @@ def job_counts(names, specs, comparisons, studies) -> list[str]:
             v = st.verdict(n)
             within += v.matches
             beats += v.kind == "beats"
-            held += len(st.best.per_stream) > 1 and st.held_out_verdict(n).matches
+            held += st.has_held_out and st.held_out_verdict(n).matches
             if not v.matches:
                 short.append(f"{name} {v.rel:+.0%}")
         lines.append(f"- {spec}: within 2% of the hindsight static in {within} of {len(names)} "

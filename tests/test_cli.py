@@ -178,3 +178,37 @@ def test_sigterm_and_a_second_ctrl_c_end_a_command_in_one_line():
         assert proc.returncode == code and err.strip() == line, err
         if len(signals) > 1:  # the second Ctrl-C cut the 5 s cleanup short
             assert time.monotonic() - start < 4
+
+
+def test_a_second_ctrl_c_after_a_command_stopped_itself_ends_the_cleanup():
+    """train.py catches the first Ctrl-C itself (it saves a checkpoint) and returns 130; a
+    second one during the slow cleanup after it exits at once too, with no traceback."""
+    import signal
+    import time
+
+    script = textwrap.dedent("""
+        import atexit, sys, time
+        from envs.errors import run_cli
+        atexit.register(lambda: time.sleep(5))  # a slow cleanup, as ray.shutdown's
+        def main(argv):
+            print("ready", flush=True)
+            try:
+                time.sleep(30)
+            except KeyboardInterrupt:
+                print("stopped; checkpoint saved", file=sys.stderr)
+                return 130
+            return 0
+        run_cli(main)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.3)  # into the try block
+    start = time.monotonic()
+    for _ in range(2):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130 and err.strip() == "stopped; checkpoint saved", err
+    assert time.monotonic() - start < 4
