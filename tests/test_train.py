@@ -339,7 +339,10 @@ def test_interrupted_run_keeps_only_trained_steps_and_resumes(tmp_path, signum, 
     proc = subprocess.Popen([sys.executable, "train.py", "--total-timesteps", "200000", "--run-dir",
                              str(run), *TINY, "--vec-env", vec_env], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+                            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+                            # as at a terminal, even when the tests run in the background
+                            # (where a shell starts them with SIGINT ignored, and so the run)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
     while time.time() < deadline and len(list((run / "checkpoints").glob("ckpt_*.zip"))) < 2:
         time.sleep(0.5)
