@@ -120,7 +120,12 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
 class OneLineParser(argparse.ArgumentParser):
     """argparse's errors in the project's one-line form (``error: field: ...``, exit 2)
     instead of a usage block: ``argument --num-requests: ...`` names the field as every
-    other check does, ``num_requests: ...``."""
+    other check does, ``num_requests: ...``. Flags are taken whole, never abbreviated:
+    ``suite --seed 3`` would otherwise run 3 streams as ``--seeds 3``."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         from envs.errors import ConfigError
@@ -128,12 +133,28 @@ class OneLineParser(argparse.ArgumentParser):
         m = re.match(r"argument (--[\w-]+)(?:/[^:]*)?: (.*)", message, re.S)
         if m:
             message = f"{m[1][2:].replace('-', '_')}: {m[2]}"
+        elif message.startswith("unrecognized arguments:"):
+            message += self.close_flag(message.split(":", 1)[1].split())
         raise ConfigError(f"{message} (see {self.prog} --help)")
 
 
+    def close_flag(self, words: list[str]) -> str:
+        """``; did you mean --seeds?`` for the first unknown flag near a shown one."""
+        import difflib
+
+        shown = [s for a in self._actions if a.help != argparse.SUPPRESS for s in a.option_strings
+                 if s.startswith("--")]
+        for w in words:
+            if w.startswith("--"):
+                near = difflib.get_close_matches(w.split("=")[0], shown, n=1, cutoff=0.75)
+                if near:
+                    return f"; did you mean {near[0]}?"
+        return ""
+
+
 def given_fields(cls: type, argv: list[str] | None = None) -> set[str]:
-    """The fields of ``cls`` that ``argv`` sets (by flag, abbreviated or not), whatever
-    their values: a flag given its default value is still given."""
+    """The fields of ``cls`` that ``argv`` sets (by flag), whatever their values: a flag
+    given its default value is still given."""
     parser = OneLineParser(prog="-")
     add_arguments(parser, cls)
     for action in parser._actions:

@@ -828,6 +828,9 @@ def main(argv: list[str] | None = None) -> int:
     import argparse  # here, not at the top: an engine importing the table never needs it
 
     class _Parser(argparse.ArgumentParser):
+        def __init__(self, *args, **kwargs):  # flags whole: --slo-i is no --slo-itl-s
+            super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
         def error(self, message):  # one line naming the field and exit 2, as every chunkpilot command
             m = re.match(r"argument (--[\w-]+)(?:/[^:]*)?: (.*)", message, re.S)
             if m:

@@ -137,6 +137,20 @@ def test_argparse_errors_are_one_line():
     assert "budget: got 'x', must be an integer" in out.stderr
 
 
+@pytest.mark.parametrize("module, args, message", [
+    ("eval", ["suite", "--seed", "3"], "unrecognized arguments: --seed 3; did you mean --seeds?"),
+    ("envs.simulate", ["--budg", "512"], "unrecognized arguments: --budg 512; did you mean --budget?"),
+    ("envs.simulate", ["--zzz"], "unrecognized arguments: --zzz (see"),
+    ("policies.table", ["check", "t.json", "--slo-i", "1"], "unrecognized arguments: --slo-i 1"),
+])
+def test_flags_are_taken_whole_never_abbreviated(module, args, message):
+    """An abbreviation is refused, with the nearest flag named: `suite --seed 3` ran 3
+    streams as `--seeds 3` when argparse completed it."""
+    out = cli(module, *args)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert message in out.stderr, out.stderr
+
+
 @pytest.mark.parametrize("budget, ttft_s, worst_s", [(16384, 3.1, 3.1), (1024, 3.5, 0.5), (256, 4.6, 0.2)])
 def test_probe_reproduces_the_measured_laptop_trade_table(budget, ttft_s, worst_s):
     # DESIGN.md: M5 Max, 8B Q4, an 8,000-token prompt among three streaming users.

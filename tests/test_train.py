@@ -150,7 +150,7 @@ def test_resume_skips_a_checkpoint_whose_statistics_are_missing_or_cut_short(tmp
 
 def test_resume_keeps_the_run_s_own_values_and_refuses_any_flag_that_differs(tmp_path):
     """A flag is refused when it differs from the run's value even where it equals the
-    default (--conditions 32, --n-envs 8), abbreviated too; the run's checkpoint and
+    default (--conditions 32, --n-envs 8); the run's checkpoint and
     evaluation periods and its total are kept unless the command line sets them."""
     import train
     from envs.cli import parse
@@ -167,9 +167,11 @@ def test_resume_keeps_the_run_s_own_values_and_refuses_any_flag_that_differs(tmp
 
     for flags, name in ((("--conditions", "32"), "conditions"), (("--n-envs", "8"), "n_envs"),
                         (("--run-dir", str(tmp_path / "elsewhere")), "run_dir"),
-                        (("--conditions=31",), "conditions"), (("--n-env", "8"), "n_envs")):
+                        (("--conditions=31",), "conditions")):
         with pytest.raises(ConfigError, match=f"^{name}: got .*(trained with|not used with --resume)"):
             resumed(*flags)
+    with pytest.raises(ConfigError, match="unrecognized arguments: --n-env 8; did you mean --n-envs"):
+        resumed("--n-env", "8")  # flags are taken whole
     kept = resumed("--conditions", "4")
     assert (kept.n_envs, kept.conditions, kept.checkpoint_every, kept.eval_every,
             kept.total_timesteps, kept.resume) == (2, 4, 256, 256, 1024, str(tmp_path))
