@@ -92,6 +92,9 @@ class Args:
     condition_teachers: bool = True
     """Start from each training condition's best fixed choice (agents.checks.condition_teachers),
     not from the one best overall."""
+    teacher: str | None = None
+    """The overall teacher, one of the checks' time-acting choices (e.g. t4, g16, f1), instead
+    of the checks' pick; conditions still get their own where they beat it."""
     eval_every: int = 50_000
     """Evaluate on held-out episodes every this many steps (TensorBoard eval/*)."""
     eval_episodes: int = 24
@@ -141,6 +144,12 @@ class Args:
         number("load_high", self.load_high, self.load_low, 100)
         number("episode_s", self.episode_s, 0, 86400, low_open=True)
         number("gamma", self.gamma, 0, 1, low_open=True)
+        if self.teacher is not None:
+            names = teacher_names()
+            require(self.teacher in names, "teacher", self.teacher[:40],
+                    f"must be one of {', '.join(names)}")
+            require(self.actions == "time", "teacher", self.teacher,
+                    "needs --actions time (a teacher acts in time)")
         self.layers()
 
     def layers(self) -> tuple[int, ...]:
@@ -271,6 +280,11 @@ TIME_RULES = "fkdghtu"
 CONDITION_TEACHERS = ("f1", *CHECK_RULES)
 """The fixed choices each training condition's teacher is picked from..."""
 CONDITION_EPISODES = 4
+
+
+def teacher_names() -> list[str]:
+    """The fixed choices ``--teacher`` takes: the checks' fractions and rules."""
+    return [f"f{f:g}" for f in CHECK_FRACTIONS] + list(CHECK_RULES)
 """...on this many episodes of that condition, loaded at SELECTION_LOADS."""
 CHECK_STATICS = (256, 512, 1024, 2048, 4096, 8192)
 
@@ -285,19 +299,20 @@ def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], e
 
     sampler = make_sampler(args, conditions, EVAL_SEED_BASE)
     episodes = draw_episodes(scenario, sampler, 24, PERIODIC_EVAL_SEEDS + 500)
-    names = ([f"f{f:g}" for f in CHECK_FRACTIONS] + list(CHECK_RULES)
-             if args.actions == "time" else []) + [
+    names = (teacher_names() if args.actions == "time" else []) + [
         f"s{b}" for b in CHECK_STATICS if b >= scenario.max_num_seqs]
     with progress_bar(len(names) * len(episodes), "checks: returns") as bar:
         costs = constant_costs(episodes, names, executor=executor, progress=bar)
     best = min(costs, key=lambda n: costs[n].mean())
-    out = {"costs": {n: float(c.mean()) for n, c in costs.items()}, "best_constant": best,
-           "lowest_cost": best}
+    out = {"costs": {n: float(c.mean()) for n, c in costs.items()},
+           "best_constant": args.teacher or best, "lowest_cost": best}
+    if args.teacher:
+        out["teacher_given"] = True
     if not args.checks or not conditions:
         return out
     with progress_bar(5 * len(names) * 2, "checks: capacity ranking") as bar:
         out["ranking"] = ranking_check(scenario, conditions, costs, executor=executor, progress=bar)
-    out["best_constant"] = best = teacher_choice(costs, out["ranking"])
+    out["best_constant"] = best = args.teacher or teacher_choice(costs, out["ranking"])
     if best[0] not in TIME_RULES:
         return out
     if args.condition_teachers:
@@ -314,10 +329,14 @@ def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], e
 
 def print_checks(checks: dict) -> None:
     best, low = checks["best_constant"], checks.get("lowest_cost", checks["best_constant"])
-    print(f"best constant choice on held-out training episodes: {best} (cost "
-          f"{checks['costs'][best]:.2f}, SLO violations in % of requests)"
-          + (f"; ties on cost with the lowest, {low} ({checks['costs'][low]:.2f}), and serves "
-             "more" if low != best else ""))
+    if checks.get("teacher_given"):
+        print(f"teacher as given (--teacher): {best} (cost {checks['costs'][best]:.2f}, SLO "
+              f"violations in % of requests; the lowest, {low}, {checks['costs'][low]:.2f})")
+    else:
+        print(f"best constant choice on held-out training episodes: {best} (cost "
+              f"{checks['costs'][best]:.2f}, SLO violations in % of requests)"
+              + (f"; ties on cost with the lowest, {low} ({checks['costs'][low]:.2f}), and serves "
+                 "more" if low != best else ""))
     rk, room = checks.get("ranking"), checks.get("room")
     if rk:
         warn = "" if rk["spearman"] >= 0.7 else "  WARNING: the reward does not rank choices as capacity does"

@@ -382,6 +382,8 @@ def test_bad_options_are_one_line_errors(tmp_path):
         (["--learning-rate", "nan"], "learning_rate: got nan"),
         (["--load-low", "2", "--load-high", "1"], "load_high: got 1.0"),
         (["--conditions", "5000"], "conditions: got 5000"),
+        (["--teacher", "x9"], "teacher: got 'x9', must be one of f0.25,"),
+        (["--teacher", "t4", "--actions", "tokens"], "teacher: got 't4', needs --actions time"),
     ]:
         out = cli("train.py", *args, "--run-dir", str(tmp_path / "x"))
         assert out.returncode == 2, (args, out.stderr)
@@ -506,6 +508,38 @@ def test_imitation_follows_each_environments_condition():
         teacher_actions("f0.5", FRACTION_LADDER, raw).tolist()
 
 
+def test_a_given_teacher_is_kept_over_the_checks_pick(monkeypatch, capsys):
+    """--teacher pins the overall teacher: the checks still measure the costs and the
+    ranking, but neither replaces it, and each condition's teacher is picked against it."""
+    import numpy as np
+
+    import agents.checks as checks
+    import train
+
+    names_seen = {}
+    monkeypatch.setattr(checks, "draw_episodes", lambda *a, **k: list(range(6)))
+    monkeypatch.setattr(checks, "constant_costs", lambda episodes, names, **_: {
+        n: np.full(len(episodes), 0.5 if n == "u4" else 3.0) for n in names})
+    monkeypatch.setattr(checks, "ranking_check", lambda *a, **k: {
+        "spearman": 0.9, "conditions": 5, "rows": [{"policy": "u4", "relative_capacity": 1.0}]})
+    monkeypatch.setattr(checks, "condition_teachers", lambda base, sampler, names, teacher, *a, **k:
+                        names_seen.setdefault("teacher", teacher) and [teacher])
+    monkeypatch.setattr(checks, "room_check",
+                        lambda *a, **k: {"gain": 0.0, "gain_ci95": 0.0, "episodes": 6})
+    conditions = [{"capacity_rps": 1.0}]
+    for teacher, want in ((None, "u4"), ("t4", "t4")):
+        args = train.Args(teacher=teacher, conditions=1, workers=1)
+        args.validate()
+        names_seen.clear()
+        out = train.pretraining_checks(args, args.scenario(), conditions, None)
+        assert out["best_constant"] == want and names_seen["teacher"] == want
+        assert out["lowest_cost"] == "u4" and out.get("teacher_given", False) == (teacher is not None)
+    train.print_checks(out)
+    assert "teacher as given (--teacher): t4 (cost 3.00" in capsys.readouterr().out
+    args = train.Args(teacher="t4", checks=False)  # without the checks it is still the teacher
+    assert train.pretraining_checks(args, args.scenario(), conditions, None)["best_constant"] == "t4"
+
+
 def test_a_condition_teacher_keeps_the_overall_teachers_top_among_ties(monkeypatch):
     """Where several rules beat the overall teacher equally, the condition's teacher is the
     one nearest it (its top), so the clones disagree only where the condition needs it."""
@@ -550,6 +584,7 @@ def test_presets_pass_a_preset_flags_and_the_final_streams(monkeypatch, tmp_path
     (_, targs), (_, eargs) = calls
     flag = lambda argv, name: argv[argv.index(name) + 1]
     assert flag(targs, "--hardware") == "l40s" and flag(targs, "--rate") == "1.5"
+    assert flag(targs, "--teacher") == "t4"  # the checks' own pick there clones worse
     assert flag(targs, "--final-seeds") == "8" and flag(targs, "--workers") == "1"
     assert flag(targs, "--run-dir") == f"{tmp_path}/l40s__llama-3-8b"
     assert eargs[0] == f"{tmp_path}/l40s__llama-3-8b" and flag(eargs, "--out") == "tables/l40s__llama-3-8b.json"
