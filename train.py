@@ -183,6 +183,10 @@ RUN_FIELDS_KEPT = ("total_timesteps", "eval_every", "checkpoint_every")
 """Run-control flags a resume records in the run's config.json as its own."""
 
 
+FIELDS_ADDED = {"teacher": None}
+"""Fields newer than some runs, with the value an older run behaved as: its resume takes it."""
+
+
 def resumed_args(args: Args, argv: list[str] | None) -> tuple[Args, dict]:
     """The run's own arguments (from its config.json), with only the run-control flags of
     this command line applied; a conflicting flag is refused, naming it."""
@@ -191,7 +195,7 @@ def resumed_args(args: Args, argv: list[str] | None) -> tuple[Args, dict]:
     from envs.cli import given_fields
 
     config = read_config(args.resume, "resume")
-    saved = config["args"]
+    saved = {**FIELDS_ADDED, **config["args"]}
     missing = [f for f in Args.__dataclass_fields__ if f not in saved and f not in RUN_FIELDS_ON_RESUME]
     if missing:
         raise ConfigError(f"resume: {str(Path(args.resume) / 'config.json')!r} has no {missing[0]!r} "

@@ -181,6 +181,13 @@ def test_resume_keeps_the_run_s_own_values_and_refuses_any_flag_that_differs(tmp
     again = resumed()
     assert (again.total_timesteps, again.checkpoint_every) == (2048, 512)
     assert json.loads((tmp_path / "config.json").read_text())["args"]["total_timesteps"] == 2048
+    # A run from before --teacher existed resumes as it was trained: the checks' pick.
+    old = json.loads((tmp_path / "config.json").read_text())
+    del old["args"]["teacher"]
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert resumed().teacher is None
+    with pytest.raises(ConfigError, match="^teacher: got 't4', but the run being resumed was trained with None"):
+        resumed("--teacher", "t4")
     # A config.json that parses but was edited or cut is one line, not a traceback.
     good = json.loads((tmp_path / "config.json").read_text())
     for change, needle in (({"args": {k: v for k, v in saved.items() if k != "n_envs"}},
