@@ -93,8 +93,10 @@ class Args:
     """Start from each training condition's best fixed choice (agents.checks.condition_teachers),
     not from the one best overall."""
     teacher: str | None = None
-    """The overall teacher, one of the checks' time-acting choices (e.g. t4, g16, f1), instead
-    of the checks' pick; conditions still get their own where they beat it."""
+    """The overall teacher (default: the checks' pick): a fraction of the ITL target
+    (f0.25-f1) or a rule (k0.917, k1, d1, g4, g16, h4, h16, t4, t16, u4, u16: train.py's
+    CHECK_RULES says what each does), with --actions time; conditions still get their own
+    where they beat it."""
     eval_every: int = 50_000
     """Evaluate on held-out episodes every this many steps (TensorBoard eval/*)."""
     eval_episodes: int = 24
@@ -145,9 +147,8 @@ class Args:
         number("episode_s", self.episode_s, 0, 86400, low_open=True)
         number("gamma", self.gamma, 0, 1, low_open=True)
         if self.teacher is not None:
-            names = teacher_names()
-            require(self.teacher in names, "teacher", self.teacher[:40],
-                    f"must be one of {', '.join(names)}")
+            require(self.teacher in TEACHER_NAMES, "teacher", self.teacher,
+                    f"must be one of {', '.join(TEACHER_NAMES)}")
             require(self.actions == "time", "teacher", self.teacher,
                     "needs --actions time (a teacher acts in time)")
         self.layers()
@@ -208,8 +209,10 @@ def resumed_args(args: Args, argv: list[str] | None) -> tuple[Args, dict]:
     for name in sorted(given - set(RUN_FIELDS_ON_RESUME)):
         value = getattr(args, name)
         if name in saved and value != saved[name]:
-            raise ConfigError(f"{name}: got {value!r}, but the run being resumed was trained with "
-                              f"{saved[name]!r}; drop the flag or start a new run")
+            was = (f"without --{name.replace('_', '-')}" if saved[name] is None
+                   else f"with {saved[name]!r}")
+            raise ConfigError(f"{name}: got {value!r}, but the run being resumed was trained "
+                              f"{was}; drop the flag or start a new run")
     # The run's own values, run-control flags included (its checkpoint and evaluation
     # periods, its total), except those this command line sets.
     merged = {**{k: v for k, v in saved.items() if k in Args.__dataclass_fields__},
@@ -281,14 +284,11 @@ prefill queue is due late (t), the same stepping down as the KV cache fills (u),
 static budgets (s); the best of them is the policy's teacher."""
 TIME_RULES = "fkdghtu"
 """Prefixes of the fixed choices that act in time (a teacher the policy can clone)."""
+TEACHER_NAMES = (*(f"f{f:g}" for f in CHECK_FRACTIONS), *CHECK_RULES)
+"""The fixed choices that act in time: the checks' fractions and rules (``--teacher``)."""
 CONDITION_TEACHERS = ("f1", *CHECK_RULES)
 """The fixed choices each training condition's teacher is picked from..."""
 CONDITION_EPISODES = 4
-
-
-def teacher_names() -> list[str]:
-    """The fixed choices ``--teacher`` takes: the checks' fractions and rules."""
-    return [f"f{f:g}" for f in CHECK_FRACTIONS] + list(CHECK_RULES)
 """...on this many episodes of that condition, loaded at SELECTION_LOADS."""
 CHECK_STATICS = (256, 512, 1024, 2048, 4096, 8192)
 
@@ -303,20 +303,21 @@ def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], e
 
     sampler = make_sampler(args, conditions, EVAL_SEED_BASE)
     episodes = draw_episodes(scenario, sampler, 24, PERIODIC_EVAL_SEEDS + 500)
-    names = (teacher_names() if args.actions == "time" else []) + [
+    names = (list(TEACHER_NAMES) if args.actions == "time" else []) + [
         f"s{b}" for b in CHECK_STATICS if b >= scenario.max_num_seqs]
     with progress_bar(len(names) * len(episodes), "checks: returns") as bar:
         costs = constant_costs(episodes, names, executor=executor, progress=bar)
     best = min(costs, key=lambda n: costs[n].mean())
     out = {"costs": {n: float(c.mean()) for n, c in costs.items()},
-           "best_constant": args.teacher or best, "lowest_cost": best}
+           "best_constant": args.teacher or best, "lowest_cost": best, "checks_pick": best}
     if args.teacher:
         out["teacher_given"] = True
     if not args.checks or not conditions:
         return out
     with progress_bar(5 * len(names) * 2, "checks: capacity ranking") as bar:
         out["ranking"] = ranking_check(scenario, conditions, costs, executor=executor, progress=bar)
-    out["best_constant"] = best = args.teacher or teacher_choice(costs, out["ranking"])
+    out["checks_pick"] = teacher_choice(costs, out["ranking"])
+    out["best_constant"] = best = args.teacher or out["checks_pick"]
     if best[0] not in TIME_RULES:
         return out
     if args.condition_teachers:
@@ -332,10 +333,14 @@ def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], e
 
 
 def print_checks(checks: dict) -> None:
+    from agents.summary import teacher_words
+
     best, low = checks["best_constant"], checks.get("lowest_cost", checks["best_constant"])
     if checks.get("teacher_given"):
+        pick = checks.get("checks_pick", low)
         print(f"teacher as given (--teacher): {best} (cost {checks['costs'][best]:.2f}, SLO "
-              f"violations in % of requests; the lowest, {low}, {checks['costs'][low]:.2f})")
+              f"violations in % of requests)" + ("" if pick == best else
+              f"; the checks' pick: {pick} ({checks['costs'][pick]:.2f})"))
     else:
         print(f"best constant choice on held-out training episodes: {best} (cost "
               f"{checks['costs'][best]:.2f}, SLO violations in % of requests)"
@@ -347,8 +352,8 @@ def print_checks(checks: dict) -> None:
         print(f"check: return vs capacity ranking of {len(rk['rows'])} constants, Spearman "
               f"{rk['spearman']:.2f}{warn}")
     if room:
-        print(f"check: reference controller gain over the best constant {room['gain']:+.2f} ± "
-              f"{room['gain_ci95']:.2f} ({room['episodes']} episodes)")
+        print(f"check: reference controller gain over {teacher_words(checks)} "
+              f"{room['gain']:+.2f} ± {room['gain_ci95']:.2f} ({room['episodes']} episodes)")
 
 
 def write_config(run_dir: Path, args: Args, scenario: Scenario, conditions: list[dict],
@@ -402,8 +407,10 @@ def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
             print(f"starting from each condition's best fixed choice ({which} of {len(per)} "
                   f"conditions): cloned on 20,000 decisions ({agree:.1%} agreement)")
         else:
-            print(f"starting from the best fixed choice, {best}: cloned on 20,000 decisions "
-                  f"({agree:.1%} agreement)")
+            from agents.summary import teacher_words
+
+            print(f"starting from {teacher_words(config['checks'])}, {best}: cloned on 20,000 "
+                  f"decisions ({agree:.1%} agreement)")
     return model, venv, False
 
 

@@ -106,11 +106,27 @@ def budget_lines(actions: dict) -> list[str]:
     return lines + [""]
 
 
+def teacher_words(checks: dict | None) -> str:
+    """What a run calls the fixed choice it starts from."""
+    return "the given teacher" if (checks or {}).get("teacher_given") else "the best fixed choice"
+
+
+def teacher_line(checks: dict | None) -> str | None:
+    """The summary's line on a teacher given with ``--teacher`` (None where the checks chose)."""
+    if not (checks or {}).get("teacher_given"):
+        return None
+    pick = checks.get("checks_pick")
+    return (f"- teacher: {checks['best_constant']}, given (--teacher)"
+            + (f"; the checks' pick: {pick}" if pick and pick != checks["best_constant"] else ""))
+
+
 def summary_text(run_name: str, desc: str, facts: dict, checks: dict | None, history: list,
                  studies: dict, learned_name: str, actions: dict) -> str:
     lines = [f"# chunkpilot training run: {run_name}", "", f"- scenario: {desc}"]
     lines += [f"- {k}: {v}" for k, v in facts.items() if k != "best constant cost on them"]
     if checks:
+        if teacher_line(checks):
+            lines.append(teacher_line(checks))
         rk, room = checks.get("ranking"), checks.get("room")
         if rk:
             lines.append(f"- before training, the return ranks {len(rk['rows'])} constant choices as "
@@ -119,12 +135,12 @@ def summary_text(run_name: str, desc: str, facts: dict, checks: dict | None, his
         if room:
             lines.append(f"- room: the reference controller (MPC over {room['best_constant']}) "
                          f"costs {room['reference_cost']:.2f} against {room['best_cost']:.2f} for "
-                         f"the best constant ({room['gain']:+.2f} ± {room['gain_ci95']:.2f} SLO "
+                         f"{teacher_words(checks)} ({room['gain']:+.2f} ± {room['gain_ci95']:.2f} SLO "
                          f"violations, % of requests, over {room['episodes']} episodes)")
     if history:
         h = history[-1]
         lines.append(f"- held-out training episodes: cost {h['cost']:.2f} ± {h['cost_ci95']:.2f} at "
-                     f"{h['timesteps']:,} steps; the best constant costs "
+                     f"{h['timesteps']:,} steps; {teacher_words(checks)} costs "
                      f"{facts.get('best constant cost on them', 'n/a')} on the same episodes")
     lines += ["", "## Capacity under the SLO, held-out arrivals", ""]
     lines += capacity_lines(studies, learned_name) + [""] + job_lines(studies, learned_name)

@@ -105,13 +105,15 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         if typing.get_origin(tp) is tuple:  # several values, the flag repeatable: --x A B --x C
             parser.add_argument(flag, dest=f.name, action="extend", nargs="+", default=None,
                                 metavar=f.name.upper(),
-                                help=argparse.SUPPRESS if hide else f"{help_text} (default: none)")
+                                help=argparse.SUPPRESS if hide else help_text if "(default:" in help_text
+                                else f"{help_text} (default: none)")
             continue
         conv = CONVERTERS.get(tp, str)
         kwargs: dict[str, Any] = dict(
             dest=f.name, default=default, metavar=f.name.upper(),
             type=_none_or(conv) if optional else conv,
-            help=argparse.SUPPRESS if hide else f"{help_text} (default: {default})")
+            help=argparse.SUPPRESS if hide else help_text if "(default:" in help_text
+            else f"{help_text} (default: {default})")
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
         parser.add_argument(flag, **kwargs)
@@ -140,16 +142,29 @@ class OneLineParser(argparse.ArgumentParser):
 
     def close_flag(self, words: list[str]) -> str:
         """``; did you mean --seeds?`` for the first unknown flag near a shown one."""
-        import difflib
+        near = close_flags(words, [s for a in self._actions if a.help != argparse.SUPPRESS
+                                   for s in a.option_strings])
+        return f"; did you mean {near}?" if near else ""
 
-        shown = [s for a in self._actions if a.help != argparse.SUPPRESS for s in a.option_strings
-                 if s.startswith("--")]
-        for w in words:
-            if w.startswith("--"):
-                near = difflib.get_close_matches(w.split("=")[0], shown, n=1, cutoff=0.75)
-                if near:
-                    return f"; did you mean {near[0]}?"
-        return ""
+
+def close_flags(words: list[str], flags: list[str]) -> str:
+    """The shown flags the first unknown ``--flag`` in ``words`` begins (up to three, as it
+    was an abbreviation of them: ``--load`` -> ``--load-low or --load-high``), else the
+    nearest by spelling; '' where none is near."""
+    import difflib
+
+    flags = [f for f in flags if f.startswith("--")]
+    for w in words:
+        if not w.startswith("--"):
+            continue
+        w = w.split("=")[0]
+        begun = [f for f in flags if f.startswith(w)]
+        if 0 < len(begun) <= 3:
+            return " or ".join(begun)
+        spelt = difflib.get_close_matches(w, flags, n=1, cutoff=0.75)
+        if spelt:
+            return spelt[0]
+    return ""
 
 
 def given_fields(cls: type, argv: list[str] | None = None) -> set[str]:

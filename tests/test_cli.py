@@ -141,7 +141,9 @@ def test_argparse_errors_are_one_line():
     ("eval", ["suite", "--seed", "3"], "unrecognized arguments: --seed 3; did you mean --seeds?"),
     ("envs.simulate", ["--budg", "512"], "unrecognized arguments: --budg 512; did you mean --budget?"),
     ("envs.simulate", ["--zzz"], "unrecognized arguments: --zzz (see"),
-    ("policies.table", ["check", "t.json", "--slo-i", "1"], "unrecognized arguments: --slo-i 1"),
+    ("policies.table", ["check", "t.json", "--slo-i", "1"],
+     "--slo-i 1; did you mean --slo-itl-s? (see python -m policies.table check --help)"),
+    ("train.py", ["--load", "1"], "did you mean --load-low or --load-high?"),
 ])
 def test_flags_are_taken_whole_never_abbreviated(module, args, message):
     """An abbreviation is refused, with the nearest flag named: `suite --seed 3` ran 3

@@ -186,7 +186,7 @@ def test_resume_keeps_the_run_s_own_values_and_refuses_any_flag_that_differs(tmp
     del old["args"]["teacher"]
     (tmp_path / "config.json").write_text(json.dumps(old))
     assert resumed().teacher is None
-    with pytest.raises(ConfigError, match="^teacher: got 't4', but the run being resumed was trained with None"):
+    with pytest.raises(ConfigError, match="^teacher: got 't4', but the run being resumed was trained without --teacher;"):
         resumed("--teacher", "t4")
     # A config.json that parses but was edited or cut is one line, not a traceback.
     good = json.loads((tmp_path / "config.json").read_text())
@@ -542,7 +542,12 @@ def test_a_given_teacher_is_kept_over_the_checks_pick(monkeypatch, capsys):
         assert out["best_constant"] == want and names_seen["teacher"] == want
         assert out["lowest_cost"] == "u4" and out.get("teacher_given", False) == (teacher is not None)
     train.print_checks(out)
-    assert "teacher as given (--teacher): t4 (cost 3.00" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "teacher as given (--teacher): t4 (cost 3.00" in printed and "the checks' pick: u4" in printed
+    assert out["checks_pick"] == "u4"
+    from agents.summary import teacher_line
+
+    assert teacher_line(out) == "- teacher: t4, given (--teacher); the checks' pick: u4"
     args = train.Args(teacher="t4", checks=False)  # without the checks it is still the teacher
     assert train.pretraining_checks(args, args.scenario(), conditions, None)["best_constant"] == "t4"
 
