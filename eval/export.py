@@ -87,7 +87,9 @@ class ExportArgs:
     max_features: int = 4
     """Features picked at most (greedily, by the held-out log error against the model)."""
     features: str | None = None
-    """Comma-separated features to use instead of picking them."""
+    """Comma-separated features to use instead of picking them, each with its own edges if
+    given (``prefill_due_s:6:8:10``: buckets below 6, 6-8, 8-10 and from 10 on), else
+    edges where the model's choice changes."""
     slo_ttft_s: float | None = None
     """The SLO the table serves (default: the run's serving SLO)."""
     slo_itl_s: float | None = None
@@ -414,6 +416,8 @@ def parse_args(argv: list[str]) -> ExportArgs:
         require(name not in seen, "rules", args.rules, f"names {name} twice ({seen.get(name)}, {spec})")
         seen[name] = spec
     integer("fidelity_seeds", args.fidelity_seeds, 0, 50)
+    if args.features is not None:
+        feature_specs(args.features)
     check_num_requests("fidelity_requests", args.fidelity_requests)
     for f in ("slo_ttft_s", "slo_itl_s"):
         if getattr(args, f) is not None:
@@ -662,12 +666,13 @@ def main(argv: list[str] | None = None) -> int:
     build_eps, held_eps = export_episodes(model, serving, args)
     build, held = collect(model, build_eps), collect(model, held_eps)
     prov = {**scenario_provenance(serving), **run_provenance(model, args)}
-    names = None
+    names, fixed = None, {}
     if args.features:
-        names = [n.strip() for n in args.features.split(",") if n.strip()]
-        bad = [n for n in names if n not in CANDIDATES or (n in DERIVED and not action)]
-        require(not bad, "features", args.features, f"must name quantities among {', '.join(CANDIDATES)}")
-    rounds = dagger_rounds(model, (build_eps, held_eps), (build, held), names, args, prov, action)
+        names, fixed = feature_specs(args.features)
+        bad = [n for n in names if n in DERIVED and not action]
+        require(not bad, "features", args.features, f"{bad[0] if bad else ''} needs a run acting in time")
+    rounds = dagger_rounds(model, (build_eps, held_eps), (build, held), names, args, prov, action,
+                           fixed)
     labels = round_labels(args.dagger_rounds) + [spec for spec, _ in rules]
     selection = select_round(model, [r.table for r in rounds] + [t for _, t in rules], serving, args)
     chosen = selection["chosen"]
@@ -729,6 +734,32 @@ def rule_specs(specs: str) -> list[str]:
     return names
 
 
+def feature_specs(spec: str) -> tuple[list[str], dict[str, list[float]]]:
+    """``--features``: the names, and the edges of those given with theirs
+    (``prefill_due_s:6:8:10``); refused in one line unless every name is a quantity a table
+    may bucket and every feature's edges are numbers, increasing, at most MAX_BUCKETS - 1."""
+    names, fixed = [], {}
+    for part in (p.strip() for p in spec.split(",")):
+        name, *edges = [x.strip() for x in part.split(":")]
+        require(name in CANDIDATES, "features", spec,
+                f"must name quantities among {', '.join(CANDIDATES)} (got {show(name)})")
+        require(name not in names, "features", spec, f"names {name} twice")
+        names.append(name)
+        if not edges:
+            continue
+        try:
+            values = [float(e) for e in edges]
+        except ValueError:
+            values = []
+        require(bool(values) and all(math.isfinite(v) for v in values)
+                and all(a < b for a, b in zip(values, values[1:])) and len(values) < MAX_BUCKETS,
+                "features", spec, f"{name}'s edges must be increasing numbers, at most "
+                f"{MAX_BUCKETS - 1} (e.g. {name}:6:8:10)")
+        fixed[name] = values
+    require(bool(names), "features", spec, "must name at least one feature")
+    return names, fixed
+
+
 RULE_CHECK_REQUESTS = 600
 """Requests of the stream on which a rule's table is checked against the rule."""
 
@@ -743,7 +774,8 @@ class Round(NamedTuple):
 
 
 def dagger_rounds(model, episodes: tuple, decisions: tuple, names: list[str] | None,
-                  args: ExportArgs, prov: dict, action: dict | None) -> list[Round]:
+                  args: ExportArgs, prov: dict, action: dict | None,
+                  fixed: dict[str, list[float]] | None = None) -> list[Round]:
     """The table built from the model's decisions, then one per round of dataset
     aggregation (DAgger, Ross et al. 2011), ``args.dagger_rounds`` of them: the last
     table drives the same build and held-out episodes, the model labels every state it
@@ -762,8 +794,11 @@ def dagger_rounds(model, episodes: tuple, decisions: tuple, names: list[str] | N
             build = join_decisions(build, collect(model, episodes[0], driver))
             held = join_decisions(held, collect(model, episodes[1], driver))
         features = names or pick_features(build, held, args.buckets, args.max_features, prov, action)[0]
-        table = build_table(features_of(features, build[0], action), build[1], args.buckets, prov,
-                            action, budgets=build[0]["budget"])
+        feats = features_of(features, build[0], action)
+        edges = [(fixed or {}).get(n) or feature_edges(feats[n], build[1], args.buckets)
+                 for n in features]
+        table = build_table(feats, build[1], args.buckets, prov, action,
+                            budgets=build[0]["budget"], edges=edges)
         out.append(Round(table, features, build, held))
     return out
 

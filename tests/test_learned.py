@@ -890,3 +890,25 @@ def test_export_finds_cells_as_the_runtime_looks_them_up():
         if len(picked):
             vals, n = np.unique(picked, return_counts=True)
             assert modes[c] == vals[np.argmax(n)]
+
+
+def test_export_features_may_carry_their_own_edges():
+    """``--features name:e1:e2`` fixes that feature's edges; a name alone takes the edges
+    where the model's choice changes; bad names and edges are one-line errors."""
+    from envs.errors import ConfigError
+    from eval.export import feature_specs
+
+    assert feature_specs("itl_slack_passes:1:2.5, prefill_due_s:6:8:10,last_step_s") == (
+        ["itl_slack_passes", "prefill_due_s", "last_step_s"],
+        {"itl_slack_passes": [1.0, 2.5], "prefill_due_s": [6.0, 8.0, 10.0]})
+    for spec, message in [("prefill_due_s:8:6", "prefill_due_s's edges must be increasing"),
+                          ("prefill_due_s:x", "prefill_due_s's edges must be increasing"),
+                          ("prefill_due_s:nan", "edges must be increasing numbers"),
+                          ("prefill_due_s:", "edges must be increasing numbers"),
+                          ("kv_usage:" + ":".join(str(i) for i in range(40)), "at most 31"),
+                          ("bogus:1", "must name quantities among"),
+                          ("kv_usage,kv_usage:0.5", "names kv_usage twice"),
+                          ("", "must name quantities among")]:
+        with pytest.raises(ConfigError, match=message):
+            feature_specs(spec)
+
