@@ -19,3 +19,5 @@ TABLE_FIDELITY_SEEDS = EVAL_SEED_BASE + 6000
 """Held-out streams of a table's fidelity check."""
 TABLE_SELECT_SEEDS = EVAL_SEED_BASE + 7000
 """Streams on which the export chooses among its candidate tables (not those it reports)."""
+TABLE_REFINE_SEEDS = EVAL_SEED_BASE + 8000
+"""Streams on which the export refines a table's cells by closed-loop capacity."""
