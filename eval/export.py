@@ -675,14 +675,16 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     action = action_spec(model, serving)
     rules = rule_candidates(args.rules, serving, action)
-    build_eps, held_eps = export_episodes(model, serving, args)
-    build, held = collect(model, build_eps), collect(model, held_eps)
-    prov = {**scenario_provenance(serving), **run_provenance(model, args)}
     names, fixed = None, {}
     if args.features:
         names, fixed = feature_specs(args.features)
         bad = [n for n in names if n in DERIVED and not action]
         require(not bad, "features", args.features, f"{bad[0] if bad else ''} needs a run acting in time")
+    require(not (args.refine_streams and serving.trace), "refine_streams", args.refine_streams,
+            "needs a synthetic serving scenario: a trace's parts are those the choice replays")
+    build_eps, held_eps = export_episodes(model, serving, args)
+    build, held = collect(model, build_eps), collect(model, held_eps)
+    prov = {**scenario_provenance(serving), **run_provenance(model, args)}
     rounds = dagger_rounds(model, (build_eps, held_eps), (build, held), names, args, prov, action,
                            fixed)
     refined = []
@@ -771,7 +773,7 @@ def feature_specs(spec: str) -> tuple[list[str], dict[str, list[float]]]:
         require(bool(values) and all(math.isfinite(v) for v in values)
                 and all(a < b for a, b in zip(values, values[1:])) and len(values) < MAX_BUCKETS,
                 "features", spec, f"{name}'s edges must be increasing numbers, at most "
-                f"{MAX_BUCKETS - 1} (e.g. {name}:6:8:10)")
+                f"{MAX_BUCKETS - 1} (e.g. prefill_due_s:6:8:10)")
         fixed[name] = values
     require(bool(names), "features", spec, "must name at least one feature")
     return names, fixed
@@ -784,6 +786,8 @@ the deadline's due time that kept changes of 0.5-1% gained 1.5% on its streams a
 0.7-2.5% on others)."""
 REFINE_SHARE = 0.01
 """A value the model takes in at least this share of its decisions is tried in every cell."""
+REFINE_SWEEPS = 2
+"""Sweeps over the cells; the refinement stops early after one that changes none."""
 
 
 def refine(model, rounds: list[Round], serving: Scenario, args: ExportArgs, prov: dict,
@@ -828,10 +832,17 @@ def refine(model, rounds: list[Round], serving: Scenario, args: ExportArgs, prov
     base_round, base = starts[k], start[k]
     data = base_round.table.to_dict()
     cells_key = "fractions" if "fractions" in data else "budgets"
-    values, share = np.unique(np.concatenate([r.build[1] for r in starts]), return_counts=True)
-    tried = [float(v) for v, c in zip(values, share) if c >= REFINE_SHARE * share.sum()]
-    changes = 0
-    for sweep_no in range(2):
+    # The model's own choices: the last round's decisions (every round's, once) and those
+    # at its capacity; a continuous action's values are all distinct, and then the
+    # starting tables' cell values are tried instead.
+    taken = np.concatenate([last.build[1], *[r.build[1] for r in starts[len(rounds):]]])
+    choice, count = np.unique(taken, return_counts=True)
+    tried = [v for v, c in zip(choice, count) if c >= REFINE_SHARE * count.sum()]
+    if len(tried) < 2:
+        tried = sorted({v for r in starts for v in r.table.action.cells})
+    tried = [int(v) if cells_key == "budgets" else float(v) for v in tried]
+    changed_cells = []
+    for sweep_no in range(REFINE_SWEEPS):
         changed = False
         for cell in range(len(data[cells_key])):
             alts = [v for v in tried if v != data[cells_key][cell]]
@@ -850,13 +861,17 @@ def refine(model, rounds: list[Round], serving: Scenario, args: ExportArgs, prov
                 print(f"refining: cell {cell + 1} {data[cells_key][cell]:g} -> {alts[j]:g}, "
                       f"capacity {gains[j]:+.1%} on {n} streams", flush=True)
                 data[cells_key][cell], base = alts[j], found[j]
-                changed, changes = True, changes + 1
+                changed = True
+                changed_cells.append(cell)
         if not changed:
             break
-    what = f"round {k}'s table" if k < len(rounds) else "the model's decisions at its capacity"
+    what = (f"round {k}'s table" + (f" (cells also from the states the tables of the first {k} "
+                                    "DAgger round(s) led to)" if k else "")
+            if k < len(rounds) else "the model's decisions at its capacity")
     data["provenance"] = {**data["provenance"], "rule": data["provenance"]["rule"] + (
-        f"; from {what}, {changes} cell(s) changed where it raised the capacity on "
-        f"{n} streams of the serving scenario by more than {REFINE_GAIN:.1%}")}
+        f"; from {what}, {len(changed_cells)} cell(s) changed where it raised the capacity "
+        f"on {n} streams of the serving scenario by more than {REFINE_GAIN:.1%}"),
+        "refined_cells": sorted(set(changed_cells))}
     return Round(BudgetTable(data), base_round.features, base_round.build, base_round.held)
 
 
@@ -951,7 +966,8 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
         if kept and not dagger.get("goodput_kept"):
             kept += (f"; goodput at load not judged: the model serves at most {MIN_MODEL_GOODPUT:.0%} "
                      "of requests within the SLO there")
-        print(f"kept: the table of {source} among {', '.join(labels)}" + (
+        which = "the refined table" if source == "refined" else f"the table of {source}"
+        print(f"kept: {which} among {', '.join(labels)}" + (
             f" (the model's figures each keeps, in that order, on {dagger['streams']} streams of "
             f"their own: {kept}; kept: the highest mean of the shares, the earliest on a tie)" if kept
             else " (no stream where the model meets the SLO at any load: not compared)"))

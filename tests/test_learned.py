@@ -965,10 +965,22 @@ def test_export_refines_cells_where_closed_loop_capacity_says(monkeypatch):
     args = SimpleNamespace(refine_streams=3, fidelity_requests=80, workers=1, buckets=4)
     got = export.refine(None, rounds, sc, args, prov, action)  # the model serves nothing
     assert list(got.table.action.cells) == [1.0, 1.0, 16.0]
-    assert "from round 1's table, 1 cell(s) changed" in got.table.provenance["rule"]
+    assert ("from round 1's table (cells also from the states the tables of the first 1 DAgger "
+            "round(s) led to), 1 cell(s) changed") in got.table.provenance["rule"]
+    assert got.table.provenance["refined_cells"] == [2]
     assert set(seen) == {export.TABLE_REFINE_SEEDS}
     model_factor[0] = 1.0  # its decisions at capacity: 1 in cells 0-1, 16 in cell 2, kept as is
     got = export.refine(None, rounds, sc, args, prov, action)
     assert list(got.table.action.cells) == [1.0, 1.0, 16.0]
     assert ("from the model's decisions at its capacity, 0 cell(s) changed"
             in got.table.provenance["rule"])
+    # A token-budget run: its cells stay whole numbers of tokens.
+    model_factor[0] = 0.0
+    tokens = {k: v for k, v in round_([1.0, 1.0, 1.0]).table.to_dict().items() if k != "fractions"}
+    tokens = {**tokens, "action": {"kind": "tokens"}, "budgets": [1, 1, 1]}
+    token_values = np.array([1] * 900 + [16] * 100)
+    got = export.refine(None, [export.Round(BudgetTable(tokens), ["running_decodes"],
+                                            ({}, token_values), ({}, token_values))],
+                        sc, args, prov, None)
+    assert got.table.action.kind == "tokens" and list(got.table.action.cells) == [1, 1, 16]
+    assert got.table.provenance["refined_cells"] == [2]
