@@ -10,8 +10,8 @@
 2. Features: those the policy's choices depend on, picked greedily (up to
    ``--max-features``) by how much each lowers the held-out log error between the
    table's and the model's values; ``--features`` names them instead.
-3. Buckets: each feature's edges are quantiles of the values visited, so cells sit where
-   the policy spends its time. Cells: the action chosen most often there; unvisited
+3. Buckets: each feature's edges are where the policy's choice changes, then quantiles of
+   the values visited (``feature_edges``), unless ``--features`` gives them. Cells: the action chosen most often there; unvisited
    cells take the nearest visited cell's (fewest bucket steps, ties to the more
    visited) and are flagged ``visited: 0``.
 4. The action mapping: a time-fraction table stores the cost model's coefficients for
@@ -22,6 +22,10 @@
    to, and features and cells are made again from all the decisions, for
    ``--dagger-rounds`` rounds; the round whose table keeps most of the model's capacity
    and goodput at load (the mean of the two shares), on streams of its own, is kept.
+   With ``--refine-streams N`` one more candidate competes: a table refined cell by cell
+   on closed-loop capacity over N streams of the serving scenario (``refine``), where
+   the model's choice is split within a cell and only the closed loop tells which value
+   serves.
 5. Fidelity, on arrivals the table was not built from: agreement on decisions, and the
    capacity under the SLO of the model and of the table on the run's held-out final
    scenarios (with 95% intervals). A table more than 1% below the model says so loudly.
