@@ -794,6 +794,36 @@ REFINE_SWEEPS = 2
 """Sweeps over the cells; the refinement stops early after one that changes none."""
 
 
+def search_cells(cells: list, tried: list, base: np.ndarray, capacities, streams: int,
+                 make) -> list[int]:
+    """Coordinate search over ``cells`` (changed in place): per cell, each value of
+    ``tried`` in one capacity sweep (``capacities``: tables -> per-stream capacities, on the
+    streams ``base`` was measured on), the best kept where it raises the mean of the
+    per-stream ratios by more than REFINE_GAIN; REFINE_SWEEPS sweeps, or fewer when one
+    changes nothing. Returns the cells changed, in order."""
+    changed_cells = []
+    for sweep_no in range(REFINE_SWEEPS):
+        changed = False
+        for cell in range(len(cells)):
+            alts = [v for v in tried if v != cells[cell]]
+            if not alts:
+                continue
+            tables = [make(cells[:cell] + [v] + cells[cell + 1:]) for v in alts]
+            found = capacities(tables, f"refining: sweep {sweep_no + 1}, cell {cell + 1}/"
+                                       f"{len(cells)}")
+            gains = np.mean(np.where(base > 0, found / np.where(base > 0, base, 1) - 1, 0), axis=1)
+            j = int(np.argmax(gains))
+            if gains[j] > REFINE_GAIN:
+                print(f"refining: cell {cell + 1} {cells[cell]:g} -> {alts[j]:g}, "
+                      f"capacity {gains[j]:+.1%} on {streams} streams", flush=True)
+                cells[cell], base = alts[j], found[j]
+                changed = True
+                changed_cells.append(cell)
+        if not changed:
+            break
+    return changed_cells
+
+
 def refine(model, rounds: list[Round], serving: Scenario, args: ExportArgs, prov: dict,
            action: dict | None) -> Round:
     """A table refined in closed loop on ``args.refine_streams`` streams of the serving
@@ -845,30 +875,9 @@ def refine(model, rounds: list[Round], serving: Scenario, args: ExportArgs, prov
     if len(tried) < 2:
         tried = sorted({v for r in starts for v in r.table.action.cells})
     tried = [int(v) if cells_key == "budgets" else float(v) for v in tried]
-    changed_cells = []
-    for sweep_no in range(REFINE_SWEEPS):
-        changed = False
-        for cell in range(len(data[cells_key])):
-            alts = [v for v in tried if v != data[cells_key][cell]]
-            if not alts:
-                continue
-            tables = []
-            for v in alts:
-                d = {**data, cells_key: list(data[cells_key])}
-                d[cells_key][cell] = v
-                tables.append(BudgetTable(d))
-            found = capacities(tables, f"refining: sweep {sweep_no + 1}, cell {cell + 1}/"
-                                       f"{len(data[cells_key])}")
-            gains = np.mean(np.where(base > 0, found / np.where(base > 0, base, 1) - 1, 0), axis=1)
-            j = int(np.argmax(gains))
-            if gains[j] > REFINE_GAIN:
-                print(f"refining: cell {cell + 1} {data[cells_key][cell]:g} -> {alts[j]:g}, "
-                      f"capacity {gains[j]:+.1%} on {n} streams", flush=True)
-                data[cells_key][cell], base = alts[j], found[j]
-                changed = True
-                changed_cells.append(cell)
-        if not changed:
-            break
+    data[cells_key] = list(data[cells_key])
+    changed_cells = search_cells(data[cells_key], tried, base, capacities, n,
+                                 lambda cells: BudgetTable({**data, cells_key: cells}))
     what = (f"round {k}'s table" + (f" (cells also from the states the tables of the first {k} "
                                     "DAgger round(s) led to)" if k else "")
             if k < len(rounds) else "the model's decisions at its capacity")
