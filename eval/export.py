@@ -11,9 +11,9 @@
    ``--max-features``) by how much each lowers the held-out log error between the
    table's and the model's values; ``--features`` names them instead.
 3. Buckets: each feature's edges are where the policy's choice changes, then quantiles of
-   the values visited (``feature_edges``), unless ``--features`` gives them. Cells: the action chosen most often there; unvisited
-   cells take the nearest visited cell's (fewest bucket steps, ties to the more
-   visited) and are flagged ``visited: 0``.
+   the values visited (``feature_edges``), unless ``--features`` gives them. Cells: the
+   action chosen most often there; unvisited cells take the nearest visited cell's
+   (fewest bucket steps, ties to the more visited) and are flagged ``visited: 0``.
 4. The action mapping: a time-fraction table stores the cost model's coefficients for
    its hardware and model (``policies.table.COST_FIELDS``) and its ITL target, so that
    an engine turns a fraction into tokens exactly as the simulator does; the model's

@@ -826,7 +826,6 @@ def _served(args) -> tuple[dict | None, dict | None, dict | None]:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse  # here, not at the top: an engine importing the table never needs it
-    import difflib
 
     class _Parser(argparse.ArgumentParser):
         def __init__(self, *args, **kwargs):  # flags whole: --slo-i is no --slo-itl-s
@@ -852,13 +851,12 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("table")
     args, extra = ap.parse_known_args(argv)
     if extra:  # named against the subcommand's own flags, which its --help lists
+        from envs.cli import close_flags  # the CLI's only, never an engine's import
+
         sp = sub.choices[args.command]
-        flags = [o for a in sp._actions for o in a.option_strings if o.startswith("--")]
-        word = next((w.split("=")[0] for w in extra if w.startswith("--")), "")
-        near = [f for f in flags if word and f.startswith(word)][:3] or difflib.get_close_matches(
-            word, flags, n=1, cutoff=0.75)
+        near = close_flags(extra, [o for a in sp._actions for o in a.option_strings])
         sp.error(f"unrecognized arguments: {' '.join(extra)}"
-                 + (f"; did you mean {' or '.join(near)}?" if near else ""))
+                 + (f"; did you mean {near}?" if near else ""))
     try:
         table = BudgetTable.load(args.table)
         if args.command == "show":
