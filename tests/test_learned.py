@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -984,3 +985,25 @@ def test_export_refines_cells_where_closed_loop_capacity_says(monkeypatch):
                         sc, args, prov, None)
     assert got.table.action.kind == "tokens" and list(got.table.action.cells) == [1, 1, 16]
     assert got.table.provenance["refined_cells"] == [2]
+
+
+def test_refined_table_not_kept_is_written_beside_the_kept_one(tmp_path):
+    """A refinement's table is written beside --out when the choice keeps another, with the
+    choice's figures, and loads with the same cells."""
+    import eval.export as export
+    from envs.scenario import Scenario
+
+    assert export.refined_path("tables/x.json") == str(Path("tables/x.refined.json"))
+    assert export.refined_path("out/table") == str(Path("out/table.refined.json"))
+    sc = Scenario()
+    action = export.time_action(sc)
+    data = {"schema_version": runtime.SCHEMA_VERSION, "kind": runtime.KIND, "action": action,
+            "features": [{"name": "running_decodes", "edges": [4.0, 16.0]}],
+            "fractions": [1.0, 4.0, 16.0], "default_budget": 512,
+            "provenance": {**scenario_provenance(sc), "rule": "r", "refined_cells": [1]}}
+    dagger = {"candidates": ["round 0", "refined", "time-budget-deadline-kv:4"], "chosen": 2}
+    path = export.save_refined(BudgetTable(data), dagger, str(tmp_path / "t.json"))
+    assert path == str(tmp_path / "t.refined.json") and not (tmp_path / "t.json").exists()
+    back = BudgetTable.load(path)
+    assert list(back.action.cells) == [1.0, 4.0, 16.0]
+    assert back.provenance["dagger"] == dagger and back.provenance["refined_cells"] == [1]
