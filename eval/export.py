@@ -23,9 +23,10 @@
    ``--dagger-rounds`` rounds; the round whose table keeps most of the model's capacity
    and goodput at load (the mean of the two shares), on streams of its own, is kept.
    With ``--refine-streams N`` one more candidate competes: a table refined cell by cell
-   on closed-loop capacity over N streams of the serving scenario (``refine``), where
-   the model's choice is split within a cell and only the closed loop tells which value
-   serves.
+   on closed-loop capacity over N streams of the serving scenario, or with
+   ``--refine-on final`` of it and each of its variants (``refine``), where the model's
+   choice is split within a cell and only the closed loop tells which value serves; a
+   refined table the choice does not keep is written to the run directory.
 5. Fidelity, on arrivals the table was not built from: agreement on decisions, and the
    capacity under the SLO of the model and of the table on the run's held-out final
    scenarios (with 95% intervals). A table more than 1% below the model says so loudly.
@@ -48,7 +49,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -129,7 +130,12 @@ class ExportArgs:
     copies its model's most frequent choice per cell, and where the model's choice is
     split within a cell only the closed loop tells which value serves (the laptop's: 40
     streams, 13 minutes; the L40S's 108 cells: 55 minutes). Where the choice keeps
-    another table the refined one is written beside --out as NAME.refined.json."""
+    another table the refined one is written to the run directory as refined_table.json."""
+    refine_on: str = field(default="serving", metadata={"choices": ["serving", "final"]})
+    """Where --refine-streams refines: the serving scenario, or "final": it and its variants
+    (+3 ms per pass, a tight KV cache), each on that many streams, as the choice and the
+    fidelity check judge (on the L40S, cells refined on the serving scenario alone spent
+    16x in states its variants reach and lost 11% of the capacity under the tight cache)."""
     fidelity_seeds: int = 5
     """Streams per capacity in the fidelity check (0: skip it)."""
     fidelity_requests: int = 600
@@ -433,6 +439,8 @@ def parse_args(argv: list[str]) -> ExportArgs:
         seen[name] = spec
     integer("fidelity_seeds", args.fidelity_seeds, 0, 50)
     integer("refine_streams", args.refine_streams, 0, 100)
+    require(args.refine_on == "serving" or args.refine_streams, "refine_on", args.refine_on,
+            "needs --refine-streams N")
     if args.features is not None:
         feature_specs(args.features)
     check_num_requests("fidelity_requests", args.fidelity_requests)
@@ -449,6 +457,9 @@ def parse_args(argv: list[str]) -> ExportArgs:
         what = "does not exist" if not run.exists() else (
             "is not a folder" if not run.is_dir() else "holds no config.json")
         raise ConfigError(f"run_dir: {show(args.run_dir, 200)} {what}; must be a train.py run directory")
+    if args.refine_streams:  # where a refined table the choice does not keep goes
+        check_output("refined_table", refined_path(args.run_dir))
+        check_distinct(out=args.out, csv=args.csv, refined_table=refined_path(args.run_dir))
     return args
 
 
@@ -717,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
                               "model's capacity and goodput than the tables built from the model"}
     data["provenance"] = {**data["provenance"], "dagger": dagger}
     if refined and labels[chosen] != "refined":
-        aside = save_refined(refined[0].table, dagger, args.out)
+        aside = save_refined(refined[0].table, dagger, args.run_dir)
         print(f"the refined table, not kept ({labels[chosen]} kept more of the model's capacity "
               f"and goodput on the choice's streams): {aside}", flush=True)
     capacity, use = fidelity(model, table, serving, args)
@@ -832,7 +843,9 @@ def search_cells(cells: list, tried: list, base: np.ndarray, capacities, streams
 def refine(model, rounds: list[Round], serving: Scenario, args: ExportArgs, prov: dict,
            action: dict | None) -> Round:
     """A table refined in closed loop on ``args.refine_streams`` streams of the serving
-    scenario (seeded apart). It starts from the best on those streams of the rounds' tables
+    scenario (seeded apart), or with ``args.refine_on == "final"`` of it and each of its
+    variants (agents.summary.final_scenarios), their per-stream ratios pooled. It starts
+    from the highest mean capacity over those streams among the rounds' tables
     and one more over the last round's features and edges, built from the model's own
     decisions on each stream at the model's capacity there (the states that decide
     capacity; the rounds' come from the training conditions and the serving scenario at
@@ -840,25 +853,31 @@ def refine(model, rounds: list[Round], serving: Scenario, args: ExportArgs, prov
     cell, two sweeps: each value the model takes in at least REFINE_SHARE of its
     decisions is tried, and the best kept where it raises the mean capacity by more than
     REFINE_GAIN (each value against the current table on the same arrivals)."""
+    from agents.summary import final_scenarios
     from eval.capacity import capacity_sweep, probe_stream
     from eval.parallel import make_executor, progress_bar
 
     executor = make_executor(args.workers)
     n = args.refine_streams
+    final = args.refine_on == "final"
+    scenarios = list(final_scenarios(serving).values()) if final else [serving]
 
-    def sweep(policies: list, label: str):
-        with progress_bar(len(policies) * n, label) as bar:
-            return capacity_sweep([(serving, p) for p in policies], n, args.fidelity_requests,
-                                  executor=executor, progress=bar, seed_base=TABLE_REFINE_SEEDS)
+    def sweep(policies: list, label: str) -> list:
+        """Per policy, its capacity results on each of ``scenarios``."""
+        with progress_bar(len(policies) * len(scenarios) * n, label) as bar:
+            found = capacity_sweep([(sc, p) for p in policies for sc in scenarios], n,
+                                   args.fidelity_requests, executor=executor, progress=bar,
+                                   seed_base=TABLE_REFINE_SEEDS)
+        return [found[j:j + len(scenarios)] for j in range(0, len(found), len(scenarios))]
 
     def capacities(tables: list[BudgetTable], label: str) -> np.ndarray:
         found = sweep([TablePolicy(t, name="table") for t in tables], label)
-        return np.asarray([r.per_stream for r in found], dtype=float)
+        return np.asarray([[c for r in rs for c in r.per_stream] for rs in found], dtype=float)
 
     last = rounds[-1]
     (mine,) = sweep([policy_for(model, serving)], "refining: the model's capacity")
-    episodes = [probe_stream(serving, i, n, args.fidelity_requests, f, seed_base=TABLE_REFINE_SEEDS)
-                for i, f in enumerate(mine.factors) if f > 0]
+    episodes = [probe_stream(sc, i, n, args.fidelity_requests, f, seed_base=TABLE_REFINE_SEEDS)
+                for sc, r in zip(scenarios, mine) for i, f in enumerate(r.factors) if f > 0]
     starts = list(rounds)
     if episodes:
         state, values = collect(model, episodes)
@@ -881,34 +900,34 @@ def refine(model, rounds: list[Round], serving: Scenario, args: ExportArgs, prov
         tried = sorted({v for r in starts for v in r.table.action.cells})
     tried = [int(v) if cells_key == "budgets" else float(v) for v in tried]
     data[cells_key] = list(data[cells_key])
-    changed_cells = search_cells(data[cells_key], tried, base, capacities, n,
+    changed_cells = search_cells(data[cells_key], tried, base, capacities, n * len(scenarios),
                                  lambda cells: BudgetTable({**data, cells_key: cells}))
     what = (f"round {k}'s table" + (f" (cells also from the states the tables of the first {k} "
                                     "DAgger round(s) led to)" if k else "")
             if k < len(rounds) else "the model's decisions at its capacity")
     data["provenance"] = {**data["provenance"], "rule": data["provenance"]["rule"] + (
         f"; from {what}, {len(changed_cells)} cell(s) changed where it raised the capacity "
-        f"on {n} streams of the serving scenario by more than {REFINE_GAIN:.1%}"),
+        f"on {n} streams of the serving scenario{' and each of its variants' if final else ''} "
+        f"by more than {REFINE_GAIN:.1%}"),
         "refined_cells": sorted(set(changed_cells))}
     return Round(BudgetTable(data), base_round.features, base_round.build, base_round.held)
 
 
-def refined_path(out: str) -> str:
-    """Where an export writes its refined table when the choice keeps another: beside
-    ``out``, ``NAME.refined.json``."""
-    path = Path(out)
-    return str(path.with_name(path.name.removesuffix(".json") + ".refined.json"))
+def refined_path(run_dir: str) -> str:
+    """Where an export writes its refined table when the choice keeps another: in the run
+    directory (not beside --out, which for the presets is tables/, the shipped tables)."""
+    return str(Path(run_dir) / "refined_table.json")
 
 
-def save_refined(table: BudgetTable, dagger: dict, out: str) -> str:
-    """Write the refined table beside ``out`` (refined_path) with the choice's figures in its
+def save_refined(table: BudgetTable, dagger: dict, run_dir: str) -> str:
+    """Write the refined table to refined_path(run_dir) with the choice's figures in its
     provenance, so that a search that may take an hour is not lost when the choice keeps
     another table (on the L40S the KV-aware deadline rule's won by a point of the mean
     share, with the refined table's 107% of the model's capacity against its 95%).
     Returns the path."""
     data = table.to_dict()
     data["provenance"] = {**data["provenance"], "dagger": dagger}
-    path = refined_path(out)
+    path = refined_path(run_dir)
     BudgetTable(data, path).save(path)
     return path
 

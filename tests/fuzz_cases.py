@@ -484,6 +484,9 @@ def eval_cases() -> list[Case]:
             Case(c, ("export", "{tmp}/run", "{tmp}/run2", "--out", "{tmp}/t.json"), "run2", run)]
     out += [Case(c, tuple(_replace(exp, "--rules", v)), "rules", run)
             for v in ("time-budget-kv", "static:2048", "time-budget-slack:99", "x:y:z")]
+    out += [Case(c, tuple(exp + ["--refine-on", v]), "refine_on", run) for v in ("bogus", "final")]
+    out += [Case(c, tuple(exp + ["--refine-streams", "2", "--out", "{tmp}/run/refined_table.json"]),
+                 "refined_table", run)]
     rule = ["export", "--rule", "time-budget", "--out", "{tmp}/t.json"]
     out += [Case(c, tuple(_replace(rule, "--rule", v)), "rule")
             for v in ("", "time-budget-kv", "queue-depth", "time-budget:0", "time-budget-deadline:nan")]

@@ -934,16 +934,21 @@ def test_export_refines_cells_where_closed_loop_capacity_says(monkeypatch):
 
     seen, model_factor = [], [0.0]
 
+    scenarios = []
+
     def sweep(pairs, streams, num_requests, executor=None, progress=None, seed_base=None):
         seen.append(seed_base)
+        scenarios.append([repr(sc) for sc, p in pairs if p is pairs[0][1]])
         out = []
-        for _, p in pairs:
+        for sc, p in pairs:
             if p == "model":
                 out.append(CapacityResult("m", "learned", (1.0,) * streams, (),
                                           (model_factor[0],) * streams))
-            else:
+            else:  # under a tight cache 16 in cell 2 loses 40%
+                tight = sc.num_kv_blocks is not None and p.table.action.cells[2] == 16
                 out.append(CapacityResult("t", "table", tuple(
-                    cap(p.table.action.cells) * (1 + 0.1 * i) for i in range(streams)), ()))
+                    cap(p.table.action.cells) * (1 + 0.1 * i) * (0.6 if tight else 1.0)
+                    for i in range(streams)), ()))
         return out
 
     values = np.array([1.0] * 895 + [16.0] * 100 + [4.0] * 5)
@@ -963,7 +968,8 @@ def test_export_refines_cells_where_closed_loop_capacity_says(monkeypatch):
         return export.Round(BudgetTable(data), ["running_decodes"], ({}, values), ({}, values))
 
     rounds = [round_([16.0, 1.0, 1.0]), round_([1.0, 1.0, 1.0])]
-    args = SimpleNamespace(refine_streams=3, fidelity_requests=80, workers=1, buckets=4)
+    args = SimpleNamespace(refine_streams=3, fidelity_requests=80, workers=1, buckets=4,
+                           refine_on="serving")
     got = export.refine(None, rounds, sc, args, prov, action)  # the model serves nothing
     assert list(got.table.action.cells) == [1.0, 1.0, 16.0]
     assert ("from round 1's table (cells also from the states the tables of the first 1 DAgger "
@@ -985,16 +991,30 @@ def test_export_refines_cells_where_closed_loop_capacity_says(monkeypatch):
                         sc, args, prov, None)
     assert got.table.action.kind == "tokens" and list(got.table.action.cells) == [1, 1, 16]
     assert got.table.provenance["refined_cells"] == [2]
+    # Refined on the serving scenario and its variants: every table on each of the three,
+    # the capacities pooled over their streams. Cell 2's 16 gains 5% on two and loses 40%
+    # on the third, so it stays; the model's decisions at capacity come from all three.
+    scenarios.clear()
+    probed = []
+    monkeypatch.setattr(capacity, "probe_stream",
+                        lambda sc, i, n, r, f, seed_base: probed.append(sc) or (sc, None))
+    model_factor[0] = 1.0
+    got = export.refine(None, rounds, sc, SimpleNamespace(**{**vars(args), "refine_on": "final"}),
+                        prov, action)
+    assert list(got.table.action.cells) == [1.0, 1.0, 1.0]
+    assert set(map(len, scenarios)) == {3} and all(len(set(s)) == 3 for s in scenarios)
+    assert len(probed) == 9 and len({repr(p) for p in probed}) == 3
+    assert "and each of its variants" in got.table.provenance["rule"]
 
 
-def test_refined_table_not_kept_is_written_beside_the_kept_one(tmp_path):
-    """A refinement's table is written beside --out when the choice keeps another, with the
-    choice's figures, and loads with the same cells."""
+def test_refined_table_not_kept_is_written_to_the_run_directory(tmp_path):
+    """A refinement's table is written to the run directory when the choice keeps another
+    (not beside --out: the presets' is tables/), with the choice's figures, and loads with
+    the same cells."""
     import eval.export as export
     from envs.scenario import Scenario
 
-    assert export.refined_path("tables/x.json") == str(Path("tables/x.refined.json"))
-    assert export.refined_path("out/table") == str(Path("out/table.refined.json"))
+    assert export.refined_path("runs/x") == str(Path("runs/x/refined_table.json"))
     sc = Scenario()
     action = export.time_action(sc)
     data = {"schema_version": runtime.SCHEMA_VERSION, "kind": runtime.KIND, "action": action,
@@ -1002,8 +1022,8 @@ def test_refined_table_not_kept_is_written_beside_the_kept_one(tmp_path):
             "fractions": [1.0, 4.0, 16.0], "default_budget": 512,
             "provenance": {**scenario_provenance(sc), "rule": "r", "refined_cells": [1]}}
     dagger = {"candidates": ["round 0", "refined", "time-budget-deadline-kv:4"], "chosen": 2}
-    path = export.save_refined(BudgetTable(data), dagger, str(tmp_path / "t.json"))
-    assert path == str(tmp_path / "t.refined.json") and not (tmp_path / "t.json").exists()
+    path = export.save_refined(BudgetTable(data), dagger, str(tmp_path))
+    assert path == str(tmp_path / "refined_table.json")
     back = BudgetTable.load(path)
     assert list(back.action.cells) == [1.0, 4.0, 16.0]
     assert back.provenance["dagger"] == dagger and back.provenance["refined_cells"] == [1]
