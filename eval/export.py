@@ -46,6 +46,7 @@ it learned from is not worth shipping.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -130,7 +131,9 @@ class ExportArgs:
     copies its model's most frequent choice per cell, and where the model's choice is
     split within a cell only the closed loop tells which value serves (the laptop's: 40
     streams, 13 minutes; the L40S's 108 cells: 55 minutes). Where the choice keeps
-    another table the refined one is written to the run directory as refined_table.json."""
+    another table the refined one is written to the run directory as refined_table.json;
+    the search keeps its place there (refine_progress.json), and an export killed during
+    it and started again with the same flags goes on from the last cell done."""
     refine_on: str = field(default="serving", metadata={"choices": ["serving", "final"]})
     """Where --refine-streams refines: the serving scenario, or "final": it and its variants
     (+3 ms per pass, a tight KV cache), each on that many streams, as the choice and the
@@ -459,6 +462,7 @@ def parse_args(argv: list[str]) -> ExportArgs:
         raise ConfigError(f"run_dir: {show(args.run_dir, 200)} {what}; must be a train.py run directory")
     if args.refine_streams:  # where a refined table the choice does not keep goes
         check_output("refined_table", refined_path(args.run_dir))
+        check_output("refine_progress", progress_path(args.run_dir))
         check_distinct(out=args.out, csv=args.csv, refined_table=refined_path(args.run_dir))
     return args
 
@@ -811,33 +815,74 @@ REFINE_SWEEPS = 2
 
 
 def search_cells(cells: list, tried: list, base: np.ndarray, capacities, streams: int,
-                 make) -> list[int]:
+                 make, progress: str | None = None) -> list[int]:
     """Coordinate search over ``cells`` (changed in place): per cell, each value of
     ``tried`` in one capacity sweep (``capacities``: tables -> per-stream capacities, on the
     streams ``base`` was measured on), the best kept where it raises the mean of the
     per-stream ratios by more than REFINE_GAIN; REFINE_SWEEPS sweeps, or fewer when one
-    changes nothing. Returns the cells changed, in order."""
-    changed_cells = []
-    for sweep_no in range(REFINE_SWEEPS):
-        changed = False
-        for cell in range(len(cells)):
+    changes nothing. Returns the cells changed, in order. With ``progress`` (a JSON file)
+    the search's place is written after every cell and a search killed midway resumes
+    there when started again on the same cells, values and streams (the search is
+    deterministic, so the result is the one an unbroken search gives); the file goes
+    when the search ends."""
+    key = json.dumps({"cells": cells, "tried": tried, "base": [float(b) for b in base],
+                      "streams": streams}, sort_keys=True)
+    place = load_progress(progress, key)
+    sweep0, cell0, changed_cells, changed = (place["sweep"], place["cell"], place["changed_cells"],
+                                             place["changed"])
+    if place["cells"] is not None:
+        cells[:], base = place["cells"], np.asarray(place["base"], dtype=float)
+        print(f"refining: resumed at sweep {sweep0 + 1}, cell {cell0 + 1} ({progress})", flush=True)
+    for sweep_no in range(sweep0, REFINE_SWEEPS):
+        if sweep_no != sweep0:
+            changed, cell0 = False, 0
+        for cell in range(cell0, len(cells)):
             alts = [v for v in tried if v != cells[cell]]
-            if not alts:
-                continue
-            tables = [make(cells[:cell] + [v] + cells[cell + 1:]) for v in alts]
-            found = capacities(tables, f"refining: sweep {sweep_no + 1}, cell {cell + 1}/"
-                                       f"{len(cells)}")
-            gains = np.mean(np.where(base > 0, found / np.where(base > 0, base, 1) - 1, 0), axis=1)
-            j = int(np.argmax(gains))
-            if gains[j] > REFINE_GAIN:
-                print(f"refining: cell {cell + 1} {cells[cell]:g} -> {alts[j]:g}, "
-                      f"capacity {gains[j]:+.1%} on {streams} streams", flush=True)
-                cells[cell], base = alts[j], found[j]
-                changed = True
-                changed_cells.append(cell)
+            if alts:
+                tables = [make(cells[:cell] + [v] + cells[cell + 1:]) for v in alts]
+                found = capacities(tables, f"refining: sweep {sweep_no + 1}, cell {cell + 1}/"
+                                           f"{len(cells)}")
+                gains = np.mean(np.where(base > 0, found / np.where(base > 0, base, 1) - 1, 0),
+                                axis=1)
+                j = int(np.argmax(gains))
+                if gains[j] > REFINE_GAIN:
+                    print(f"refining: cell {cell + 1} {cells[cell]:g} -> {alts[j]:g}, "
+                          f"capacity {gains[j]:+.1%} on {streams} streams", flush=True)
+                    cells[cell], base = alts[j], found[j]
+                    changed = True
+                    changed_cells.append(cell)
+            save_progress(progress, key, sweep_no, cell + 1, cells, base, changed_cells, changed)
         if not changed:
             break
+    if progress:
+        Path(progress).unlink(missing_ok=True)
     return changed_cells
+
+
+def load_progress(path: str | None, key: str) -> dict:
+    """A cell search's saved place (search_cells) if ``path`` holds one for ``key``, else
+    the start. A file for other cells, values or streams, or one that does not parse, is
+    ignored (and replaced by the next save)."""
+    start = {"sweep": 0, "cell": 0, "cells": None, "base": None, "changed_cells": [],
+             "changed": False}
+    if not path or not Path(path).is_file():
+        return start
+    try:
+        saved = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return start
+    if not isinstance(saved, dict) or saved.get("key") != key:
+        return start
+    return {k: saved.get(k, v) for k, v in start.items()}
+
+
+def save_progress(path: str | None, key: str, sweep: int, cell: int, cells: list,
+                  base: np.ndarray, changed_cells: list[int], changed: bool) -> None:
+    """Write a cell search's place atomically (search_cells resumes from it)."""
+    if path:
+        write_atomic(path, json.dumps({"key": key, "sweep": sweep, "cell": cell, "cells": cells,
+                                       "base": [float(b) for b in base],
+                                       "changed_cells": changed_cells, "changed": changed}))
 
 
 def refine(model, rounds: list[Round], serving: Scenario, args: ExportArgs, prov: dict,
@@ -901,7 +946,8 @@ def refine(model, rounds: list[Round], serving: Scenario, args: ExportArgs, prov
     tried = [int(v) if cells_key == "budgets" else float(v) for v in tried]
     data[cells_key] = list(data[cells_key])
     changed_cells = search_cells(data[cells_key], tried, base, capacities, n * len(scenarios),
-                                 lambda cells: BudgetTable({**data, cells_key: cells}))
+                                 lambda cells: BudgetTable({**data, cells_key: cells}),
+                                 progress_path(args.run_dir) if args.run_dir else None)
     what = (f"round {k}'s table" + (f" (cells also from the states the tables of the first {k} "
                                     "DAgger round(s) led to)" if k else "")
             if k < len(rounds) else "the model's decisions at its capacity")
@@ -911,6 +957,11 @@ def refine(model, rounds: list[Round], serving: Scenario, args: ExportArgs, prov
         f"by more than {REFINE_GAIN:.1%}"),
         "refined_cells": sorted(set(changed_cells))}
     return Round(BudgetTable(data), base_round.features, base_round.build, base_round.held)
+
+
+def progress_path(run_dir: str) -> str:
+    """Where a refinement's cell search keeps its place (search_cells)."""
+    return str(Path(run_dir) / "refine_progress.json")
 
 
 def refined_path(run_dir: str) -> str:

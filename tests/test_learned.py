@@ -3,6 +3,7 @@ tables (the runtime converts exactly as the simulator), export and its fidelity.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from pathlib import Path
@@ -969,7 +970,7 @@ def test_export_refines_cells_where_closed_loop_capacity_says(monkeypatch):
 
     rounds = [round_([16.0, 1.0, 1.0]), round_([1.0, 1.0, 1.0])]
     args = SimpleNamespace(refine_streams=3, fidelity_requests=80, workers=1, buckets=4,
-                           refine_on="serving")
+                           refine_on="serving", run_dir=None)
     got = export.refine(None, rounds, sc, args, prov, action)  # the model serves nothing
     assert list(got.table.action.cells) == [1.0, 1.0, 16.0]
     assert ("from round 1's table (cells also from the states the tables of the first 1 DAgger "
@@ -1005,6 +1006,42 @@ def test_export_refines_cells_where_closed_loop_capacity_says(monkeypatch):
     assert set(map(len, scenarios)) == {3} and all(len(set(s)) == 3 for s in scenarios)
     assert len(probed) == 9 and len({repr(p) for p in probed}) == 3
     assert "and each of its variants" in got.table.provenance["rule"]
+
+
+def test_a_killed_cell_search_resumes_where_it_stopped(tmp_path):
+    """The cell search writes its place after every cell; killed midway and started again
+    on the same cells, values and streams it goes on from there and ends where an unbroken
+    search ends, with fewer sweeps; a place saved for other cells, or a corrupt file, is
+    ignored; the file goes when the search ends."""
+    import eval.export as export
+
+    def search(progress, kill_at=None):
+        calls = []
+
+        def capacities(tables, label):
+            calls.append(label)
+            if kill_at is not None and len(calls) == kill_at:
+                raise KeyboardInterrupt
+            return np.asarray([[1.0 + 0.05 * t.count(16.0) - 0.02 * t.count(4.0)] * 4
+                               for t in tables])
+
+        cells = [1.0, 1.0, 4.0, 1.0]
+        changed = export.search_cells(cells, [1.0, 4.0, 16.0], np.ones(4), capacities, 4,
+                                      lambda c: list(c), progress)
+        return cells, changed, calls
+
+    whole = search(None)
+    assert whole[:2] == ([16.0, 16.0, 16.0, 16.0], [0, 1, 2, 3])
+    progress = str(tmp_path / "refine_progress.json")
+    with pytest.raises(KeyboardInterrupt):
+        search(progress, kill_at=3)
+    assert json.loads(Path(progress).read_text())["cell"] == 2
+    resumed = search(progress)
+    assert resumed[:2] == whole[:2] and len(resumed[2]) == len(whole[2]) - 2
+    assert not Path(progress).exists()
+    for junk in ('{"key": "other", "sweep": 1, "cell": 3}', "{not json", "[1, 2]"):
+        Path(progress).write_text(junk)
+        assert search(progress) == whole
 
 
 def test_refined_table_not_kept_is_written_to_the_run_directory(tmp_path):
