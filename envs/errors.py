@@ -164,12 +164,23 @@ def cli_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Terminated) as stop:
-        exit_on_the_next_signal()
-        term = isinstance(stop, Terminated)
-        print("terminated" if term else "interrupted", file=sys.stderr)
-        return 143 if term else 130
+        return stopped(stop)
+    except SystemError as err:
+        # A signal raised inside Ray's native wait comes out as a SystemError caused by it.
+        stop = err.__cause__ or err.__context__
+        if not isinstance(stop, (KeyboardInterrupt, Terminated)):
+            raise
+        return stopped(stop)
     except SystemExit as exit_:  # argparse's --help
         return exit_.code if isinstance(exit_.code, int) else 0
+
+
+def stopped(stop: BaseException) -> int:
+    """One line and the exit code of a command stopped by Ctrl-C or SIGTERM."""
+    exit_on_the_next_signal()
+    term = isinstance(stop, Terminated)
+    print("terminated" if term else "interrupted", file=sys.stderr)
+    return 143 if term else 130
 
 
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> None:

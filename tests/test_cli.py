@@ -196,6 +196,30 @@ def test_sigterm_and_a_second_ctrl_c_end_a_command_in_one_line():
             assert time.monotonic() - start < 4
 
 
+def test_a_signal_that_ray_wraps_in_a_system_error_still_ends_in_one_line(capsys, monkeypatch):
+    """SIGTERM or Ctrl-C raised inside Ray's native wait comes out as a SystemError caused
+    by it (a 51-minute export ended in a stack dump): one line and 143 or 130; any other
+    SystemError is not swallowed."""
+    import envs.errors as errors
+
+    monkeypatch.setattr(errors, "exit_on_the_next_signal", lambda: None)
+
+    def wrapped(stop):
+        def main(argv):
+            try:
+                raise stop
+            except BaseException as err:
+                raise SystemError("returned a result with an exception set") from err
+        return main
+
+    assert errors.cli_main(wrapped(errors.Terminated()), []) == 143
+    assert capsys.readouterr().err.strip() == "terminated"
+    assert errors.cli_main(wrapped(KeyboardInterrupt()), []) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+    with pytest.raises(SystemError):
+        errors.cli_main(wrapped(ValueError("x")), [])
+
+
 def test_a_second_ctrl_c_after_a_command_stopped_itself_ends_the_cleanup():
     """train.py catches the first Ctrl-C itself (it saves a checkpoint) and returns 130; a
     second one during the slow cleanup after it exits at once too, with no traceback."""
