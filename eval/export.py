@@ -830,7 +830,7 @@ def search_cells(cells: list, tried: list, base: np.ndarray, capacities, streams
     place = load_progress(progress, key)
     sweep0, cell0, changed_cells, changed = (place["sweep"], place["cell"], place["changed_cells"],
                                              place["changed"])
-    if place["cells"] is not None:
+    if place.get("cells") is not None:
         cells[:], base = place["cells"], np.asarray(place["base"], dtype=float)
         print(f"refining: resumed at sweep {sweep0 + 1}, cell {cell0 + 1} ({progress})", flush=True)
     for sweep_no in range(sweep0, REFINE_SWEEPS):
@@ -851,7 +851,11 @@ def search_cells(cells: list, tried: list, base: np.ndarray, capacities, streams
                     cells[cell], base = alts[j], found[j]
                     changed = True
                     changed_cells.append(cell)
-            save_progress(progress, key, sweep_no, cell + 1, cells, base, changed_cells, changed)
+            if progress:
+                write_atomic(progress, json.dumps({
+                    "key": key, "sweep": sweep_no, "cell": cell + 1, "cells": cells,
+                    "base": [float(b) for b in base], "changed_cells": changed_cells,
+                    "changed": changed}))
         if not changed:
             break
     if progress:
@@ -860,29 +864,15 @@ def search_cells(cells: list, tried: list, base: np.ndarray, capacities, streams
 
 
 def load_progress(path: str | None, key: str) -> dict:
-    """A cell search's saved place (search_cells) if ``path`` holds one for ``key``, else
-    the start. A file for other cells, values or streams, or one that does not parse, is
-    ignored (and replaced by the next save)."""
-    start = {"sweep": 0, "cell": 0, "cells": None, "base": None, "changed_cells": [],
-             "changed": False}
-    if not path or not Path(path).is_file():
-        return start
+    """A cell search's place as search_cells saved it, if ``path`` holds one for ``key``,
+    else the start. A file for other cells, values or streams, or one that does not parse,
+    is ignored (and replaced by the next save)."""
+    start = {"sweep": 0, "cell": 0, "changed_cells": [], "changed": False}
     try:
-        saved = json.loads(Path(path).read_text(encoding="utf-8"))
+        saved = json.loads(Path(path).read_text(encoding="utf-8")) if path else None
     except (OSError, ValueError):
         return start
-    if not isinstance(saved, dict) or saved.get("key") != key:
-        return start
-    return {k: saved.get(k, v) for k, v in start.items()}
-
-
-def save_progress(path: str | None, key: str, sweep: int, cell: int, cells: list,
-                  base: np.ndarray, changed_cells: list[int], changed: bool) -> None:
-    """Write a cell search's place atomically (search_cells resumes from it)."""
-    if path:
-        write_atomic(path, json.dumps({"key": key, "sweep": sweep, "cell": cell, "cells": cells,
-                                       "base": [float(b) for b in base],
-                                       "changed_cells": changed_cells, "changed": changed}))
+    return saved if isinstance(saved, dict) and saved.get("key") == key else start
 
 
 def refine(model, rounds: list[Round], serving: Scenario, args: ExportArgs, prov: dict,
