@@ -130,7 +130,8 @@ class ExportArgs:
     competes with the rounds and the rules on the choice's streams, like them. A table
     copies its model's most frequent choice per cell, and where the model's choice is
     split within a cell only the closed loop tells which value serves (the laptop's: 40
-    streams, 13 minutes; the L40S's 108 cells: 55 minutes). Where the choice keeps
+    streams, 13 minutes; the L40S's 108 cells: 55 minutes, before a cell was measured
+    only on the streams where the table looks it up: 55% of them). Where the choice keeps
     another table the refined one is written to the run directory as refined_table.json;
     the search keeps its place there (refine_progress.json), and an export killed during
     it and started again with the same flags goes on from the last cell done."""
@@ -814,16 +815,64 @@ REFINE_SWEEPS = 2
 """Sweeps over the cells; the refinement stops early after one that changes none."""
 
 
+class CellRecorder(TablePolicy):
+    """A table policy that keeps the index of every cell it looks up, across runs."""
+
+    def __init__(self, table: BudgetTable):
+        super().__init__(table, name="table")
+        self.seen: set[int] = set()
+
+    def budget(self, state) -> int:
+        self.seen.add(self.cell(state))
+        return super().budget(state)
+
+
+def _cells_visited_task(scenario: Scenario, table: BudgetTable, stream: int, streams: int,
+                        num_requests: int, seed_base: int) -> tuple[float, list[int]]:
+    from eval.capacity import stream_capacity
+
+    rec = CellRecorder(table)
+    found, _, _ = stream_capacity(scenario, rec, stream, streams, num_requests, seed_base=seed_base)
+    return found, sorted(rec.seen)
+
+
+def _stream_capacity_task(scenario: Scenario, policy, stream: int, streams: int,
+                          num_requests: int, seed_base: int) -> float:
+    from eval.capacity import stream_capacity
+
+    return stream_capacity(scenario, policy, stream, streams, num_requests, seed_base=seed_base)[0]
+
+
+def cells_visited(table: BudgetTable, scenarios: list[Scenario], streams: int, num_requests: int,
+                  seed_base: int, executor=None) -> tuple[list[set[int]], np.ndarray]:
+    """(per stream, the cells ``table`` looks up in any probe of its capacity search there;
+    the capacities those searches find, as capacity_sweep finds them), over ``streams``
+    streams of each scenario in turn. The simulator is deterministic, so on a stream whose
+    set lacks a cell a table that differs from ``table`` only in that cell runs every probe
+    exactly as ``table`` does and has the same capacity there: a cell search need not
+    measure it."""
+    from eval.parallel import LocalExecutor
+
+    tasks = [(sc, table, i, streams, num_requests, seed_base) for sc in scenarios for i in range(streams)]
+    found = (executor or LocalExecutor()).map(_cells_visited_task, tasks)
+    return [set(cs) for _, cs in found], np.asarray([c for c, _ in found], dtype=float)
+
+
 def search_cells(cells: list, tried: list, base: np.ndarray, capacities, streams: int,
-                 make, progress: str | None = None) -> list[int]:
+                 make, progress: str | None = None, visited=None) -> list[int]:
     """Coordinate search over ``cells`` (changed in place): per cell, each value of
-    ``tried`` in one capacity sweep (``capacities``: tables -> per-stream capacities, on the
-    streams ``base`` was measured on), the best kept where it raises the mean of the
-    per-stream ratios by more than REFINE_GAIN; REFINE_SWEEPS sweeps, or fewer when one
-    changes nothing. Returns the cells changed, in order. With ``progress`` (a JSON file)
-    the search's place is written after every cell and a search killed midway resumes
-    there when started again on the same cells, values and streams (the search is
-    deterministic, so the result is the one an unbroken search gives); the file goes
+    ``tried`` in one capacity sweep (``capacities``: tables, a label and the indices of the
+    streams to measure -> their capacities there, on the streams ``base`` was measured
+    on), the best kept where it raises the mean of the per-stream ratios by more than
+    REFINE_GAIN; REFINE_SWEEPS sweeps, or fewer when one changes nothing. Returns the
+    cells changed, in order. With ``visited`` (cells -> per stream, the cell indices the
+    table of those cells looks up there: :func:`cells_visited`) a cell is measured only
+    on the streams where the current table looks it up, and not at all where it looks it
+    up on none: elsewhere no value in it changes a probe, and the capacity stays the
+    current table's. The sets are taken again after every change. With ``progress`` (a
+    JSON file) the search's place is written after every cell and a search killed midway
+    resumes there when started again on the same cells, values and streams (the search
+    is deterministic, so the result is the one an unbroken search gives); the file goes
     when the search ends."""
     key = json.dumps({"cells": cells, "tried": tried, "base": [float(b) for b in base],
                       "streams": streams}, sort_keys=True)
@@ -833,15 +882,21 @@ def search_cells(cells: list, tried: list, base: np.ndarray, capacities, streams
     if place.get("cells") is not None:
         cells[:], base = place["cells"], np.asarray(place["base"], dtype=float)
         print(f"refining: resumed at sweep {sweep0 + 1}, cell {cell0 + 1} ({progress})", flush=True)
+    everywhere = list(range(len(base)))
+    seen = visited(list(cells)) if visited else None
     for sweep_no in range(sweep0, REFINE_SWEEPS):
         if sweep_no != sweep0:
             changed, cell0 = False, 0
+        measured = 0
         for cell in range(cell0, len(cells)):
             alts = [v for v in tried if v != cells[cell]]
-            if alts:
+            where = everywhere if seen is None else [k for k, cs in enumerate(seen) if cell in cs]
+            if alts and where:
+                measured += len(where)
                 tables = [make(cells[:cell] + [v] + cells[cell + 1:]) for v in alts]
-                found = capacities(tables, f"refining: sweep {sweep_no + 1}, cell {cell + 1}/"
-                                           f"{len(cells)}")
+                found = np.tile(np.asarray(base, dtype=float), (len(alts), 1))
+                found[:, where] = capacities(tables, f"refining: sweep {sweep_no + 1}, cell {cell + 1}/"
+                                                     f"{len(cells)}", where)
                 gains = np.mean(np.where(base > 0, found / np.where(base > 0, base, 1) - 1, 0),
                                 axis=1)
                 j = int(np.argmax(gains))
@@ -851,11 +906,16 @@ def search_cells(cells: list, tried: list, base: np.ndarray, capacities, streams
                     cells[cell], base = alts[j], found[j]
                     changed = True
                     changed_cells.append(cell)
+                    seen = visited(list(cells)) if visited else None
             if progress:
                 write_atomic(progress, json.dumps({
                     "key": key, "sweep": sweep_no, "cell": cell + 1, "cells": cells,
                     "base": [float(b) for b in base], "changed_cells": changed_cells,
                     "changed": changed}))
+        if seen is not None:
+            print(f"refining: sweep {sweep_no + 1} measured {measured:,} cell-streams of "
+                  f"{(len(cells) - cell0) * len(base):,} (the rest the table never looks up)",
+                  flush=True)
         if not changed:
             break
     if progress:
@@ -875,6 +935,49 @@ def load_progress(path: str | None, key: str) -> dict:
     return saved if isinstance(saved, dict) and saved.get("key") == key else start
 
 
+class RefineStreams(NamedTuple):
+    """The refinement's streams: ``streams`` of each scenario in turn (seeded from
+    TABLE_REFINE_SEEDS), and how policies are measured on them."""
+
+    scenarios: list[Scenario]
+    streams: int
+    num_requests: int
+    executor: object
+
+    def sweep(self, policies: list, label: str) -> list:
+        """Per policy, its capacity results on each scenario."""
+        from eval.capacity import capacity_sweep
+        from eval.parallel import progress_bar
+
+        k = len(self.scenarios)
+        with progress_bar(len(policies) * k * self.streams, label) as bar:
+            found = capacity_sweep([(sc, p) for p in policies for sc in self.scenarios], self.streams,
+                                   self.num_requests, executor=self.executor, progress=bar,
+                                   seed_base=TABLE_REFINE_SEEDS)
+        return [found[j:j + k] for j in range(0, len(found), k)]
+
+    def capacities(self, tables: list[BudgetTable], label: str,
+                   where: list[int] | None = None) -> np.ndarray:
+        """Per table, its capacity on each stream (``where``: only those, numbered over the
+        scenarios in turn), each searched as capacity_sweep searches it."""
+        from eval.parallel import progress_bar
+
+        n = self.streams
+        if where is None or len(where) == len(self.scenarios) * n:
+            found = self.sweep([TablePolicy(t, name="table") for t in tables], label)
+            return np.asarray([[c for r in rs for c in r.per_stream] for rs in found], dtype=float)
+        tasks = [(self.scenarios[k // n], TablePolicy(t, name="table"), k % n, n, self.num_requests,
+                  TABLE_REFINE_SEEDS) for t in tables for k in where]
+        with progress_bar(len(tasks), label) as bar:
+            found = self.executor.map(_stream_capacity_task, tasks, bar)
+        return np.asarray(found, dtype=float).reshape(len(tables), len(where))
+
+    def visited(self, table: BudgetTable) -> list[set[int]]:
+        """Per stream, the cells ``table`` looks up there (:func:`cells_visited`)."""
+        return cells_visited(table, self.scenarios, self.streams, self.num_requests,
+                             TABLE_REFINE_SEEDS, self.executor)[0]
+
+
 def refine(model, rounds: list[Round], serving: Scenario, args: ExportArgs, prov: dict,
            action: dict | None) -> Round:
     """A table refined in closed loop on ``args.refine_streams`` streams of the serving
@@ -889,25 +992,14 @@ def refine(model, rounds: list[Round], serving: Scenario, args: ExportArgs, prov
     decisions is tried, and the best kept where it raises the mean capacity by more than
     REFINE_GAIN (each value against the current table on the same arrivals)."""
     from agents.summary import final_scenarios
-    from eval.capacity import capacity_sweep, probe_stream
-    from eval.parallel import make_executor, progress_bar
+    from eval.capacity import probe_stream
+    from eval.parallel import make_executor
 
-    executor = make_executor(args.workers)
     n = args.refine_streams
     final = args.refine_on == "final"
     scenarios = list(final_scenarios(serving).values()) if final else [serving]
-
-    def sweep(policies: list, label: str) -> list:
-        """Per policy, its capacity results on each of ``scenarios``."""
-        with progress_bar(len(policies) * len(scenarios) * n, label) as bar:
-            found = capacity_sweep([(sc, p) for p in policies for sc in scenarios], n,
-                                   args.fidelity_requests, executor=executor, progress=bar,
-                                   seed_base=TABLE_REFINE_SEEDS)
-        return [found[j:j + len(scenarios)] for j in range(0, len(found), len(scenarios))]
-
-    def capacities(tables: list[BudgetTable], label: str) -> np.ndarray:
-        found = sweep([TablePolicy(t, name="table") for t in tables], label)
-        return np.asarray([[c for r in rs for c in r.per_stream] for rs in found], dtype=float)
+    runs = RefineStreams(scenarios, n, args.fidelity_requests, make_executor(args.workers))
+    sweep, capacities = runs.sweep, runs.capacities
 
     last = rounds[-1]
     (mine,) = sweep([policy_for(model, serving)], "refining: the model's capacity")
@@ -935,9 +1027,13 @@ def refine(model, rounds: list[Round], serving: Scenario, args: ExportArgs, prov
         tried = sorted({v for r in starts for v in r.table.action.cells})
     tried = [int(v) if cells_key == "budgets" else float(v) for v in tried]
     data[cells_key] = list(data[cells_key])
+
+    def make(cells: list) -> BudgetTable:
+        return BudgetTable({**data, cells_key: cells})
+
     changed_cells = search_cells(data[cells_key], tried, base, capacities, n * len(scenarios),
-                                 lambda cells: BudgetTable({**data, cells_key: cells}),
-                                 progress_path(args.run_dir) if args.run_dir else None)
+                                 make, progress_path(args.run_dir) if args.run_dir else None,
+                                 lambda cells: runs.visited(make(cells)))
     what = (f"round {k}'s table" + (f" (cells also from the states the tables of the first {k} "
                                     "DAgger round(s) led to)" if k else "")
             if k < len(rounds) else "the model's decisions at its capacity")

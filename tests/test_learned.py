@@ -955,6 +955,9 @@ def test_export_refines_cells_where_closed_loop_capacity_says(monkeypatch):
     values = np.array([1.0] * 895 + [16.0] * 100 + [4.0] * 5)
     at_capacity = {"running_decodes": np.array([1.0, 2.0, 30.0, 40.0]), "budget": np.ones(4)}
     monkeypatch.setattr(capacity, "capacity_sweep", sweep)
+    monkeypatch.setattr(export, "cells_visited",  # every cell looked up on every stream
+                        lambda table, scs, n, *a: ([set(range(len(table.action.cells)))] * (n * len(scs)),
+                                                   None))
     monkeypatch.setattr(export, "policy_for", lambda model, sc: "model")
     monkeypatch.setattr(export, "collect",
                         lambda model, eps: (at_capacity, np.array([1.0, 1.0, 16.0, 16.0])))
@@ -1018,11 +1021,11 @@ def test_a_killed_cell_search_resumes_where_it_stopped(tmp_path):
     def search(progress, kill_at=None):
         calls = []
 
-        def capacities(tables, label):
+        def capacities(tables, label, where):
             calls.append(label)
             if kill_at is not None and len(calls) == kill_at:
                 raise KeyboardInterrupt
-            return np.asarray([[1.0 + 0.05 * t.count(16.0) - 0.02 * t.count(4.0)] * 4
+            return np.asarray([[1.0 + 0.05 * t.count(16.0) - 0.02 * t.count(4.0)] * len(where)
                                for t in tables])
 
         cells = [1.0, 1.0, 4.0, 1.0]
@@ -1042,6 +1045,56 @@ def test_a_killed_cell_search_resumes_where_it_stopped(tmp_path):
     for junk in ('{"key": "other", "sweep": 1, "cell": 3}', "{not json", "[1, 2]"):
         Path(progress).write_text(junk)
         assert search(progress) == whole
+
+
+def test_cells_a_table_never_looks_up_cannot_change_its_capacity():
+    """cells_visited finds the cells a table looks up in its capacity searches, with the
+    capacities capacity_sweep finds; a value changed in a cell outside them leaves every
+    stream's capacity as it was (the simulator is deterministic), and the cell search
+    measures only the cells looked up, taking the set again after a change."""
+    import eval.export as export
+    from envs.scenario import Scenario
+    from eval.capacity import capacity_sweep
+    from policies.table_policy import TablePolicy
+
+    sc = Scenario(rate=4.0)
+    data = {"schema_version": runtime.SCHEMA_VERSION, "kind": runtime.KIND,
+            "action": export.time_action(sc),
+            # 1,000 decodes or more: more than max_num_seqs lets run, so cell 2 is never read
+            "features": [{"name": "running_decodes", "edges": [2.0, 1000.0]}],
+            "fractions": [1.0, 1.0, 1.0], "default_budget": 512,
+            "provenance": {**scenario_provenance(sc), "rule": "r"}}
+
+    def make(cells):
+        return BudgetTable({**data, "fractions": list(cells)})
+
+    def caps(cells):
+        found = capacity_sweep([(sc, TablePolicy(make(cells)))], 2, 80, seed_base=4242)
+        return np.asarray(found[0].per_stream)
+
+    seen, found = export.cells_visited(make([1.0, 1.0, 1.0]), [sc], 2, 80, 4242)
+    assert len(seen) == 2 and set.union(*seen) == {0, 1}
+    assert np.array_equal(found, caps([1.0, 1.0, 1.0]))
+    assert found.tolist() == [export._stream_capacity_task(sc, TablePolicy(make([1.0] * 3)), i, 2, 80, 4242)
+                              for i in range(2)]
+    assert np.array_equal(caps([1.0, 1.0, 16.0]), found)
+    assert not np.array_equal(caps([1.0, 16.0, 1.0]), found)  # a cell it reads does change it
+    measured, visits = [], []
+
+    def capacities(tables, label, where):
+        measured.append((label.split("cell ")[1].split("/")[0], list(where)))
+        return np.asarray([[1.0 + 0.2 * (t[1] == 4.0 and k == 1) for k in where] for t in tables])
+
+    def visited(cells):  # cell 1 on stream 1 only, cell 0 on both, cell 2 on none
+        visits.append(list(cells))
+        return [{0}, {0, 1}]
+
+    cells = [1.0, 1.0, 1.0]
+    assert export.search_cells(cells, [1.0, 4.0], np.ones(2), capacities, 2, list,
+                               visited=visited) == [1]
+    assert cells == [1.0, 4.0, 1.0]  # +20% on the one stream it is read on: +10% in the mean
+    assert measured == [("1", [0, 1]), ("2", [1]), ("1", [0, 1]), ("2", [1])]
+    assert visits == [[1.0, 1.0, 1.0], [1.0, 4.0, 1.0]]
 
 
 def test_refined_table_not_kept_is_written_to_the_run_directory(tmp_path):
