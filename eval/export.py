@@ -21,8 +21,7 @@
    Then DAgger: the table drives the same episodes, the model labels the states it leads
    to, and features and cells are made again from all the decisions, for
    ``--dagger-rounds`` rounds; the round whose table keeps most of the model's capacity
-   and goodput at load (the mean of the two shares, a stream's goodput counted up to the
-   model's), on streams of its own, is kept.
+   and goodput at load (the mean of the two shares), on streams of its own, is kept.
    With ``--refine-streams N`` one more candidate competes: a table refined cell by cell
    on closed-loop capacity over N streams of the serving scenario, or with
    ``--refine-on final`` of it and each of its variants (``refine``), where the model's
@@ -662,13 +661,7 @@ def select_round(model, tables: list[BudgetTable], serving: Scenario, args: Expo
     and lose past it (the L40S's first table kept its capacity and lost a quarter to
     nearly half of its goodput at 1.5 req/s). Judged by goodput alone, beyond the paired
     interval, the H100's first table was kept, though its next round's kept more of its
-    model's capacity (docs/learning.md). Goodput guards against a collapse past
-    capacity; it does not buy capacity: each stream's goodput counts up to the model's
-    (``goodput_credited``), so a table that serves more than its model in overload is not
-    kept for it over one that keeps more of the capacity (on the L40S the KV-aware
-    deadline rule's 114% of the model's goodput under a tight cache, at 3-4 times its
-    capacity there, outweighed a refined table's 7 more points of capacity). Returns
-    the choice and the figures behind it."""
+    model's capacity (docs/learning.md). Returns the choice and the figures behind it."""
     from agents.summary import final_scenarios
 
     if len(tables) == 1:
@@ -681,10 +674,9 @@ def select_round(model, tables: list[BudgetTable], serving: Scenario, args: Expo
                                         args.fidelity_requests, args.workers, "choosing a round: capacity").rps)
     if not len(goodput) and not len(capacity):
         return {"chosen": 0, "streams": 0}
-    shares = {key: m.mean(axis=0) for key, m in (("capacity_kept", capacity), ("goodput_kept", goodput),
-                                                  ("goodput_credited", np.minimum(goodput, 1.0)))
+    shares = {key: m.mean(axis=0) for key, m in (("capacity_kept", capacity), ("goodput_kept", goodput))
               if len(m)}
-    score = np.mean([v for k, v in shares.items() if k != "goodput_kept"], axis=0)
+    score = np.mean(list(shares.values()), axis=0)
     return {"chosen": int(np.argmax(score)), "streams": int(len(capacity) or len(goodput)),
             "goodput_streams": int(len(goodput)), "seed_base": TABLE_SELECT_SEEDS,
             **{k: [float(v) for v in m] for k, m in shares.items()}}
@@ -1171,8 +1163,7 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
         which = "the refined table" if source == "refined" else f"the table of {source}"
         print(f"kept: {which} among {', '.join(labels)}" + (
             f" (the model's figures each keeps, in that order, on {dagger['streams']} streams of "
-            f"their own: {kept}; kept: the highest mean of the capacity share and the goodput "
-            f"share, a stream's goodput counted up to the model's; the earliest on a tie)" if kept
+            f"their own: {kept}; kept: the highest mean of the shares, the earliest on a tie)" if kept
             else " (no stream where the model meets the SLO at any load: not compared)"))
     worst = 0.0
     for name, f in fid.get("capacity", {}).items():
