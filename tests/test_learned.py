@@ -206,6 +206,39 @@ def test_export_report_warns_of_goodput_lost_only_where_the_model_serves(capsys,
         assert ("WARNING: at the serving load the table falls short" in err) == warned, err
 
 
+def test_export_report_warns_of_capacity_lost_and_says_when_noise_cannot_tell(capsys, tmp_path):
+    """A capacity loss over 1% is warned about on the scenario where it is worst: as the
+    table's when it falls short beyond the interval, as not told from noise when the
+    interval spans it (with how to measure more); none at 1% or less."""
+    from types import SimpleNamespace
+
+    from envs.scenario import Scenario
+    from eval.export import report
+
+    def capacity(loss, ci, verdict):
+        return {"model_capacity_rps": 1.0, "table_capacity_rps": 1 - loss, "loss": loss,
+                "loss_ci95": ci, "verdict": verdict}
+
+    path = str(tmp_path / "t.json")
+    for caps, said in [({"serving": capacity(0.02, 0.05, "ties"), "tight KV cache": capacity(0.13, 0.26, "ties")},
+                        "loses 13.0% of the model's capacity on tight KV cache (more than 1%, but "
+                        "± 26.0%: these streams cannot tell it from noise); --fidelity-seeds N"),
+                       ({"serving": capacity(0.06, 0.03, "falls short")},
+                        "loses 6.0% of the model's capacity on serving (more than 1%); use more "
+                        "buckets or features, or serve the model"),
+                       ({"serving": capacity(0.05, 0.0, "not judged")},
+                        "loses 5.0% of the model's capacity on serving (more than 1% on one stream, "
+                        "not judged); --fidelity-seeds N"),
+                       ({"serving": capacity(0.01, 0.03, "ties")}, None)]:
+        data = time_table([1.0, 0.5, 0.25], Scenario()).to_dict()
+        data["fidelity"] = {"build_decisions": 100, "held_out_decisions": 50, "agreement": 1.0,
+                            "capacity": caps}
+        BudgetTable(data).save(path)
+        report(BudgetTable.load(path), 1.0, SimpleNamespace(out=path))
+        err = capsys.readouterr().err
+        assert (said in err) if said else "capacity" not in err, err
+
+
 # --- the p99 ITL slack ---------------------------------------------------------------------
 
 SLACK_REQUESTS = [(0.0, 60, 3000)] * 6 + [(0.5 * i, 6000, 20) for i in range(1, 30)]
