@@ -121,6 +121,13 @@ class ExportArgs:
     2 s TTFT target): where a pass's fixed part is a large share of one within the target,
     few long passes prefill faster than the deadline rules' passes within it
     (docs/learning.md)."""
+    select_streams: int = 3
+    """Streams per final scenario (the serving one and its variants) on which the export
+    chooses among the rounds', the rules' and the refined table, each seeded apart. Where
+    each stream's capacity is jagged, tables a few percent apart need more: on the L40S's
+    bursty long prompts 3 kept a round that 12 did not, and that round lost 4-16% against
+    the shipped table on held-out streams (docs/learning.md). Each stream adds a capacity
+    search and a run per table and scenario."""
     refine_streams: int = 0
     """Refine a table cell by cell in closed loop on this many streams of the serving
     scenario of their own (0: not at all): from the best there of the rounds' tables and
@@ -443,6 +450,7 @@ def parse_args(argv: list[str]) -> ExportArgs:
         seen[name] = spec
     integer("fidelity_seeds", args.fidelity_seeds, 0, 50)
     integer("refine_streams", args.refine_streams, 0, 100)
+    integer("select_streams", args.select_streams, 1, 100)
     require(args.refine_on == "serving" or args.refine_streams, "refine_on", args.refine_on,
             "needs --refine-streams N")
     if args.features is not None:
@@ -600,10 +608,6 @@ def load_fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs
     return out
 
 
-SELECT_STREAMS = 3
-"""Streams per final scenario on which the export chooses among its rounds' tables."""
-
-
 class CapacityRuns(NamedTuple):
     """Capacities of the model and of each table, each array indexed (scenario, stream,
     policy), the model first."""
@@ -650,7 +654,7 @@ def kept_share(found: np.ndarray, floor: float = 0.0) -> np.ndarray:
 def select_round(model, tables: list[BudgetTable], serving: Scenario, args: ExportArgs) -> dict:
     """The DAgger round whose table to keep: the one that keeps most of its model's
     capacity under the SLO and goodput at the final scenarios' own loads (the mean of the
-    two shares), on ``SELECT_STREAMS`` streams per scenario of their own (synthetic streams
+    two shares), on ``args.select_streams`` streams per scenario of their own (synthetic streams
     seeded apart from the fidelity's; a trace's window is cut into that many parts, and
     its fidelity replays the same requests). Streams where the model serves no request
     (capacity) or at most ``MIN_MODEL_GOODPUT`` (goodput) are left out. The earliest round
@@ -667,10 +671,10 @@ def select_round(model, tables: list[BudgetTable], serving: Scenario, args: Expo
     if len(tables) == 1:
         return {"chosen": 0}
     scenarios = final_scenarios(serving)
-    goodput = kept_share(goodput_runs(model, tables, scenarios, SELECT_STREAMS, TABLE_SELECT_SEEDS,
+    goodput = kept_share(goodput_runs(model, tables, scenarios, args.select_streams, TABLE_SELECT_SEEDS,
                                       args.fidelity_requests, args.workers, "choosing a round: goodput"),
                          MIN_MODEL_GOODPUT)
-    capacity = kept_share(capacity_runs(model, tables, scenarios, SELECT_STREAMS, TABLE_SELECT_SEEDS,
+    capacity = kept_share(capacity_runs(model, tables, scenarios, args.select_streams, TABLE_SELECT_SEEDS,
                                         args.fidelity_requests, args.workers, "choosing a round: capacity").rps)
     if not len(goodput) and not len(capacity):
         return {"chosen": 0, "streams": 0}

@@ -485,6 +485,8 @@ def eval_cases() -> list[Case]:
     out += [Case(c, tuple(_replace(exp, "--rules", v)), "rules", run)
             for v in ("time-budget-kv", "static:2048", "time-budget-slack:99", "x:y:z")]
     out += [Case(c, tuple(exp + ["--refine-on", v]), "refine_on", run) for v in ("bogus", "final")]
+    out += [Case(c, tuple(exp + ["--select-streams", v]), "select_streams", run)
+            for v in ("0", "-1", "x", "101", "9" * 30)]
     out += [Case(c, tuple(exp + ["--refine-streams", "2", "--out", "{tmp}/run/refined_table.json"]),
                  "refined_table", run)]
     rule = ["export", "--rule", "time-budget", "--out", "{tmp}/t.json"]

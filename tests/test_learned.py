@@ -788,7 +788,7 @@ def test_export_keeps_the_round_that_keeps_most_of_its_model(monkeypatch):
         rps = np.asarray(capacity, dtype=float)
         monkeypatch.setattr(export, "capacity_runs", lambda *a, **k: export.CapacityRuns(rps, rps / 2))
         return export.select_round(None, [None] * (len(goodput[0][0]) - 1), Scenario(),
-                                   SimpleNamespace(fidelity_requests=80, workers=1))
+                                   SimpleNamespace(fidelity_requests=80, workers=1, select_streams=3))
 
     same = [[[2.0, 2.0, 2.0, 2.0]] * 3]
     # Round 1 keeps 0.9 of the model's goodput where round 0 keeps 0.5 and round 2 0.85.
@@ -815,6 +815,14 @@ def test_export_keeps_the_round_that_keeps_most_of_its_model(monkeypatch):
     assert got["chosen"] == 0 and got["streams"] == 4 and got["goodput_kept"][1] < 0.7
     assert choose([[[math.nan, 0.5, 0.9]]], [[[0.0, 0.5, 0.9]]]) == {"chosen": 0, "streams": 0}
     assert export.select_round(None, [None], Scenario(), None) == {"chosen": 0}
+    # --select-streams: that many streams per scenario for both measures.
+    asked = []
+    monkeypatch.setattr(export, "goodput_runs", lambda *a, **k: asked.append(a[3]) or np.ones((3, 7, 3)))
+    monkeypatch.setattr(export, "capacity_runs",
+                        lambda *a, **k: asked.append(a[3]) or export.CapacityRuns(*[np.ones((3, 7, 3))] * 2))
+    got = export.select_round(None, [None] * 2, Scenario(),
+                              SimpleNamespace(fidelity_requests=80, workers=1, select_streams=7))
+    assert asked == [7, 7] and got["streams"] == 21
 
 
 def test_export_lays_out_capacities_by_scenario_stream_and_policy(monkeypatch):
