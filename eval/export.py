@@ -137,8 +137,9 @@ class ExportArgs:
     competes with the rounds and the rules on the choice's streams, like them. A table
     copies its model's most frequent choice per cell, and where the model's choice is
     split within a cell only the closed loop tells which value serves (the laptop's: 40
-    streams, 13 minutes; the L40S's 108 cells: 55 minutes, before a cell was measured
-    only on the streams where the table looks it up: 55% of them). Where the choice keeps
+    streams, 13 minutes; the L40S's 108 cells on 14 streams of each final scenario: 43
+    minutes for two sweeps, each cell measured only on the streams that read it, 55-60%
+    of them). Where the choice keeps
     another table the refined one is written to the run directory as refined_table.json;
     the search keeps its place there (refine_progress.json), and an export killed during
     it and started again with the same flags goes on from the last cell done."""
@@ -820,60 +821,73 @@ REFINE_SWEEPS = 2
 
 
 class CellRecorder(TablePolicy):
-    """A table policy that keeps the index of every cell it looks up, across runs."""
+    """A table policy that keeps, across runs, the index of every cell whose value it
+    reads: each pass's for a token table; a time-fraction table's only with decodes
+    running (with none the budget is the cap whatever the cell holds)."""
 
     def __init__(self, table: BudgetTable):
         super().__init__(table, name="table")
         self.seen: set[int] = set()
+        self._reads_idle = table.action.kind != "time_fraction"
 
     def budget(self, state) -> int:
-        self.seen.add(self.cell(state))
+        if self._reads_idle or state.num_decodes:
+            self.seen.add(self.cell(state))
         return super().budget(state)
 
 
-def _cells_visited_task(scenario: Scenario, table: BudgetTable, stream: int, streams: int,
-                        num_requests: int, seed_base: int) -> tuple[float, list[int]]:
+def _stream_capacity_task(scenario: Scenario, table: BudgetTable, stream: int, streams: int,
+                          num_requests: int, seed_base: int, record: bool = False) -> tuple[float, list[int]]:
+    """One stream's capacity as capacity_sweep searches it, and with ``record`` the cells
+    the table read in any probe."""
     from eval.capacity import stream_capacity
 
-    rec = CellRecorder(table)
-    found, _, _ = stream_capacity(scenario, rec, stream, streams, num_requests, seed_base=seed_base)
-    return found, sorted(rec.seen)
+    policy = CellRecorder(table) if record else TablePolicy(table, name="table")
+    found = stream_capacity(scenario, policy, stream, streams, num_requests, seed_base=seed_base)[0]
+    return found, sorted(policy.seen) if record else []
 
 
-def _stream_capacity_task(scenario: Scenario, policy, stream: int, streams: int,
-                          num_requests: int, seed_base: int) -> float:
-    from eval.capacity import stream_capacity
-
-    return stream_capacity(scenario, policy, stream, streams, num_requests, seed_base=seed_base)[0]
-
-
-def cells_visited(table: BudgetTable, scenarios: list[Scenario], streams: int, num_requests: int,
-                  seed_base: int, executor=None) -> tuple[list[set[int]], np.ndarray]:
-    """(per stream, the cells ``table`` looks up in any probe of its capacity search there;
+def cells_looked_up(table: BudgetTable, scenarios: list[Scenario], streams: int, num_requests: int,
+                    seed_base: int, executor=None) -> tuple[list[set[int]], np.ndarray]:
+    """(per stream, the cells ``table`` reads in any probe of its capacity search there;
     the capacities those searches find, as capacity_sweep finds them), over ``streams``
     streams of each scenario in turn. The simulator is deterministic, so on a stream whose
     set lacks a cell a table that differs from ``table`` only in that cell runs every probe
     exactly as ``table`` does and has the same capacity there: a cell search need not
     measure it."""
-    from eval.parallel import LocalExecutor
+    from eval.parallel import LocalExecutor, progress_bar
 
-    tasks = [(sc, table, i, streams, num_requests, seed_base) for sc in scenarios for i in range(streams)]
-    found = (executor or LocalExecutor()).map(_cells_visited_task, tasks)
+    tasks = [(sc, table, i, streams, num_requests, seed_base, True) for sc in scenarios
+             for i in range(streams)]
+    with progress_bar(len(tasks), "refining: the cells the table looks up") as bar:
+        found = (executor or LocalExecutor()).map(_stream_capacity_task, tasks, bar)
     return [set(cs) for _, cs in found], np.asarray([c for c, _ in found], dtype=float)
 
 
+def measure_cell(cells: list, cell: int, alts: list, where: list[int], base: np.ndarray,
+                 capacities, make, label: str) -> np.ndarray:
+    """Per value of ``alts`` in ``cell``, the table's capacity on every stream: measured on
+    ``where``, the current one's (``base``) elsewhere."""
+    tables = [make(cells[:cell] + [v] + cells[cell + 1:]) for v in alts]
+    found = np.tile(np.asarray(base, dtype=float), (len(alts), 1))
+    found[:, where] = capacities(tables, label, where)
+    return found
+
+
 def search_cells(cells: list, tried: list, base: np.ndarray, capacities, streams: int,
-                 make, progress: str | None = None, visited=None) -> list[int]:
+                 make, progress: str | None = None, looked_up=None) -> list[int]:
     """Coordinate search over ``cells`` (changed in place): per cell, each value of
     ``tried`` in one capacity sweep (``capacities``: tables, a label and the indices of the
     streams to measure -> their capacities there, on the streams ``base`` was measured
     on), the best kept where it raises the mean of the per-stream ratios by more than
     REFINE_GAIN; REFINE_SWEEPS sweeps, or fewer when one changes nothing. Returns the
-    cells changed, in order. With ``visited`` (cells -> per stream, the cell indices the
-    table of those cells looks up there: :func:`cells_visited`) a cell is measured only
-    on the streams where the current table looks it up, and not at all where it looks it
-    up on none: elsewhere no value in it changes a probe, and the capacity stays the
-    current table's. The sets are taken again after every change. With ``progress`` (a
+    cells changed, in order. With ``looked_up`` (cells -> per stream, the cells the table
+    of those cells reads there, and its capacities: :func:`cells_looked_up`) a cell is
+    measured only on the streams where the current table reads it, and not at all where
+    it reads it on none: elsewhere no value in it changes a probe, and the capacity stays
+    the current table's. The sets are taken again after every change, and their
+    capacities checked against the current ones (a mismatch would mean the simulator is
+    not deterministic: then every cell is measured on every stream). With ``progress`` (a
     JSON file) the search's place is written after every cell and a search killed midway
     resumes there when started again on the same cells, values and streams (the search
     is deterministic, so the result is the one an unbroken search gives); the file goes
@@ -886,21 +900,30 @@ def search_cells(cells: list, tried: list, base: np.ndarray, capacities, streams
     if place.get("cells") is not None:
         cells[:], base = place["cells"], np.asarray(place["base"], dtype=float)
         print(f"refining: resumed at sweep {sweep0 + 1}, cell {cell0 + 1} ({progress})", flush=True)
-    everywhere = list(range(len(base)))
-    seen = visited(list(cells)) if visited else None
+
+    def reads() -> list[set[int]] | None:
+        if not looked_up:
+            return None
+        sets, again = looked_up(list(cells))
+        if np.array_equal(again, base):
+            return sets
+        print("WARNING: the table's capacities differ between two searches on the same streams; "
+              "every cell is measured on every stream", file=sys.stderr)
+        return None
+
+    seen = reads()
     for sweep_no in range(sweep0, REFINE_SWEEPS):
         if sweep_no != sweep0:
             changed, cell0 = False, 0
-        measured = 0
+        measured = could = 0
         for cell in range(cell0, len(cells)):
             alts = [v for v in tried if v != cells[cell]]
-            where = everywhere if seen is None else [k for k, cs in enumerate(seen) if cell in cs]
+            where = [k for k in range(len(base)) if seen is None or cell in seen[k]]
+            could += len(base) if alts else 0
             if alts and where:
                 measured += len(where)
-                tables = [make(cells[:cell] + [v] + cells[cell + 1:]) for v in alts]
-                found = np.tile(np.asarray(base, dtype=float), (len(alts), 1))
-                found[:, where] = capacities(tables, f"refining: sweep {sweep_no + 1}, cell {cell + 1}/"
-                                                     f"{len(cells)}", where)
+                found = measure_cell(cells, cell, alts, where, base, capacities, make,
+                                     f"refining: sweep {sweep_no + 1}, cell {cell + 1}/{len(cells)}")
                 gains = np.mean(np.where(base > 0, found / np.where(base > 0, base, 1) - 1, 0),
                                 axis=1)
                 j = int(np.argmax(gains))
@@ -910,16 +933,15 @@ def search_cells(cells: list, tried: list, base: np.ndarray, capacities, streams
                     cells[cell], base = alts[j], found[j]
                     changed = True
                     changed_cells.append(cell)
-                    seen = visited(list(cells)) if visited else None
+                    seen = reads()
             if progress:
                 write_atomic(progress, json.dumps({
                     "key": key, "sweep": sweep_no, "cell": cell + 1, "cells": cells,
                     "base": [float(b) for b in base], "changed_cells": changed_cells,
                     "changed": changed}))
-        if seen is not None:
-            print(f"refining: sweep {sweep_no + 1} measured {measured:,} cell-streams of "
-                  f"{(len(cells) - cell0) * len(base):,} (the rest the table never looks up)",
-                  flush=True)
+        if looked_up:
+            print(f"refining: sweep {sweep_no + 1} measured {measured:,} of {could:,} cell-streams "
+                  "(the rest the table does not read there)", flush=True)
         if not changed:
             break
     if progress:
@@ -970,16 +992,17 @@ class RefineStreams(NamedTuple):
         if where is None or len(where) == len(self.scenarios) * n:
             found = self.sweep([TablePolicy(t, name="table") for t in tables], label)
             return np.asarray([[c for r in rs for c in r.per_stream] for rs in found], dtype=float)
-        tasks = [(self.scenarios[k // n], TablePolicy(t, name="table"), k % n, n, self.num_requests,
-                  TABLE_REFINE_SEEDS) for t in tables for k in where]
+        tasks = [(self.scenarios[k // n], t, k % n, n, self.num_requests, TABLE_REFINE_SEEDS)
+                 for t in tables for k in where]
         with progress_bar(len(tasks), label) as bar:
-            found = self.executor.map(_stream_capacity_task, tasks, bar)
+            found = [c for c, _ in self.executor.map(_stream_capacity_task, tasks, bar)]
         return np.asarray(found, dtype=float).reshape(len(tables), len(where))
 
-    def visited(self, table: BudgetTable) -> list[set[int]]:
-        """Per stream, the cells ``table`` looks up there (:func:`cells_visited`)."""
-        return cells_visited(table, self.scenarios, self.streams, self.num_requests,
-                             TABLE_REFINE_SEEDS, self.executor)[0]
+    def looked_up(self, table: BudgetTable) -> tuple[list[set[int]], np.ndarray]:
+        """Per stream, the cells ``table`` reads there, and its capacities
+        (:func:`cells_looked_up`)."""
+        return cells_looked_up(table, self.scenarios, self.streams, self.num_requests,
+                               TABLE_REFINE_SEEDS, self.executor)
 
 
 def refine(model, rounds: list[Round], serving: Scenario, args: ExportArgs, prov: dict,
@@ -1037,7 +1060,7 @@ def refine(model, rounds: list[Round], serving: Scenario, args: ExportArgs, prov
 
     changed_cells = search_cells(data[cells_key], tried, base, capacities, n * len(scenarios),
                                  make, progress_path(args.run_dir) if args.run_dir else None,
-                                 lambda cells: runs.visited(make(cells)))
+                                 lambda cells: runs.looked_up(make(cells)))
     what = (f"round {k}'s table" + (f" (cells also from the states the tables of the first {k} "
                                     "DAgger round(s) led to)" if k else "")
             if k < len(rounds) else "the model's decisions at its capacity")
@@ -1141,18 +1164,19 @@ def capacity_judged(f: dict) -> str:
     return f"{-f['loss']:+.1%} ± {f['loss_ci95']:.1%}, table {f['verdict']} model"
 
 
-def capacity_warning(loss: float, name: str, f: dict) -> str:
+def capacity_warning(name: str, f: dict, streams: int | None) -> str:
     """The warning for a fidelity capacity loss above LOUD_CAPACITY_LOSS on scenario
     ``name``: a loss beyond the interval is the table's; one within an interval wider than
     the loss is not told from noise on these streams (the L40S's: -13.2% ± 26.3% on 5),
     and more streams would tell it."""
-    head = (f"WARNING: the table loses {loss:.1%} of the model's capacity on {name} (more than "
-            f"{LOUD_CAPACITY_LOSS:.0%}")
+    head = (f"WARNING: the table loses {f['loss']:.1%} of the model's capacity on {name} (more "
+            f"than {LOUD_CAPACITY_LOSS:.0%}")
     if f["verdict"] == NOT_JUDGED:
         return head + " on one stream, not judged); --fidelity-seeds N measures on more"
     if f["verdict"] == "falls short" or not f.get("loss_ci95"):
         return head + "); use more buckets or features, or serve the model"
-    return (head + f", but ± {f['loss_ci95']:.1%}: these streams cannot tell it from noise); "
+    on = f"{streams} streams" if streams else "these streams"
+    return (head + f", but ± {f['loss_ci95']:.1%}: {on} cannot tell it from noise); "
             "--fidelity-seeds N measures on more, and if the loss holds, use more buckets or "
             "features, or serve the model")
 
@@ -1185,10 +1209,7 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
             f" (the model's figures each keeps, in that order, on {dagger['streams']} streams of "
             f"their own: {kept}; kept: the highest mean of the shares, the earliest on a tie)" if kept
             else " (no stream where the model meets the SLO at any load: not compared)"))
-    worst, where = 0.0, None
     for name, f in fid.get("capacity", {}).items():
-        if f["loss"] > worst:
-            worst, where = f["loss"], (name, f)
         print(f"capacity on {name}: model {f['model_capacity_rps']:.3f}, table "
               f"{f['table_capacity_rps']:.3f} req/s ({capacity_judged(f)})")
     low = 0.0
@@ -1211,8 +1232,9 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
                 if kind == "time_fraction" else f"a static budget (static:{values[0]:g})")
         print(f"NOTE: every cell holds {values[0]:g}: the policy does not depend on the state "
               f"here; it is {same}, which serves the same budgets without a table")
-    if worst > LOUD_CAPACITY_LOSS:
-        print(capacity_warning(worst, *where), file=sys.stderr)
+    for name, f in fid.get("capacity", {}).items():
+        if f["loss"] > LOUD_CAPACITY_LOSS:
+            print(capacity_warning(name, f, getattr(args, "fidelity_seeds", None)), file=sys.stderr)
     if low > LOUD_GOODPUT_LOSS:
         print(f"WARNING: at the serving load the table falls short of the model's goodput by "
               f"{low:.1%} somewhere (beyond the interval, and more than {LOUD_GOODPUT_LOSS:.0%}): "
