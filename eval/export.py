@@ -831,9 +831,10 @@ class CellRecorder(TablePolicy):
         self._reads_idle = table.action.kind != "time_fraction"
 
     def budget(self, state) -> int:
+        values = self.values(state)
         if self._reads_idle or state.num_decodes:
-            self.seen.add(self.cell(state))
-        return super().budget(state)
+            self.seen.add(self.table.action.cell(values))
+        return self.budget_of(values, state)
 
 
 def _stream_capacity_task(scenario: Scenario, table: BudgetTable, stream: int, streams: int,
@@ -847,6 +848,14 @@ def _stream_capacity_task(scenario: Scenario, table: BudgetTable, stream: int, s
     return found, sorted(policy.seen) if record else []
 
 
+def stream_tasks(scenarios: list[Scenario], streams: int, num_requests: int, seed_base: int,
+                 tables: list[BudgetTable], where, record: bool = False) -> list[tuple]:
+    """:func:`_stream_capacity_task`'s arguments for each table on each stream of ``where``
+    (numbered over ``streams`` streams of each scenario in turn)."""
+    return [(scenarios[k // streams], t, k % streams, streams, num_requests, seed_base, record)
+            for t in tables for k in where]
+
+
 def cells_looked_up(table: BudgetTable, scenarios: list[Scenario], streams: int, num_requests: int,
                     seed_base: int, executor=None) -> tuple[list[set[int]], np.ndarray]:
     """(per stream, the cells ``table`` reads in any probe of its capacity search there;
@@ -857,8 +866,8 @@ def cells_looked_up(table: BudgetTable, scenarios: list[Scenario], streams: int,
     measure it."""
     from eval.parallel import LocalExecutor, progress_bar
 
-    tasks = [(sc, table, i, streams, num_requests, seed_base, True) for sc in scenarios
-             for i in range(streams)]
+    tasks = stream_tasks(scenarios, streams, num_requests, seed_base, [table],
+                         range(len(scenarios) * streams), record=True)
     with progress_bar(len(tasks), "refining: the cells the table looks up") as bar:
         found = (executor or LocalExecutor()).map(_stream_capacity_task, tasks, bar)
     return [set(cs) for _, cs in found], np.asarray([c for c, _ in found], dtype=float)
@@ -992,8 +1001,7 @@ class RefineStreams(NamedTuple):
         if where is None or len(where) == len(self.scenarios) * n:
             found = self.sweep([TablePolicy(t, name="table") for t in tables], label)
             return np.asarray([[c for r in rs for c in r.per_stream] for rs in found], dtype=float)
-        tasks = [(self.scenarios[k // n], t, k % n, n, self.num_requests, TABLE_REFINE_SEEDS)
-                 for t in tables for k in where]
+        tasks = stream_tasks(self.scenarios, n, self.num_requests, TABLE_REFINE_SEEDS, tables, where)
         with progress_bar(len(tasks), label) as bar:
             found = [c for c, _ in self.executor.map(_stream_capacity_task, tasks, bar)]
         return np.asarray(found, dtype=float).reshape(len(tables), len(where))

@@ -50,7 +50,10 @@ class TablePolicy(BudgetPolicy):
         return self.table.action.cell(self.values(state))
 
     def budget(self, state) -> int:
-        values = self.values(state)
+        return self.budget_of(self.values(state), state)
+
+    def budget_of(self, values: dict, state) -> int:
+        """The budget for ``values`` (:meth:`values` of ``state``)."""
         if self._time:
             return self.table.action.budget(values, state.simulator.roofline.coefficients())
         return self.table.budget(values)
