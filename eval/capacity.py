@@ -237,6 +237,21 @@ class CapacityStudy:
 
         return paired_verdict(self.policies[name].per_stream, self.best.per_stream)
 
+    def flat_verdicts(self) -> list[tuple[str, str, object]]:
+        """(table, its ``table-flat:`` twin, the table against the twin paired stream by
+        stream) for each flattened table whose table was measured too: what the table's
+        cells' dependence on state is worth on these streams."""
+        from eval.harness import paired_verdict
+        from policies.specs import flat_twin
+
+        out = []
+        for flat in self.policies:
+            table = flat_twin(flat)
+            if table in self.policies:
+                out.append((table, flat, paired_verdict(self.policies[table].per_stream,
+                                                         self.policies[flat].per_stream)))
+        return out
+
     @property
     def has_held_out(self) -> bool:
         """Whether there is a held-out pick: it needs another stream to pick on."""
@@ -265,6 +280,8 @@ class CapacityStudy:
 
     def as_json(self) -> dict:
         out = {n: {**r.as_json(), "verdict": str(self.verdict(n))} for n, r in self.policies.items()}
+        for table, flat, v in self.flat_verdicts():
+            out[table][f"against {flat}"] = {"rel": v.rel, "ci95": v.half, "verdict": v.kind}
         out["_hindsight_static"] = {"budget": self.best_budget, "capacity": self.best.capacity,
                                     "ci95": self.best.ci95}
         held, picks = self.held_out_static()

@@ -258,6 +258,11 @@ def capacity_report(study, out: Path, seeds: int, num_requests: int, uses: dict 
     note = unbounded_note([study])
     if note:
         lines += ["", note]
+    worth = study.flat_verdicts()
+    if worth:
+        lines += ["", "What each table's cells are worth (the table against itself flattened, every "
+                  "cell at one fraction of the ITL target, paired stream by stream):", ""]
+        lines += [f"- {t} against {f}: {v.cell}" for t, f, v in worth]
     values = {**{n: r.capacity for n, r in study.policies.items()},
               f"static:{b} (hindsight best)": best.capacity}
     fig = plots.capacity_bars(values, out / "capacity.png", "capacity under the SLO")

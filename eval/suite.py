@@ -149,6 +149,23 @@ def use_counts(names, specs, comparisons, uses) -> list[str]:
     return lines
 
 
+def flat_counts(names, studies) -> list[str]:
+    """Per (table, flattened twin) pair: the scenarios where the table beats, ties and falls
+    short of itself with one fraction in every cell, each with its figure."""
+    pairs: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for name, st in zip(names, studies):
+        for table, flat, v in st.flat_verdicts():
+            kinds = pairs.setdefault((table, flat), {})
+            kinds.setdefault(v.kind, []).append(f"{name} {v.figure}")
+    lines = []
+    for (table, flat), kinds in pairs.items():
+        parts = [f"{k} in {len(kinds[k])} ({', '.join(kinds[k])})"
+                 for k in ("beats", "ties", "falls short", "not judged") if k in kinds]
+        lines.append(f"- {table} against {flat} (what its cells' dependence on state is worth): "
+                     + "; ".join(parts))
+    return lines
+
+
 def suite_text(names, specs, comparisons, studies, args, wall_s: float, uses=None) -> str:
     head = ["# chunkpilot evaluation suite", "",
             f"- policies: {','.join(specs)}; {args.seeds} stream{'s' * (args.seeds != 1)} of {args.requests} requests per "
@@ -176,6 +193,7 @@ def suite_text(names, specs, comparisons, studies, args, wall_s: float, uses=Non
         note = unbounded_note(studies)
         body += [note, ""] if note else []
         counts = use_counts(names, specs, comparisons, uses or [{} for _ in names])
+        counts += flat_counts(names, studies)
         body += counts + ([""] if counts else [])
     body += ["## Goodput at each scenario's base load", ""] + goodput_table(names, specs, comparisons)
     body += ["", "## Scenarios", ""] + [f"- [{n}]({n}/report.md): {scenario_line(SUITE[n])}" for n in names]

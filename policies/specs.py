@@ -28,6 +28,10 @@
 ``table:PATH``                     an exported lookup table
 ``table:auto``                     the shipped table of the scenario's hardware and model
                                    (``tables/HARDWARE__MODEL.json``)
+``table-flat[:FRACTION]:PATH``     that table (or ``auto``) with FRACTION of the ITL target in
+                                   every cell (1; in (0, 16]; on its own part, the
+                                   ``time-budget:FRACTION`` rule): against the table, what
+                                   its cells' dependence on state is worth
 =================================  ==========================================================
 """
 
@@ -47,7 +51,7 @@ KNOWN = ("static:N", "vllm-default[:offline]", "queue-depth[:BASE]", "no-decode-
          "time-budget-kv[:FRACTION]", "time-budget-few[:FRACTION]", "time-budget-slack[:TOP]",
          "time-budget-slack-kv[:TOP]", "time-budget-deadline[:TOP]", "time-budget-deadline-kv[:TOP]",
          "reference:BUDGET[:HORIZON_S[:REPLAN_S]]", "model:RUN_DIR",
-         "table:PATH", "table:auto")
+         "table:PATH", "table:auto", "table-flat[:FRACTION]:PATH", "table-flat[:FRACTION]:auto")
 
 
 def _numbers(spec: str, args: list[str], count: tuple[int, ...], kind=int) -> list:
@@ -100,14 +104,17 @@ def _top(spec: str, args: list[str]) -> float:
 
 
 def load_table_policy(path: str, scenario: Scenario | None = None, name: str | None = None,
-                      allow_mismatch: bool = False):
+                      allow_mismatch: bool = False, flat: float | None = None):
     """A table as a policy. A table built for other hardware, another model shape or another
-    SLO than ``scenario``'s is refused (``allow_mismatch``: warned about on stderr)."""
+    SLO than ``scenario``'s is refused (``allow_mismatch``: warned about on stderr). With
+    ``flat``, the table with that fraction of the ITL target in every cell."""
     from policies.table import BudgetTable, TableError, hardware_provenance, model_provenance
     from policies.table_policy import TablePolicy
 
     try:
         table = BudgetTable.load(path)
+        if flat is not None:
+            table = table.flattened(flat)
     except TableError as err:
         raise ConfigError(f"table: {err}") from None
     if scenario is not None:
@@ -134,6 +141,25 @@ def load_table_policy(path: str, scenario: Scenario | None = None, name: str | N
             return TablePolicy(table.with_step_overhead(extra), name=name or f"table:{path}",
                                stored_cost=True)
     return TablePolicy(table, name=name or f"table:{path}")
+
+
+def _flat_fraction(spec: str, rest: str) -> tuple[float, str]:
+    """(FRACTION, PATH) of ``table-flat[:FRACTION]:PATH``: a first part that reads as a
+    number is the fraction (1 without one)."""
+    head, colon, tail = rest.partition(":")
+    try:
+        float(head)
+    except ValueError:
+        return 1.0, rest
+    if not colon or not tail:
+        raise ConfigError(f"policy: got {show(spec)}, table-flat takes [FRACTION:]PATH (or auto)")
+    return _one_number(spec, [head], 1.0, 0.0, 16.0, "FRACTION of the ITL target"), tail
+
+
+def flat_twin(name: str) -> str | None:
+    """The ``table:`` spec a ``table-flat:`` spec flattens (None for any other spec)."""
+    kind, _, rest = name.partition(":")
+    return f"table:{_flat_fraction(name, rest)[1]}" if kind == "table-flat" and rest else None
 
 
 TABLES = Path(__file__).resolve().parent.parent / "tables"
@@ -164,8 +190,9 @@ def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = Fals
 
     spec = spec.strip()
     kind, colon, rest = spec.partition(":")
-    # model: and table: take one path, which may hold ':' itself; the others, numbers.
-    if colon and kind and kind not in ("model", "table") and not all(rest.split(":")):
+    # model:, table: and table-flat: take one path, which may hold ':' itself; the others,
+    # numbers.
+    if colon and kind and kind not in ("model", "table", "table-flat") and not all(rest.split(":")):
         hint = (f"fill it in or drop it ({kind} without arguments takes its defaults)"
                 if kind in DEFAULTED else "fill it in or drop it")
         raise ConfigError(f"policy: got {show(spec)}, an empty argument after ':'; {hint}")
@@ -218,6 +245,11 @@ def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = Fals
                                  allow_mismatch=allow_table_mismatch)
     if kind == "table" and rest:
         return load_table_policy(rest, scenario, name=spec, allow_mismatch=allow_table_mismatch)
+    if kind == "table-flat" and rest:
+        fraction, path = _flat_fraction(spec, rest)
+        path = str(shipped_table(scenario)) if path == "auto" else path
+        return load_table_policy(path, scenario, name=spec, allow_mismatch=allow_table_mismatch,
+                                 flat=fraction)
     raise ConfigError(f"policy: unknown spec {show(spec)}; known: {', '.join(KNOWN)}")
 
 

@@ -463,6 +463,23 @@ class BudgetTable:
         self._budget = lambda state: action.budget(state, cost)
         return self
 
+    def flattened(self, fraction: float = 1.0) -> "BudgetTable":
+        """A copy of this time-fraction table with ``fraction`` of the ITL target in every
+        cell: one time budget whatever the state, turned into tokens as this table turns
+        its cells (each pass's decodes priced by its stored cost model; the cap with
+        nothing decoding). Against the table, what its cells' dependence on state is worth."""
+        if self.action.kind != TimeFractionAction.kind:
+            raise TableError(f"{self.path}: action.kind: got {self.action.kind!r}, flattening "
+                             f"needs a table of time fractions ({TimeFractionAction.kind!r})")
+        if not (_finite(fraction) and 0 < fraction <= MAX_FRACTION):
+            raise TableError(f"fraction: got {_short(fraction)}, must be a number in "
+                             f"(0, {MAX_FRACTION:g}]")
+        data = self.to_dict()
+        data["fractions"] = [float(fraction)] * self.cells
+        rule = f"every cell at {fraction:g} of the ITL target (flattened from {self.path})"
+        data["provenance"] = {**data["provenance"], "rule": rule}
+        return BudgetTable(data, f"{self.path} (flat at {fraction:g})")
+
     @property
     def max_budget(self) -> int | None:
         """The largest budget the table can ask for (None: no bound; the engine clamps)."""

@@ -86,7 +86,8 @@ POLICIES_BAD = [
     "time-budget:nan", "time-budget:3", "time-budget:1:2", "time-budget-kv:inf", "time-budget-slack:0",
     "time-budget-slack:inf", "time-budget-slack:1e400", "time-budget-slack:x", "reference",
     "reference:0", "reference:2048:inf", "reference:2048:-1", "reference:2048:4:8", "model:",
-    "model:{tmp}/norun", "table:", "table:{tmp}/nope.json", "table:{tmp}",
+    "model:{tmp}/norun", "table:", "table:{tmp}/nope.json", "table:{tmp}", "table-flat:",
+    "table-flat:{tmp}/nope.json", "table-flat:0:auto", "table-flat:inf:auto", "table-flat:2:",
     "static:2048,static:2048", "bogus", "static:2048,bogus",
 ]
 

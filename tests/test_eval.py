@@ -131,6 +131,46 @@ def test_paired_verdict_by_hand():
     assert paired_verdict([9.9, 9.85], [10, 10]).matches  # within 2%
 
 
+def test_a_table_against_its_flattened_twin_by_hand(tmp_path):
+    """What a table's cells are worth, by hand: table:T at 1.1, 1.2, 1.0 req/s against
+    table-flat:T at 1.0 on three streams is +10.0% (sd 0.1, t(0.975, 2 df) = 4.303 times
+    0.1 / sqrt 3: ± 24.8%), a tie; table:U at 1.1 on every stream against table-flat:0.5:U
+    at 1.0 beats it by +10.0% ± 0.0%. A flattened table without its table beside it, and
+    any other pair, says nothing. The capacity report, its JSON and the suite's counts say
+    the same."""
+    from envs.scenario import Scenario
+    from eval.capacity import CapacityResult, CapacityStudy
+    from eval.compare import capacity_report
+    from eval.suite import flat_counts
+
+    def res(name, *per):
+        return CapacityResult(name, "table", per, ())
+
+    pols = {"table:T": res("a", 1.1, 1.2, 1.0), "table-flat:T": res("b", 1.0, 1.0, 1.0),
+            "table:U": res("c", 1.1, 1.1, 1.1), "table-flat:0.5:U": res("d", 1.0, 1.0, 1.0),
+            "table-flat:V": res("e", 2.0, 2.0, 2.0), "static:512": res("f", 0.5, 0.5, 0.5)}
+    study = CapacityStudy(Scenario(), pols, {1000: CapacityResult("s", "static", (1.0, 1.0, 1.0), ())})
+    found = [(t, f, v.kind, round(v.rel, 4), round(v.half, 4)) for t, f, v in study.flat_verdicts()]
+    assert found == [("table:T", "table-flat:T", "ties", 0.1, 0.2484),
+                     ("table:U", "table-flat:0.5:U", "beats", 0.1, 0.0)]
+    text = capacity_report(study, tmp_path, 3, 100)
+    assert "- table:T against table-flat:T: +10.0% ± 24.8%, ties" in text
+    assert "- table:U against table-flat:0.5:U: +10.0% ± 0.0%, beats" in text
+    assert "table-flat:V:" not in text
+    data = study.as_json()
+    assert data["table:T"]["against table-flat:T"]["verdict"] == "ties"
+    assert "against table-flat:V" not in json.dumps(data)
+    other = CapacityStudy(Scenario(), {"table:T": res("a", 0.9, 0.9, 0.9), "table-flat:T": res("b", 1.0, 1.0, 1.0)},
+                          study.rungs)
+    assert flat_counts(["s1", "s2"], [study, other]) == [
+        "- table:T against table-flat:T (what its cells' dependence on state is worth): ties in 1 "
+        "(s1 +10.0% ± 24.8%); falls short in 1 (s2 -10.0% ± 0.0%)",
+        "- table:U against table-flat:0.5:U (what its cells' dependence on state is worth): beats in 1 "
+        "(s1 +10.0% ± 0.0%)"]
+    no_flat = CapacityStudy(Scenario(), {"static:512": pols["static:512"]}, study.rungs)
+    assert flat_counts(["s"], [no_flat]) == [] and "cells are worth" not in capacity_report(no_flat, tmp_path, 3, 100)
+
+
 def test_trained_trace_overlap_is_said():
     from eval.compare import training_overlap
 

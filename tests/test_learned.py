@@ -474,6 +474,59 @@ def test_a_rule_table_is_the_rule_at_every_pass(spec, features, cells):
     assert spent or "slack" not in spec and "deadline" not in spec
 
 
+def test_a_flattened_table_is_the_time_budget_rule_at_every_pass(tmp_path):
+    """``table-flat:[FRACTION:]PATH`` (the ablation that says what a table's cells are
+    worth): the deadline rule's table with 1 in every cell budgets every pass of a run
+    that makes the rule spend its slack as time-budget:1 does, and as the rule's own
+    table does where it does not spend; the table it came from is left as it was. A
+    token table, or a fraction outside (0, 16], is refused naming the field."""
+    from envs.errors import ConfigError
+    from envs.scenario import Scenario
+    from eval.export import rule_table
+    from policies.specs import flat_twin, make_policy
+    from policies.table_policy import TablePolicy
+    from tests.conftest import make_sim
+
+    sc = Scenario(hardware="a100-80g", model="llama-3-8b")
+    made = rule_table("time-budget-deadline", sc, sc.stream(0, 1, 7, 60))
+    path = tmp_path / "deadline.json"
+    made.save(str(path))
+    flat = make_policy(f"table-flat:{path}", sc)
+    half = make_policy(f"table-flat:0.5:{path}", sc)
+    assert set(flat.table.action.cells) == {1.0} and set(half.table.action.cells) == {0.5}
+    assert list(BudgetTable.load(str(path)).action.cells) == [1.0, 1.0, 1.0, 4.0]
+    assert "every cell at 1 of the ITL target" in flat.table.provenance["rule"]
+    assert flat.name == f"table-flat:{path}" and flat_twin(flat.name) == f"table:{path}"
+    assert flat_twin(half.name) == f"table:{path}" and flat_twin(f"table:{path}") is None
+    rule, table, one = make_policy("time-budget:1", sc), TablePolicy(made), make_policy("time-budget:0.5", sc)
+    pairs = [(30.0 + 5.0 * i, 12000, 20) for i in range(4) for _ in range(2)]
+    sim = make_sim([(0.0, 60, 3000)] * 6 + pairs, hardware="a100-80g", model="llama-3-8b")
+    spent = passes = 0
+    while sim.advance():
+        state = sim.state()
+        want = rule(state)
+        assert flat(state) == want
+        if state.num_decodes:
+            assert half(state) == one(state)
+            passes += 1
+        spent += table(state) > want
+        sim.step(want)
+    assert spent and passes > 50
+    tokens = BudgetTable({"schema_version": 2, "kind": "chunkpilot-budget-table",
+                          "action": {"kind": "tokens"},
+                          "features": [{"name": "kv_usage", "edges": [0.5]}], "budgets": [512, 256],
+                          "default_budget": 512, "provenance": scenario_provenance(sc)})
+    tokens.save(str(tmp_path / "tokens.json"))
+    with pytest.raises(ConfigError, match="action.kind: got 'tokens', flattening needs a table "
+                                          "of time fractions"):
+        make_policy(f"table-flat:{tmp_path / 'tokens.json'}", sc)
+    for bad in ("0", "17", "nan", "-1"):
+        with pytest.raises(ConfigError, match=r"FRACTION of the ITL target must lie in \(0, 16\]"):
+            make_policy(f"table-flat:{bad}:{path}", sc)
+    with pytest.raises(runtime.TableError, match=r"fraction: got 0, must be a number in \(0, 16\]"):
+        made.flattened(0)
+
+
 def test_the_kv_aware_deadline_rule_is_a_table_at_every_pass():
     """time-budget-deadline-kv as a table over the slack, the due time and KV usage (its
     own steps as edges, the slack spent only in the bucket below 75%): the rule's budget at
