@@ -281,7 +281,7 @@ class CapacityStudy:
     def as_json(self) -> dict:
         out = {n: {**r.as_json(), "verdict": str(self.verdict(n))} for n, r in self.policies.items()}
         for table, flat, v in self.flat_verdicts():
-            out[table][f"against {flat}"] = {"rel": v.rel, "ci95": v.half, "verdict": v.kind}
+            out[table].setdefault("against_flat", {})[flat] = str(v)
         out["_hindsight_static"] = {"budget": self.best_budget, "capacity": self.best.capacity,
                                     "ci95": self.best.ci95}
         held, picks = self.held_out_static()

@@ -182,7 +182,10 @@ def suite_text(names, specs, comparisons, studies, args, wall_s: float, uses=Non
             "- a table's use at its capacity: over the passes it decides on each stream at its own "
             "capacity, the 2^(1/4) token-budget bins and the cell values each holding at least 5% "
             "of them; one budget everywhere is a static budget, three or more is counted as "
-            "state-dependent", ""]
+            "state-dependent",
+            "- a table beside its `table-flat:` twin (the same table, one fraction of the ITL "
+            "target in every cell): the two paired stream by stream, what the table's dependence "
+            "on state is worth apart from its time budget", ""]
     body = []
     if studies[0] is not None:
         body += ["## Capacity under the SLO", "",

@@ -29,15 +29,18 @@
 ``table:auto``                     the shipped table of the scenario's hardware and model
                                    (``tables/HARDWARE__MODEL.json``)
 ``table-flat[:FRACTION]:PATH``     that table (or ``auto``) with FRACTION of the ITL target in
-                                   every cell (1; in (0, 16]; on its own part, the
-                                   ``time-budget:FRACTION`` rule): against the table, what
-                                   its cells' dependence on state is worth
+                                   every cell (1; in (0, 16]; a first part that is a decimal
+                                   number is always FRACTION): against ``table:PATH``, what
+                                   its cells' dependence on state is worth. On the table's
+                                   own hardware, model and SLO it budgets every pass as
+                                   ``time-budget:FRACTION`` does (FRACTION up to 2)
 =================================  ==========================================================
 """
 
 from __future__ import annotations
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -117,6 +120,7 @@ def load_table_policy(path: str, scenario: Scenario | None = None, name: str | N
             table = table.flattened(flat)
     except TableError as err:
         raise ConfigError(f"table: {err}") from None
+    name = name or (f"table:{path}" if flat is None else f"table-flat:{flat:g}:{path}")
     if scenario is not None:
         hardware = hardware_provenance(scenario.hardware_profile())
         model = model_provenance(scenario.model_profile())
@@ -138,39 +142,56 @@ def load_table_policy(path: str, scenario: Scenario | None = None, name: str | N
             # per pass beyond the one it was priced with (an engine's CHUNKPILOT_STEP_OVERHEAD_S).
             priced = table.provenance["hardware"].get("per_pass_overhead_s") or 0.0
             extra = max(scenario.hardware_profile().per_pass_overhead_s - priced, 0.0)
-            return TablePolicy(table.with_step_overhead(extra), name=name or f"table:{path}",
-                               stored_cost=True)
-    return TablePolicy(table, name=name or f"table:{path}")
+            return TablePolicy(table.with_step_overhead(extra), name=name, stored_cost=True)
+    return TablePolicy(table, name=name)
+
+
+_DECIMAL = re.compile(r"[0-9]*\.?[0-9]+")
+
+
+def _split_flat(rest: str) -> tuple[str | None, str]:
+    """(FRACTION as written or None, PATH) of ``table-flat[:FRACTION]:PATH``, unchecked: a
+    first part that is a decimal number (or empty) is the fraction, so a path whose first
+    part is one takes the fraction in front (``table-flat:1:2:t.json``)."""
+    head, colon, tail = rest.partition(":")
+    if colon and (not head or _DECIMAL.fullmatch(head)):
+        return head, tail
+    return None, rest
 
 
 def _flat_fraction(spec: str, rest: str) -> tuple[float, str]:
-    """(FRACTION, PATH) of ``table-flat[:FRACTION]:PATH``: a first part that reads as a
-    number is the fraction (1 without one)."""
-    head, colon, tail = rest.partition(":")
-    try:
-        float(head)
-    except ValueError:
-        return 1.0, rest
-    if not colon or not tail:
-        raise ConfigError(f"policy: got {show(spec)}, table-flat takes [FRACTION:]PATH (or auto)")
-    return _one_number(spec, [head], 1.0, 0.0, 16.0, "FRACTION of the ITL target"), tail
+    """(FRACTION, PATH) of ``table-flat[:FRACTION]:PATH``, checked (1 without one)."""
+    head, path = _split_flat(rest)
+    if head == "":
+        raise ConfigError(f"policy: got {show(spec)}, an empty FRACTION; fill it in or drop it "
+                          "(table-flat[:FRACTION]:PATH)")
+    if not path:
+        raise ConfigError(f"policy: got {show(spec)}, no PATH; table-flat[:FRACTION]:PATH "
+                          "(or auto)")
+    if head is None:
+        return 1.0, path
+    from policies.table import MAX_FRACTION
+
+    return _one_number(spec, [head], 1.0, 0.0, MAX_FRACTION, "FRACTION of the ITL target"), path
 
 
 def flat_twin(name: str) -> str | None:
-    """The ``table:`` spec a ``table-flat:`` spec flattens (None for any other spec)."""
+    """The ``table:`` spec a ``table-flat:`` spec flattens: the same PATH (``auto`` with
+    ``auto``); None for any other spec. Nothing is checked here."""
     kind, _, rest = name.partition(":")
-    return f"table:{_flat_fraction(name, rest)[1]}" if kind == "table-flat" and rest else None
+    return f"table:{_split_flat(rest)[1]}" if kind == "table-flat" and rest else None
 
 
 TABLES = Path(__file__).resolve().parent.parent / "tables"
 
 
-def shipped_table(scenario: Scenario) -> Path:
-    """The table shipped for a scenario's hardware and model."""
+def shipped_table(scenario: Scenario, spec: str = "table:auto") -> Path:
+    """The table shipped for a scenario's hardware and model (``spec``: what asked for it,
+    as the error names it)."""
     path = TABLES / f"{Path(scenario.hardware).stem}__{Path(scenario.model).stem}.json"
     if not path.exists():
         shipped = sorted(p.stem for p in TABLES.glob("*.json"))
-        raise ConfigError(f"policy: table:auto has no table for {scenario.hardware} + {scenario.model} "
+        raise ConfigError(f"policy: {spec} has no table for {scenario.hardware} + {scenario.model} "
                           f"(tables/: {', '.join(shipped) or 'none'})")
     return path
 
@@ -240,14 +261,9 @@ def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = Fals
         from agents.runs import load_run  # training's packages, only when a model is named
 
         return load_run(rest, scenario.slo(), name=spec)
-    if kind == "table" and rest == "auto":
-        return load_table_policy(str(shipped_table(scenario)), scenario, name="table:auto",
-                                 allow_mismatch=allow_table_mismatch)
-    if kind == "table" and rest:
-        return load_table_policy(rest, scenario, name=spec, allow_mismatch=allow_table_mismatch)
-    if kind == "table-flat" and rest:
-        fraction, path = _flat_fraction(spec, rest)
-        path = str(shipped_table(scenario)) if path == "auto" else path
+    if kind in ("table", "table-flat") and rest:
+        fraction, path = _flat_fraction(spec, rest) if kind == "table-flat" else (None, rest)
+        path = str(shipped_table(scenario, spec)) if path == "auto" else path
         return load_table_policy(path, scenario, name=spec, allow_mismatch=allow_table_mismatch,
                                  flat=fraction)
     raise ConfigError(f"policy: unknown spec {show(spec)}; known: {', '.join(KNOWN)}")

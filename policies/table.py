@@ -475,7 +475,7 @@ class BudgetTable:
             raise TableError(f"fraction: got {_short(fraction)}, must be a number in "
                              f"(0, {MAX_FRACTION:g}]")
         data = self.to_dict()
-        data["fractions"] = [float(fraction)] * self.cells
+        data.update(fractions=[float(fraction)] * self.cells, visited=[1] * self.cells, fidelity={})
         rule = f"every cell at {fraction:g} of the ITL target (flattened from {self.path})"
         data["provenance"] = {**data["provenance"], "rule": rule}
         return BudgetTable(data, f"{self.path} (flat at {fraction:g})")

@@ -158,8 +158,9 @@ def test_a_table_against_its_flattened_twin_by_hand(tmp_path):
     assert "- table:U against table-flat:0.5:U: +10.0% ± 0.0%, beats" in text
     assert "table-flat:V:" not in text
     data = study.as_json()
-    assert data["table:T"]["against table-flat:T"]["verdict"] == "ties"
-    assert "against table-flat:V" not in json.dumps(data)
+    assert data["table:T"]["against_flat"] == {"table-flat:T": "ties (+10.0% ± 24.8%)"}
+    assert data["table:U"]["against_flat"] == {"table-flat:0.5:U": "beats (+10.0% ± 0.0%)"}
+    assert "table-flat:V" not in json.dumps({k: v for k, v in data.items() if k != "table-flat:V"})
     other = CapacityStudy(Scenario(), {"table:T": res("a", 0.9, 0.9, 0.9), "table-flat:T": res("b", 1.0, 1.0, 1.0)},
                           study.rungs)
     assert flat_counts(["s1", "s2"], [study, other]) == [

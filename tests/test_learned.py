@@ -475,15 +475,18 @@ def test_a_rule_table_is_the_rule_at_every_pass(spec, features, cells):
 
 
 def test_a_flattened_table_is_the_time_budget_rule_at_every_pass(tmp_path):
-    """``table-flat:[FRACTION:]PATH`` (the ablation that says what a table's cells are
+    """``table-flat[:FRACTION]:PATH`` (the ablation that says what a table's cells are
     worth): the deadline rule's table with 1 in every cell budgets every pass of a run
-    that makes the rule spend its slack as time-budget:1 does, and as the rule's own
-    table does where it does not spend; the table it came from is left as it was. A
-    token table, or a fraction outside (0, 16], is refused naming the field."""
+    that makes the rule spend its slack as time-budget:1 does, at 0.5 as time-budget:0.5
+    does; the rule's own table (1 or 4 in its cells) never asks for less, and more where
+    it spends. The
+    table it came from is left as it was, and the flat copy claims no fidelity. A path
+    whose first part is a number takes the fraction in front of it. A token table, a
+    fraction outside (0, 16], an empty fraction or no path are refused naming the field."""
     from envs.errors import ConfigError
     from envs.scenario import Scenario
     from eval.export import rule_table
-    from policies.specs import flat_twin, make_policy
+    from policies.specs import flat_twin, load_table_policy, make_policy
     from policies.table_policy import TablePolicy
     from tests.conftest import make_sim
 
@@ -491,25 +494,32 @@ def test_a_flattened_table_is_the_time_budget_rule_at_every_pass(tmp_path):
     made = rule_table("time-budget-deadline", sc, sc.stream(0, 1, 7, 60))
     path = tmp_path / "deadline.json"
     made.save(str(path))
+    (tmp_path / "2:t.json").write_text(path.read_text())
     flat = make_policy(f"table-flat:{path}", sc)
     half = make_policy(f"table-flat:0.5:{path}", sc)
+    odd = make_policy(f"table-flat:1:{tmp_path}/2:t.json", sc)
     assert set(flat.table.action.cells) == {1.0} and set(half.table.action.cells) == {0.5}
+    assert set(odd.table.action.cells) == {1.0}
     assert list(BudgetTable.load(str(path)).action.cells) == [1.0, 1.0, 1.0, 4.0]
     assert "every cell at 1 of the ITL target" in flat.table.provenance["rule"]
+    assert flat.table.fidelity == {} and all(flat.table.visited)
     assert flat.name == f"table-flat:{path}" and flat_twin(flat.name) == f"table:{path}"
     assert flat_twin(half.name) == f"table:{path}" and flat_twin(f"table:{path}") is None
-    rule, table, one = make_policy("time-budget:1", sc), TablePolicy(made), make_policy("time-budget:0.5", sc)
+    assert flat_twin("table-flat:auto") == "table:auto" and flat_twin("table-flat:0.25:auto") == "table:auto"
+    assert flat_twin(odd.name) == f"table:{tmp_path}/2:t.json"
+    assert flat_twin("table-flat:0:x") == "table:x" and flat_twin("table-flat:2") == "table:2"  # unchecked
+    assert load_table_policy(str(path), sc, flat=0.5).name == f"table-flat:0.5:{path}"
+    rule, table = make_policy("time-budget:1", sc), TablePolicy(made)
+    at_half = make_policy("time-budget:0.5", sc)
     pairs = [(30.0 + 5.0 * i, 12000, 20) for i in range(4) for _ in range(2)]
     sim = make_sim([(0.0, 60, 3000)] * 6 + pairs, hardware="a100-80g", model="llama-3-8b")
     spent = passes = 0
     while sim.advance():
         state = sim.state()
         want = rule(state)
-        assert flat(state) == want
-        if state.num_decodes:
-            assert half(state) == one(state)
-            passes += 1
+        assert flat(state) == want and half(state) == at_half(state) and table(state) >= want
         spent += table(state) > want
+        passes += 1
         sim.step(want)
     assert spent and passes > 50
     tokens = BudgetTable({"schema_version": 2, "kind": "chunkpilot-budget-table",
@@ -520,9 +530,13 @@ def test_a_flattened_table_is_the_time_budget_rule_at_every_pass(tmp_path):
     with pytest.raises(ConfigError, match="action.kind: got 'tokens', flattening needs a table "
                                           "of time fractions"):
         make_policy(f"table-flat:{tmp_path / 'tokens.json'}", sc)
-    for bad in ("0", "17", "nan", "-1"):
+    for bad in ("0", "17", "16.5", "0.0"):
         with pytest.raises(ConfigError, match=r"FRACTION of the ITL target must lie in \(0, 16\]"):
             make_policy(f"table-flat:{bad}:{path}", sc)
+    with pytest.raises(ConfigError, match="an empty FRACTION"):
+        make_policy(f"table-flat::{path}", sc)
+    with pytest.raises(ConfigError, match="no PATH"):
+        make_policy("table-flat:2:", sc)
     with pytest.raises(runtime.TableError, match=r"fraction: got 0, must be a number in \(0, 16\]"):
         made.flattened(0)
 
