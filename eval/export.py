@@ -63,7 +63,7 @@ from envs.workload import check_num_requests
 from envs.scenario import Scenario
 from envs.seeds import (TABLE_BUILD_SEEDS, TABLE_FIDELITY_SEEDS, TABLE_REFINE_SEEDS,
                         TABLE_SELECT_SEEDS)
-from eval.harness import NOT_JUDGED, run_policy
+from eval.harness import NOT_JUDGED, Verdict, run_policy
 from policies.table import (DERIVED, KIND, SCHEMA_VERSION, SLACK_COUNTS, STATE, BudgetTable,
                             hardware_provenance, model_provenance, write_atomic)
 from policies.table_policy import FEATURE_GETTERS, TablePolicy
@@ -529,11 +529,13 @@ def serving_episodes(serving: Scenario, seed_base: int, loads=(0.8, 1.0, 1.2, 1.
     return out
 
 
-def fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs) -> tuple[dict, dict]:
+def fidelity(model, table: BudgetTable, serving: Scenario,
+             args: ExportArgs) -> tuple[dict, dict, dict]:
     """(capacity of the model and of the table on the run's held-out final scenarios, what
-    the table does at its own capacity on each of their streams: :func:`table_use`)."""
+    the table does at its own capacity on each of their streams (:func:`table_use`), the
+    table against its flat twin there (:func:`flat_check`))."""
     if not args.fidelity_seeds:
-        return {}, {}
+        return {}, {}, {}
     from agents.summary import final_scenarios
     from envs.seeds import CAPACITY_SEEDS
     from eval.harness import paired_verdict
@@ -549,7 +551,39 @@ def fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs) -> 
                      "loss": -v.rel, "loss_ci95": v.half, "verdict": v.kind}
     use = table_use(table, scenarios, found.factors[:, :, 1], args.fidelity_requests, CAPACITY_SEEDS,
                     args.workers)
-    return out, use
+    return out, use, flat_check(table, scenarios, use, found.rps[:, :, 1], args)
+
+
+def flat_check(table: BudgetTable, scenarios: dict, use: dict, rps: np.ndarray,
+               args: ExportArgs) -> dict:
+    """What a time-fraction table's cells are worth: its capacity (``rps``, per scenario and
+    stream) against itself with the fraction it takes most at its capacity (``use``) in
+    every cell, on the same streams, paired ({} for a token table, one whose cells hold one
+    fraction, or one that decided no pass). A table that ties its flat twin everywhere
+    serves no better than the one-line rule the twin is."""
+    from envs.seeds import CAPACITY_SEEDS
+    from eval.capacity import capacity_sweep
+    from eval.harness import paired_verdict
+    from eval.parallel import make_executor, progress_bar
+
+    shares = use.get("shares") or {}
+    if table.action.kind != "time_fraction" or len(set(table.action.cells)) < 2 or not use.get("passes"):
+        return {}
+    fraction = float(max(shares, key=shares.get))
+    twin = TablePolicy(table.flattened(fraction), name="flat")
+    pairs = [(sc, twin) for sc in scenarios.values()]
+    streams = rps.shape[1]
+    with progress_bar(len(pairs) * streams, "flat twin") as bar:
+        found = capacity_sweep(pairs, streams, args.fidelity_requests,
+                               executor=make_executor(args.workers), progress=bar,
+                               seed_base=CAPACITY_SEEDS)
+    out = {"fraction": fraction, "scenarios": {}}
+    for name, row, r in zip(scenarios, rps, found):
+        v = paired_verdict(row, r.per_stream)
+        out["scenarios"][name] = {"table_capacity_rps": float(np.mean(row)),
+                                  "flat_capacity_rps": r.capacity, "gain": v.rel,
+                                  "gain_ci95": v.half, "verdict": v.kind}
+    return out
 
 
 def _goodput_task(scenario: Scenario, policy, workload) -> float:
@@ -741,10 +775,10 @@ def main(argv: list[str] | None = None) -> int:
         aside = save_refined(refined[0].table, dagger, args.run_dir)
         print(f"the refined table, not kept ({labels[chosen]} kept more of the model's capacity "
               f"and goodput on the choice's streams): {aside}", flush=True)
-    capacity, use = fidelity(model, table, serving, args)
+    capacity, use, flat = fidelity(model, table, serving, args)
     data["fidelity"] = {"held_out_decisions": int(len(held[1])), "build_decisions": built,
                         "agreement": agreement(table, features_of(names, held[0], action), held[1]),
-                        "capacity": capacity, "at_capacity": use,
+                        "capacity": capacity, "at_capacity": use, "against_flat": flat,
                         "goodput": load_fidelity(model, table, serving, args),
                         **({"rule_check": table.fidelity["rule_check"]} if chosen >= len(rounds) else {})}
     final = BudgetTable(data, args.out)
@@ -1235,6 +1269,18 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
     use = fid.get("at_capacity")
     if use and use.get("passes"):
         print(use_line(use, kind))
+    flat = fid.get("against_flat")
+    if flat:
+        f = flat["fraction"]
+        rule = f"time-budget:{f:g}" if f <= 2 else f"table-flat:{f:g}:TABLE"
+        found = "; ".join(f"{name} {g['table_capacity_rps']:.3f} against {g['flat_capacity_rps']:.3f} "
+                          f"req/s ({Verdict(g['verdict'], g['gain'], g['gain_ci95']).cell})"
+                          for name, g in flat["scenarios"].items())
+        print(f"what its cells are worth: against itself with {f:g} of the ITL target, the fraction "
+              f"it takes most, in every cell ({rule}): {found}")
+        if all(g["verdict"] != "beats" for g in flat["scenarios"].values()):
+            print(f"NOTE: nowhere does the table serve more than its flat twin beyond the interval: "
+                  f"on these streams its dependence on state shows no gain over {rule}")
     if len(values) == 1:
         same = (f"the time-budget rule at {values[0]:g} (time-budget:{values[0]:g})"
                 if kind == "time_fraction" else f"a static budget (static:{values[0]:g})")

@@ -242,6 +242,54 @@ def test_export_report_warns_of_capacity_lost_and_says_when_noise_cannot_tell(ca
         assert all(line in err for line in said) and err.count("WARNING") == len(said), err
 
 
+def test_export_measures_a_table_against_its_flat_twin(capsys, tmp_path):
+    """flat_check: the KV-aware deadline rule's table under KV pressure against itself with
+    the fraction it takes most (1, from its use at capacity) in every cell, on the same
+    streams: the twin's capacities are time-budget:1's (the flat table is that rule), and
+    the verdict is the paired one of the table's capacities against them. A token table,
+    one fraction everywhere, or no pass decided: nothing to measure. The report says the
+    figures, and when no scenario gains, that the one-line rule serves as well."""
+    from types import SimpleNamespace
+
+    from envs.scenario import Scenario
+    from envs.seeds import CAPACITY_SEEDS
+    from eval.capacity import capacity_sweep
+    from eval.export import flat_check, report, rule_table
+    from eval.harness import paired_verdict
+    from policies.specs import make_policy
+    from policies.table_policy import TablePolicy
+
+    sc = Scenario(hardware="h100-sxm", model="llama-3-8b", rate=6.0, num_kv_blocks=6000)
+    table = rule_table("time-budget-deadline-kv", sc, sc.stream(0, 1, 7, 60))
+    args = SimpleNamespace(fidelity_requests=80, workers=1)
+    mine = capacity_sweep([(sc, TablePolicy(table))], 2, 80, seed_base=CAPACITY_SEEDS)[0].per_stream
+    rps = np.array([mine])
+    use = {"passes": 100, "shares": {"1": 0.7, "0.25": 0.2, "4": 0.1}}
+    found = flat_check(table, {"kv": sc}, use, rps, args)
+    rule = capacity_sweep([(sc, make_policy("time-budget:1", sc))], 2, 80, seed_base=CAPACITY_SEEDS)[0]
+    got = found["scenarios"]["kv"]
+    v = paired_verdict(mine, rule.per_stream)
+    assert found["fraction"] == 1.0 and got["flat_capacity_rps"] == rule.capacity
+    assert (got["gain"], got["gain_ci95"], got["verdict"]) == (v.rel, v.half, v.kind)
+    assert got["table_capacity_rps"] == pytest.approx(np.mean(mine))
+    assert flat_check(time_table([1.0, 1.0, 1.0], sc), {"kv": sc}, use, rps, args) == {}
+    assert flat_check(table, {"kv": sc}, {"passes": 0, "shares": {}}, rps, args) == {}
+    path = str(tmp_path / "t.json")
+    for gains, note in ((("beats", 0.1), ("ties", 0.01)), False), ((("ties", 0.01),), True):
+        data = time_table([1.0, 0.5, 0.25], Scenario()).to_dict()
+        flat = {"fraction": 4.0, "scenarios": {
+            f"s{i}": {"table_capacity_rps": 1.1, "flat_capacity_rps": 1.0, "gain": g,
+                      "gain_ci95": 0.05, "verdict": k} for i, (k, g) in enumerate(gains)}}
+        data["fidelity"] = {"build_decisions": 100, "held_out_decisions": 50, "agreement": 1.0,
+                            "against_flat": flat}
+        BudgetTable(data).save(path)
+        report(BudgetTable.load(path), 1.0, SimpleNamespace(out=path, fidelity_seeds=2))
+        out = capsys.readouterr().out
+        assert ("what its cells are worth: against itself with 4 of the ITL target, the fraction "
+                "it takes most, in every cell (table-flat:4:TABLE): s0 1.100 against 1.000 req/s") in out
+        assert ("NOTE: nowhere does the table serve more than its flat twin" in out) == note
+
+
 # --- the p99 ITL slack ---------------------------------------------------------------------
 
 SLACK_REQUESTS = [(0.0, 60, 3000)] * 6 + [(0.5 * i, 6000, 20) for i in range(1, 30)]

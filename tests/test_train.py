@@ -82,6 +82,7 @@ def test_a_trained_run_exports_a_table_the_runtime_accepts(tmp_path):
     assert set(fid["capacity"]) == set(fid["goodput"]) == {"serving", "+3 ms per pass", "tight KV cache"}
     assert (fid["build_decisions"] > 0) == (dagger["chosen"] < 3) and 0 <= fid["agreement"] <= 1
     assert ("at its capacity on" in out.stdout) == bool(fid["at_capacity"].get("passes"))
+    assert ("what its cells are worth" in out.stdout) == bool(fid["against_flat"])
     check = subprocess.run([sys.executable, "-m", "policies.table", "check", str(table),
                             "--hardware", "h100-sxm", "--model", "llama-3-8b"],
                            capture_output=True, text=True, cwd=ROOT, timeout=120)
