@@ -104,6 +104,17 @@ def goodput_cell(f: dict) -> str:
     return f"{f['verdict']} ({both})" if f.get("loss") is not None else f"not judged ({both})"
 
 
+def flat_cell(flat: dict, scenario: str) -> str:
+    """The table's capacity against its flat twin on one scenario, as the export recorded
+    it (``fidelity.against_flat``)."""
+    from eval.harness import Verdict
+
+    g = (flat or {}).get("scenarios", {}).get(scenario)
+    if not g:
+        return "not measured"
+    return f"{Verdict(g['verdict'], g['gain'], g['gain_ci95']).cell} (at {flat['fraction']:g})"
+
+
 def preset_row(name: str, summary: dict, table: dict | None) -> list[str]:
     """One markdown row per final scenario of one preset's run (and its table)."""
     rows = []
@@ -121,6 +132,7 @@ def preset_row(name: str, summary: dict, table: dict | None) -> list[str]:
         rule = study.get("time-budget", {})
         fidelity = (table or {}).get("fidelity", {}).get("capacity", {}).get(scenario, {})
         at_load = (table or {}).get("fidelity", {}).get("goodput", {}).get(scenario, {})
+        flat = (table or {}).get("fidelity", {}).get("against_flat")
         first = scenario == next(iter(summary["capacity"]))
         rows.append("| " + " | ".join([
             name if first else "", scenario,
@@ -129,7 +141,8 @@ def preset_row(name: str, summary: dict, table: dict | None) -> list[str]:
             f"{rule['capacity_rps']:.2f} ({rule['verdict']})" if rule else "",
             fidelity.get("verdict", "not exported") + (f" ({fidelity['table_capacity_rps']:.2f})"
                                                         if fidelity else ""),
-            goodput_cell(at_load), used if first else "", table_use if first else "",
+            goodput_cell(at_load), flat_cell(flat, scenario), used if first else "",
+            table_use if first else "",
             room_s if first else ""]) + " |")
     return rows
 
@@ -140,14 +153,15 @@ def report(runs: str, tables: str) -> str:
 
     lines = ["| preset | scenario | best fixed budget: capacity | learned | time-budget rule "
              "| table against the model | at the serving load: goodput, table / model "
+             "| table against its flat twin (the fraction it takes most in every cell) "
              "| model: fractions used in >= 5% of passes | table at its capacity: fractions, "
              "budget bins in >= 5% of passes | room (MPC) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for hardware, model in PRESETS:
         name = name_of(hardware, model)
         summary, table = Path(runs, name, "summary.json"), Path(tables, f"{name}.json")
         if not summary.exists():
-            lines.append(f"| {name} | not trained | | | | | | | | |")
+            lines.append(f"| {name} | not trained | | | | | | | | | |")
             continue
         lines += preset_row(name, json.loads(summary.read_text()),
                             json.loads(table.read_text()) if table.exists() else None)

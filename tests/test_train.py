@@ -664,15 +664,19 @@ def test_presets_report_shows_the_table_at_capacity_and_at_the_serving_load(tmp_
                           "goodput": {"serving": {"verdict": "falls short", "loss": 0.2, "table_goodput": 0.6,
                                                   "model_goodput": 0.75},
                                       "tight KV cache": {"verdict": "not judged", "loss": None,
-                                                         "table_goodput": 0.2, "model_goodput": 0.3}}}}
+                                                         "table_goodput": 0.2, "model_goodput": 0.3}},
+                          "against_flat": {"fraction": 1.0, "scenarios": {"serving": {
+                              "gain": 0.052, "gain_ci95": 0.031, "verdict": "beats",
+                              "table_capacity_rps": 6.5, "flat_capacity_rps": 6.18}}}}}
     (tmp_path / "runs" / name).mkdir(parents=True)
     (tmp_path / "runs" / name / "summary.json").write_text(json.dumps(summary))
     (tmp_path / "tables").mkdir()
     (tmp_path / "tables" / f"{name}.json").write_text(json.dumps(table))
     lines = report(str(tmp_path / "runs"), str(tmp_path / "tables")).splitlines()
-    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 11
+    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|") == 12
     assert lines[2] == (f"| {name} | serving | 2,435: 6.21 | 6.52 (beats (+4.9% ± 0.8%)) | 6.30 (beats "
-                        "(+1.4% ± 0.5%)) | ties (6.50) | falls short (0.600 / 0.750) | 1 70%, 4 26% "
-                        "| 1 90%, 16 7%; 3 budget bins | not checked |")
-    assert "| not exported | not judged (0.200 / 0.300) |" in lines[3]
+                        "(+1.4% ± 0.5%)) | ties (6.50) | falls short (0.600 / 0.750) | +5.2% ± 3.1%, "
+                        "beats (at 1) | 1 70%, 4 26% | 1 90%, 16 7%; 3 budget bins | not checked |")
+    assert "| not exported | not judged (0.200 / 0.300) | not measured |" in lines[3]
+    assert all(line.count("|") == 12 for line in lines)
     assert all("not trained" in line for line in lines[4:])
