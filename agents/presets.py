@@ -107,12 +107,12 @@ def goodput_cell(f: dict) -> str:
 def flat_cell(flat: dict, scenario: str) -> str:
     """The table's capacity against its flat twin on one scenario, as the export recorded
     it (``fidelity.against_flat``)."""
-    from eval.harness import Verdict
+    from eval.export import flat_verdict
 
     g = (flat or {}).get("scenarios", {}).get(scenario)
     if not g:
         return "not measured"
-    return f"{Verdict(g['verdict'], g['gain'], g['gain_ci95']).cell} (at {flat['fraction']:g})"
+    return f"{flat_verdict(g).cell} (at {flat['fraction']:g})"
 
 
 def preset_row(name: str, summary: dict, table: dict | None) -> list[str]:

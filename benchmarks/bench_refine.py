@@ -9,8 +9,7 @@ the search measures a cell only on the streams that read it. This prints, for ``
 on the refinement's streams of ``RUN_DIR``'s serving scenario (``--refine-on serving``,
 the export's default) or of it and its variants (``final``), the share of (cell, stream)
 pairs measured, and what a sweep trying one value per cell would take over every pair
-and over those alone, at the time one search per stream took here (the recording search
-reads each pass's state twice, so it is a little slower than a plain one).
+and over those alone, at the time one recording search per stream took here.
 """
 
 from __future__ import annotations

@@ -566,10 +566,9 @@ def flat_check(table: BudgetTable, scenarios: dict, use: dict, rps: np.ndarray,
     from eval.harness import paired_verdict
     from eval.parallel import make_executor, progress_bar
 
-    shares = use.get("shares") or {}
     if table.action.kind != "time_fraction" or len(set(table.action.cells)) < 2 or not use.get("passes"):
         return {}
-    fraction = float(max(shares, key=shares.get))
+    fraction = float(max(use["shares"], key=use["shares"].get))
     twin = TablePolicy(table.flattened(fraction), name="flat")
     pairs = [(sc, twin) for sc in scenarios.values()]
     streams = rps.shape[1]
@@ -584,6 +583,12 @@ def flat_check(table: BudgetTable, scenarios: dict, use: dict, rps: np.ndarray,
                                   "flat_capacity_rps": r.capacity, "gain": v.rel,
                                   "gain_ci95": v.half, "verdict": v.kind}
     return out
+
+
+def flat_verdict(g: dict) -> Verdict:
+    """One scenario's record of :func:`flat_check` as a verdict of the table against its
+    flat twin."""
+    return Verdict(g["verdict"], g["gain"], g["gain_ci95"])
 
 
 def _goodput_task(scenario: Scenario, policy, workload) -> float:
@@ -1274,7 +1279,7 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
         f = flat["fraction"]
         rule = f"time-budget:{f:g}" if f <= 2 else f"table-flat:{f:g}:TABLE"
         found = "; ".join(f"{name} {g['table_capacity_rps']:.3f} against {g['flat_capacity_rps']:.3f} "
-                          f"req/s ({Verdict(g['verdict'], g['gain'], g['gain_ci95']).cell})"
+                          f"req/s ({flat_verdict(g).cell})"
                           for name, g in flat["scenarios"].items())
         print(f"what its cells are worth: against itself with {f:g} of the ITL target, the fraction "
               f"it takes most, in every cell ({rule}): {found}")
