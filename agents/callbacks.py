@@ -22,8 +22,8 @@ class Recorder(ActionTrace):
 
     def __call__(self, state) -> int:
         v = self.policy.action_value(state)
-        budget = clamp_budget(self.policy.budget_for_value(state, v), state.num_decodes)
-        self.record(v, budget, state.num_decodes)
+        budget = clamp_budget(self.policy.budget_for_value(state, v), state.running_decodes)
+        self.record(v, budget, state.running_decodes)
         return budget
 
 

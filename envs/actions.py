@@ -7,6 +7,8 @@ from typing import Sequence
 
 import numpy as np
 
+from envs.pricing import time_budget
+
 DEFAULT_LADDER = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 """The environment's discrete actions: log-spaced budgets, 64 to 16,384 tokens."""
 
@@ -31,21 +33,6 @@ BUDGET_CAP = 16384
 """The largest budget a time fraction turns into (and the budget with nothing decoding)."""
 
 
-def time_budget(roofline, num_decodes: int, decode_context_tokens: int, prefix_tokens: int,
-                seconds: float, cap: int = BUDGET_CAP) -> int:
-    """Tokens for a pass whose priced duration must stay within ``seconds``: the running
-    decodes plus the largest chunk after the head request's ``prefix_tokens`` that fits
-    (``envs.cost.chunk_within``). With nothing decoding no one's ITL is at stake and
-    chunking only delays the prompt, so it is the cap."""
-    from envs.cost import chunk_within
-
-    n = num_decodes
-    if n == 0:
-        return cap
-    return n + chunk_within(roofline, n, decode_context_tokens, seconds, prefix_tokens,
-                            cap=max(cap - n, 0))
-
-
 def action_value(action, ladder: Sequence[float], action_type: str = "discrete") -> float:
     """An action's value: a ladder index (discrete), or a value in [-1, 1] mapped linearly
     to the log of the value between the ladder's ends (continuous)."""
@@ -63,15 +50,14 @@ def budget_from_action(action, ladder: Sequence[int], action_type: str = "discre
     return int(round(action_value(action, ladder, action_type)))
 
 
-def pass_budget(sim, actions: str, value: float, itl_s: float) -> int:
-    """The budget of ``sim``'s next pass for an action's value: a token budget
-    (``actions="tokens"``) or a fraction of the ITL target turned into tokens with this
-    pass's decodes (``"time"``, :func:`time_budget`)."""
+def pass_budget(state, actions: str, value: float, itl_s: float) -> int:
+    """The budget of the next pass in scheduler ``state`` for an action's value: a token
+    budget (``actions="tokens"``) or a fraction of the ITL target turned into tokens with
+    this pass's decodes (``"time"``, :func:`envs.pricing.time_budget`)."""
     if actions == "tokens":
-        return clamp_budget(int(value), sim.num_decodes)
-    head = sim.head()
-    return time_budget(sim.roofline, sim.num_decodes, sim.decode_context_tokens,
-                       head.computed if head else 0, value * itl_s)
+        return clamp_budget(int(value), state.running_decodes)
+    return time_budget(state.cost, state.running_decodes, state.decode_context_tokens,
+                       state.head_prefilled_tokens, value * itl_s, BUDGET_CAP)
 
 
 def clamp_budget(budget: int, num_decodes: int) -> int:

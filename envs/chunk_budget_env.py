@@ -206,7 +206,7 @@ class ChunkBudgetEnv(gym.Env):
 
     def budget_for(self, value: float) -> int:
         """This pass's budget for an action's value, from the simulator's current state."""
-        return pass_budget(self.sim, self.actions, value, self._slo.itl_s)
+        return pass_budget(self.sim.state(), self.actions, value, self._slo.itl_s)
 
     def step(self, action):
         if self.sim is None:
@@ -237,7 +237,7 @@ class ChunkBudgetEnv(gym.Env):
         return EpisodeMetrics(self.sim, self._slo, list(self._budgets))
 
     def _observe(self) -> np.ndarray:
-        return observe(self.sim, self._slo, self._slo_obs)
+        return observe(self.sim.state(), self._slo, self._slo_obs)
 
 
 def _ladder(values: Sequence, field: str, kind) -> tuple:

@@ -53,11 +53,13 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
 
-from envs.cost import PassShape, Roofline, free_ride_root, pass_seconds
+from envs.cost import PassShape, Roofline
+from envs.pricing import free_ride_root
 from envs.errors import MAX_TOKENS, ConfigError, fraction, integer, require, show
 from envs.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
 from envs.records import FLUSH_VALUES, PassLog, RequestBook
 from envs.slack import ItlSlackMeter, SlackCounter
+from envs.state import QUANTITIES, SLACK_COUNTS
 from envs.workload import Workload
 
 if TYPE_CHECKING:  # imported lazily at run time: metrics imports nothing from here
@@ -137,7 +139,7 @@ class Request:
     """
 
     __slots__ = ("rid", "pos", "arrival", "prompt", "output", "warm", "computed", "generated",
-                 "blocks", "admit_seq", "offset", "dec_start", "dec_g0", "finish_pass",
+                 "blocks", "admit_seq", "offset", "decode_start", "generated_at_start", "finish_pass",
                  "first_token_s", "last_token_s", "finish_s", "preemptions", "segments",
                  "resume_gaps", "recomputed")
 
@@ -153,8 +155,8 @@ class Request:
         self.blocks = 0
         self.admit_seq = -1
         self.offset = 0
-        self.dec_start = -1
-        self.dec_g0 = 0
+        self.decode_start = -1
+        self.generated_at_start = 0
         self.finish_pass = -1
         self.first_token_s = math.nan
         self.last_token_s = math.nan
@@ -196,68 +198,75 @@ class PassPlan(NamedTuple):
 
 
 class SchedulerState:
-    """What a budget policy sees before a pass: what a real engine can read cheaply.
+    """What a budget policy sees before a pass, in :mod:`envs.state`'s vocabulary: every
+    name of ``envs.state.QUANTITIES``, counted as it says (``tests/test_state.py`` checks
+    them against ``envs.state.read_requests`` over the same requests).
 
-    A live, read-only view of the simulator, valid until the next pass runs (so a
-    policy that reads nothing costs nothing); :meth:`as_dict` takes a snapshot.
-    Counts follow vLLM: ``num_running`` counts decodes and partially prefilled
-    requests, ``num_waiting`` the requests not yet admitted.
+    A live, read-only view of the simulator, valid until the next pass runs (so a policy
+    that reads nothing costs nothing); ``state[name]`` reads a quantity by name and
+    :meth:`as_dict` takes a snapshot. Beyond the quantities it offers the engine's cost
+    model (``cost``: what a time budget is priced with) and the slack counts at any ITL
+    target (:meth:`itl_slack`).
     """
 
     __slots__ = ("_sim",)
-    FIELDS = ("now_s", "pass_index", "num_waiting", "num_running", "num_decodes",
-              "num_prefilling", "waiting_prefill_tokens", "decode_context_tokens",
-              "kv_used_blocks", "kv_total_blocks", "kv_usage", "free_ride_tokens",
-              "head_prefilled_tokens", "head_prompt_tokens", "oldest_wait_s", "last_pass_s",
-              "max_num_seqs")
+    FIELDS = tuple(q.name for q in QUANTITIES if q.name not in SLACK_COUNTS)
+    """The quantities :meth:`as_dict` takes (the slack counts need an ITL target)."""
 
     def __init__(self, sim: "Simulator"):
         self._sim = sim
 
     @property
     def simulator(self) -> "Simulator":
-        """The simulator behind this view (for policies that need its profiles)."""
+        """The simulator behind this view (for look-ahead policies that fork it)."""
         return self._sim
 
-    now_s = property(lambda self: self._sim.now)
-    pass_index = property(lambda self: self._sim.pass_index)
-    num_waiting = property(lambda self: len(self._sim.waiting))
-    num_running = property(lambda self: self._sim.num_decodes + len(self._sim.prefilling))
-    num_decodes = property(lambda self: self._sim.num_decodes)
-    num_prefilling = property(lambda self: len(self._sim.prefilling))
+    cost = property(lambda self: self._sim.cost)
+    running_decodes = property(lambda self: self._sim._num_decodes)
+    waiting_requests = property(lambda self: len(self._sim.waiting))
     waiting_prefill_tokens = property(lambda self: self._sim.waiting_prefill_tokens)
-    decode_context_tokens = property(lambda self: self._sim.decode_context_tokens)
-    kv_used_blocks = property(lambda self: self._sim.kv_used_blocks)
+    kv_usage = property(lambda self: self._sim._kv_used / self._sim.total_blocks)
+    last_step_s = property(lambda self: self._sim.last_pass_s)
+    running_requests = property(lambda self: self._sim._num_decodes + len(self._sim.prefilling))
+    prefilling_requests = property(lambda self: len(self._sim.prefilling))
+    kv_used_blocks = property(lambda self: self._sim._kv_used)
     kv_total_blocks = property(lambda self: self._sim.total_blocks)
-    kv_usage = property(lambda self: self._sim.kv_used_blocks / self._sim.total_blocks)
-    last_pass_s = property(lambda self: self._sim.last_pass_s)
     max_num_seqs = property(lambda self: self._sim.config.max_num_seqs)
+    now_s = property(lambda self: self._sim.now)
 
     @property
-    def free_ride_tokens(self) -> int:
-        """Prompt tokens this pass can carry while staying memory-bound (closed form)."""
+    def decode_context_tokens(self) -> int:
         sim = self._sim
-        head = sim.head()
-        return int(free_ride_root(sim.roofline, sim.num_decodes, sim.decode_context_tokens,
-                                  head.computed if head else 0))
+        return sim._offset_sum + sim._num_decodes * sim.pass_index
 
     @property
     def head_prefilled_tokens(self) -> int:
-        """Tokens already prefilled of the request next in line for prefill."""
         head = self._sim.head()
         return head.computed if head else 0
 
     @property
-    def head_prompt_tokens(self) -> int:
-        """Tokens the next-in-line request must prefill in all (prompt, plus output
-        tokens to recompute after a preemption)."""
+    def head_remaining_tokens(self) -> int:
         head = self._sim.head()
-        return head.target if head else 0
+        return head.target - head.computed if head else 0
 
     @property
     def oldest_wait_s(self) -> float:
-        """How long the oldest request still waiting for prefill has waited."""
         return self._sim.oldest_wait_s()
+
+    @property
+    def free_ride_tokens(self) -> int:
+        sim = self._sim
+        head = sim.head()
+        return int(free_ride_root(sim.cost, sim._num_decodes, self.decode_context_tokens,
+                                  head.computed if head else 0))
+
+    def itl_slack(self, itl_s: float) -> ItlSlackMeter:
+        """The slack counts at ITL target ``itl_s`` (``itl_slow_tokens`` and
+        ``itl_decode_tokens``: ``Simulator.itl_slack``)."""
+        return self._sim.itl_slack(itl_s)
+
+    def __getitem__(self, name: str):
+        return getattr(self, name)
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.FIELDS}
@@ -279,20 +288,17 @@ class Simulator:
         self.hardware = get_hardware(hardware)
         self.model = get_model(model)
         self.config = config or EngineConfig()
-        self.roofline = rf = Roofline.of(self.hardware, self.model)
-        # Per-pass price coefficients of the hot loops (envs.cost.price, unrolled).
-        k = rf.coefficients()
-        self._coef = (k["weights_s"], k["kv_s_per_token"], k["token_s"], k["pair_s"], k["fixed_s"])
-        self._exposed = k["exposed"]
-        # Small kernels and all-reduces: a cost per token outside the roofline's max.
-        self._serial_s_per_token = k["serial_s_per_token"]
+        self.roofline = Roofline.of(self.hardware, self.model)
+        self.cost = self.roofline.coefficients()
+        """The engine's cost model: every pass is priced by envs.pricing from it (the hot
+        loops below unroll the formula; tests check every pass against pass_price)."""
         self.total_blocks = self.config.kv_blocks(self.hardware, self.model)
-        self._bs = self.config.block_size
-        self._thresh = self.config.long_prefill_token_threshold or (1 << 62)
+        self._block_size = self.config.block_size
+        self._chunk_cap = self.config.long_prefill_token_threshold or (1 << 62)
         self.workload = workload if workload is not None else Workload.from_arrays([], [], [])
         self._check_every_request_fits()
         self._view_workload()
-        self._next = 0  # index of the next arrival
+        self._next_arrival = 0  # index of the next arrival
         self.log = PassLog()
         self._slack: dict[float, SlackCounter] = {}
         self.stream = None
@@ -305,13 +311,16 @@ class Simulator:
                                     sink=self.stream.add_requests if self.stream else None)
         self._next_rid = 0  # ids restart with each simulator (and continue in its forks)
         self.waiting: deque[Request] = deque()
+        # Arrived requests in arrival order, those with a first token dropped from the
+        # front as they get it: the front is the oldest without one.
+        self._awaiting_first: deque[Request] = deque()
         self.prefilling: list[Request] = []
         self._decodes: dict[int, Request] = {}
-        self._n = 0  # running decodes
-        self._so = 0  # sum of decode offsets: total decode context = _so + _n * pass
-        self._cnt = [0] * self._bs  # decodes by offset residue modulo block size
-        self._ksum = 0  # sum of offset // block size over decodes
-        self._used = 0  # KV blocks in use
+        self._num_decodes = 0  # running decodes
+        self._offset_sum = 0  # sum of decode offsets: total decode context = this + decodes * pass
+        self._by_residue = [0] * self._block_size  # decodes by offset modulo the block size
+        self._offset_blocks = 0  # sum of offset // block size over decodes
+        self._kv_used = 0  # KV blocks in use
         self._finish_at: dict[int, list[Request]] = {}
         self._finish_heap: list[int] = []  # finish passes; stale entries dropped lazily
         self._admit_seq = 0
@@ -334,13 +343,13 @@ class Simulator:
     def _view_workload(self) -> None:
         """Views of the workload's (read-only) arrays, indexed one request at a time on the hot
         path: they give Python numbers as fast as a list, without a copy."""
-        self._arr = memoryview(self.workload.arrival_s)
-        self._prm = memoryview(self.workload.prompt_tokens)
-        self._out = memoryview(self.workload.output_tokens)
+        self._arrival_s = memoryview(self.workload.arrival_s)
+        self._prompt_tokens = memoryview(self.workload.prompt_tokens)
+        self._output_tokens = memoryview(self.workload.output_tokens)
 
     def __getstate__(self) -> dict:  # a memoryview does not pickle: copies take the views afresh
         state = dict(self.__dict__)
-        for name in ("_arr", "_prm", "_out"):
+        for name in ("_arrival_s", "_prompt_tokens", "_output_tokens"):
             del state[name]
         return state
 
@@ -350,7 +359,7 @@ class Simulator:
 
     def _check_every_request_fits(self) -> None:
         """A request whose prompt and output exceed the whole KV cache could never run."""
-        w, bs = self.workload, self._bs
+        w, bs = self.workload, self._block_size
         if not len(w):
             return
         blocks = (w.prompt_tokens + w.output_tokens + bs - 1) // bs
@@ -367,15 +376,16 @@ class Simulator:
     # Fields a fork shares (never mutated after construction), copies (live state;
     # requests are cloned) and starts afresh (records). A test checks that every field
     # is in exactly one of them, so a new field cannot be forgotten here.
-    _FORK_SHARED = ("hardware", "model", "config", "roofline", "_coef", "_exposed",
-                    "_serial_s_per_token", "total_blocks",
-                    "_bs", "_thresh", "workload", "_arr", "_prm", "_out")
-    _FORK_COPIED = ("_next", "_next_rid", "_n", "_so", "_ksum", "_used", "_admit_seq",
+    _FORK_SHARED = ("hardware", "model", "config", "roofline", "cost", "total_blocks",
+                    "_block_size", "_chunk_cap", "workload", "_arrival_s", "_prompt_tokens",
+                    "_output_tokens")
+    _FORK_COPIED = ("_next_arrival", "_next_rid", "_num_decodes", "_offset_sum", "_offset_blocks",
+                    "_kv_used", "_admit_seq",
                     "pass_index", "now", "waiting_prefill_tokens", "preemptions", "finished",
                     "last_pass_s", "_pending_decision", "_decode_alloc_pass", "_first_wait_n",
                     "_first_wait_arrivals", "_ttft_sum")
-    _FORK_CLONED = ("requests", "waiting", "prefilling", "_decodes", "_finish_at", "_finish_heap",
-                    "_cnt", "_slack")
+    _FORK_CLONED = ("requests", "waiting", "_awaiting_first", "prefilling", "_decodes", "_finish_at",
+                    "_finish_heap", "_by_residue", "_slack")
     _FORK_FRESH = ("log", "_shapes", "_view", "stream")
 
     def fork(self) -> "Simulator":
@@ -397,11 +407,12 @@ class Simulator:
             return c
 
         new.waiting = deque(clone(r) for r in self.waiting)
+        new._awaiting_first = deque(clone(r) for r in self._awaiting_first if not r.generated)
         new.prefilling = [clone(r) for r in self.prefilling]
         new._decodes = {rid: clone(r) for rid, r in self._decodes.items()}
         new._finish_at = {p: [clone(r) for r in rs] for p, rs in self._finish_at.items()}
         new._finish_heap = list(self._finish_heap)
-        new._cnt = list(self._cnt)
+        new._by_residue = list(self._by_residue)
         new.log = PassLog(self.pass_index)
         new._slack = {itl: c.forked(self.log, self.now, new.log.position())
                       for itl, c in self._slack.items()}  # this simulator's counts stay as they are
@@ -428,10 +439,10 @@ class Simulator:
         ``output_tokens`` still to generate (a warm start; excluded from the metrics)."""
         integer("context_tokens", context_tokens, 1, MAX_TOKENS)
         integer("output_tokens", output_tokens, 1, MAX_TOKENS - 1)
-        require(self._n + len(self.prefilling) < self.config.max_num_seqs, "running", self._n + 1,
+        require(self._num_decodes + len(self.prefilling) < self.config.max_num_seqs, "running", self._num_decodes + 1,
                 f"must be <= max_num_seqs ({self.config.max_num_seqs})")
-        blocks = -(-context_tokens // self._bs)
-        require(self._used + blocks <= self.total_blocks, "running x context_tokens",
+        blocks = -(-context_tokens // self._block_size)
+        require(self._kv_used + blocks <= self.total_blocks, "running x context_tokens",
                 context_tokens, f"the running users' KV must fit in {self.total_blocks} blocks")
         r = Request(self._next_rid, self.now, context_tokens, output_tokens + 1, warm=True)
         self._next_rid += 1
@@ -439,7 +450,7 @@ class Simulator:
         r.generated = 1
         r.computed = context_tokens
         r.blocks = blocks
-        self._used += blocks
+        self._kv_used += blocks
         self._admit(r)
         r.first_token_s = r.last_token_s = self.now
         self._start_decode(r, self.pass_index - 1)
@@ -447,21 +458,9 @@ class Simulator:
     # --- state ---------------------------------------------------------------------------
 
     @property
-    def num_decodes(self) -> int:
-        return self._n
-
-    @property
-    def decode_context_tokens(self) -> int:
-        return self._so + self._n * self.pass_index
-
-    @property
-    def kv_used_blocks(self) -> int:
-        return self._used
-
-    @property
     def done(self) -> bool:
-        return (self._next >= len(self._arr) and not self.waiting and not self.prefilling
-                and self._n == 0)
+        return (self._next_arrival >= len(self._arrival_s) and not self.waiting and not self.prefilling
+                and self._num_decodes == 0)
 
     def head(self) -> Request | None:
         """The request next in line for prefill: the first partially prefilled one, else
@@ -471,9 +470,10 @@ class Simulator:
         return self.waiting[0] if self.waiting else None
 
     def oldest_wait_s(self) -> float:
-        """How long the oldest request still waiting for prefill has waited."""
-        heads = [q[0].arrival for q in (self.prefilling, self.waiting) if q]
-        return self.now - min(heads) if heads else 0.0
+        """``envs.state``'s oldest_wait_s: how long the earliest-arrived request without a
+        first token has waited (a preempted request has had one); 0 without one."""
+        awaiting = self._awaiting_first
+        return self.now - awaiting[0].arrival if awaiting else 0.0
 
     def state(self) -> SchedulerState:
         return self._view
@@ -490,7 +490,7 @@ class Simulator:
 
     def _decision_needed(self) -> bool:
         return bool(self.prefilling) or (bool(self.waiting) and
-                                         self._n < self.config.max_num_seqs)
+                                         self._num_decodes < self.config.max_num_seqs)
 
     # --- running -------------------------------------------------------------------------
 
@@ -520,31 +520,31 @@ class Simulator:
         if len(self.log.runs) > FLUSH_VALUES:  # between decisions, a stretch adds a few runs
             self._file_away()
         while True:
-            if self._next < len(self._arr) and self._arr[self._next] <= self.now:
+            if self._next_arrival < len(self._arrival_s) and self._arrival_s[self._next_arrival] <= self.now:
                 self._admit_arrivals()
             if self._decision_needed():
                 self._pending_decision = True
                 return True
             if self.now >= until_s:
                 return False
-            if self._n == 0:
-                if self._next >= len(self._arr):
+            if self._num_decodes == 0:
+                if self._next_arrival >= len(self._arrival_s):
                     return False  # nothing running, waiting or still to arrive
-                gap = self._arr[self._next] - self.now
+                gap = self._arrival_s[self._next_arrival] - self.now
                 if gap > 0:
                     self.log.idle += (self.pass_index, gap)
-                    self.now = self._arr[self._next]
+                    self.now = self._arrival_s[self._next_arrival]
                 continue
             if not self._decode_stretch(until_s):
-                self._execute(self._schedule(self._n))  # the next decode pass must preempt
+                self._execute(self._schedule(self._num_decodes))  # the next decode pass must preempt
 
     def step(self, budget: int) -> None:
         """Run the pass that :meth:`advance` stopped at, with ``budget`` tokens."""
         if not self._pending_decision:
             raise RuntimeError("step() called without a pending decision; call advance() first")
         if (not isinstance(budget, (int, np.integer)) or isinstance(budget, bool)
-                or not max(self._n, 1) <= budget <= MAX_TOKENS):
-            raise ConfigError(f"budget: got {show(budget)}, must be an integer >= {max(self._n, 1)} "
+                or not max(self._num_decodes, 1) <= budget <= MAX_TOKENS):
+            raise ConfigError(f"budget: got {show(budget)}, must be an integer >= {max(self._num_decodes, 1)} "
                               f"(the running decodes each take one token) and <= {MAX_TOKENS}")
         self._pending_decision = False
         self._execute(self._schedule(int(budget)))
@@ -559,7 +559,7 @@ class Simulator:
                 if r.segments:
                     needed = min(needed, r.segments[0][0])
                 elif r.rid in self._decodes:
-                    needed = min(needed, r.dec_start)
+                    needed = min(needed, r.decode_start)
             for counter in self._slack.values():  # count the passes before letting them go
                 counter.update(self.log, self.now)
             dropped = self.log.drop_before(needed)
@@ -567,19 +567,20 @@ class Simulator:
                 self.stream.add_passes(dropped)
 
     def _admit_arrivals(self) -> None:
-        arr = self._arr
+        arr = self._arrival_s
         now = self.now
-        i = self._next
+        i = self._next_arrival
         while i < len(arr) and arr[i] <= now:
-            r = Request(self._next_rid, arr[i], self._prm[i], self._out[i])
+            r = Request(self._next_rid, arr[i], self._prompt_tokens[i], self._output_tokens[i])
             self._next_rid += 1
             self.requests.add(r)
             self.waiting.append(r)
+            self._awaiting_first.append(r)
             self.waiting_prefill_tokens += r.prompt
             self._first_wait_n += 1
             self._first_wait_arrivals += r.arrival
             i += 1
-        self._next = i
+        self._next_arrival = i
 
     # --- one pass with prefill work: schedule, then execute --------------------------------
 
@@ -591,35 +592,35 @@ class Simulator:
         victims: list[Request] = []
         self._allocate_decode_slots(p, victims)
         chunks: list[tuple[Request, int, int]] = []
-        left = self._schedule_partials(budget - self._n, chunks, victims)
+        left = self._schedule_partials(budget - self._num_decodes, chunks, victims)
         if not victims:
             self._admit_waiting(left, chunks)
-        n = self._n
+        n = self._num_decodes
         pre_tokens = pre_prefix = pairs = 0
         for _, x, q in chunks:
             pre_tokens += x
             pre_prefix += q
             pairs += x * q + x * (x + 1) // 2  # == chunk_attention_pairs(x, q)
-        shape = PassShape(n, self._so + n * p, pre_tokens, pre_prefix, pairs)
+        shape = PassShape(n, self._offset_sum + n * p, pre_tokens, pre_prefix, pairs)
         return PassPlan(p, budget, shape, tuple(chunks), tuple(victims))
 
     def _allocate_decode_slots(self, p: int, victims: list[Request]) -> None:
         """Every decode's token of pass ``p`` needs a KV slot; those at a block boundary
         need a new block. Preempt the latest admitted until they fit."""
-        bs, total = self._bs, self.total_blocks
-        need = self._cnt[-p % bs]
-        while self._used + need > total:
+        bs, total = self._block_size, self.total_blocks
+        need = self._by_residue[-p % bs]
+        while self._kv_used + need > total:
             victim = self._latest_running()
             if victim.rid in self._decodes and (victim.offset + p) % bs == 0:
                 need -= 1
             self._preempt(victim)
             victims.append(victim)
-        self._used += need
+        self._kv_used += need
         self._decode_alloc_pass = p  # decodes hold this pass's slot from here on
 
     def _schedule_partials(self, left: int, chunks: list, victims: list[Request]) -> int:
         """Chunks for partially prefilled requests, in admission order; the budget left."""
-        bs, total, thresh = self._bs, self.total_blocks, self._thresh
+        bs, total, thresh = self._block_size, self.total_blocks, self._chunk_cap
         for r in list(self.prefilling) if self.prefilling else ():
             # A request preempted earlier in this pass is not scheduled, and neither is
             # anything admitted after it (victims go latest-first).
@@ -628,7 +629,7 @@ class Simulator:
             q = r.computed
             x = min(r.prompt + r.generated - q, thresh, left)
             new_blocks = -(-(q + x) // bs) - r.blocks
-            while self._used + new_blocks > total:
+            while self._kv_used + new_blocks > total:
                 victim = self._latest_running()
                 self._preempt(victim)
                 victims.append(victim)
@@ -637,7 +638,7 @@ class Simulator:
             if r.admit_seq < 0:  # r itself was preempted: vLLM stops scheduling here
                 break
             r.blocks += new_blocks
-            self._used += new_blocks
+            self._kv_used += new_blocks
             chunks.append((r, x, q))
             left -= x
         return left
@@ -645,10 +646,10 @@ class Simulator:
     def _admit_waiting(self, left: int, chunks: list) -> None:
         """Admit waiting requests in arrival order while budget, sequences and KV blocks last."""
         waiting, prefilling = self.waiting, self.prefilling
-        bs, total, thresh = self._bs, self.total_blocks, self._thresh
+        bs, total, thresh = self._block_size, self.total_blocks, self._chunk_cap
         max_seqs = self.config.max_num_seqs
-        used = self._used
-        while waiting and left > 0 and self._n + len(prefilling) < max_seqs:
+        used = self._kv_used
+        while waiting and left > 0 and self._num_decodes + len(prefilling) < max_seqs:
             r = waiting[0]
             x = min(r.prompt + r.generated, thresh, left)
             nb = -(-x // bs)
@@ -662,17 +663,20 @@ class Simulator:
             used += nb
             chunks.append((r, x, 0))
             left -= x
-        self._used = used
+        self._kv_used = used
 
     def _execute(self, plan: PassPlan) -> None:
         """Run a scheduled pass: price it, advance the clock, apply its tokens (vLLM's
         ``update_from_output``), and record it."""
         p, shape = plan.index, plan.shape
         n, ctx = shape.num_decodes, shape.decode_context_tokens
-        mem0, kv_s, cmp_tok, att_s, ovh = self._coef
-        m = mem0 + kv_s * (ctx + shape.prefill_prefix_tokens + n + shape.prefill_tokens)
-        c = cmp_tok * (n + shape.prefill_tokens) + att_s * (ctx + n + shape.prefill_attention_pairs)
-        dt = pass_seconds(m, c, self._exposed, ovh + self._serial_s_per_token * (n + shape.prefill_tokens))
+        # envs.pricing.pass_price(self.cost, *shape), unrolled
+        cost = self.cost
+        tokens = n + shape.prefill_tokens
+        m = cost.weights_s + cost.kv_s_per_token * (ctx + shape.prefill_prefix_tokens + tokens)
+        c = cost.token_s * tokens + cost.pair_s * (ctx + n + shape.prefill_attention_pairs)
+        outside = cost.fixed_s + cost.serial_s_per_token * tokens
+        dt = (m + cost.exposed * c if m > c else c + cost.exposed * m) + outside
         now = self.now + dt
         self.now = now
         self.last_pass_s = dt
@@ -687,13 +691,16 @@ class Simulator:
                 self._complete_prefill(r, p, now)
         if p in self._finish_at:
             self._finish_decodes(p)
-        self.log.prefill += (p, shape.prefill_tokens, plan.budget, len(plan.chunks), self._used)
+        self.log.prefill += (p, shape.prefill_tokens, plan.budget, len(plan.chunks), self._kv_used)
 
     def _complete_prefill(self, r: Request, p: int, now: float) -> None:
         """r's whole prompt (or recomputation) is in the cache: it samples a token."""
         self.prefilling.remove(r)
         r.generated += 1
         if r.generated == 1:
+            awaiting = self._awaiting_first
+            while awaiting and awaiting[0].generated:
+                awaiting.popleft()
             r.first_token_s = now
             self._first_wait_n -= 1
             self._first_wait_arrivals -= r.arrival
@@ -714,36 +721,37 @@ class Simulator:
     def _decode_stretch(self, until_s: float) -> bool:
         """Decode-only passes until an arrival, a completion or ``until_s``. False when the
         next pass needs KV blocks that are not free (the caller preempts)."""
-        n, so, cnt, bs = self._n, self._so, self._cnt, self._bs
-        used, total = self._used, self.total_blocks
+        n, offset_sum, bs = self._num_decodes, self._offset_sum, self._block_size
+        used, total = self._kv_used, self.total_blocks
         p, now = self.pass_index, self.now
         # In K passes a decode needs at most ceil(K / bs) new blocks, so this many passes
         # cannot run out; near capacity, go one pass at a time with the exact count.
         limit = p + bs * ((total - used) // n)
         if limit == p:
-            if used + cnt[-p % bs] > total:
+            if used + self._by_residue[-p % bs] > total:
                 return False
             limit = p + 1
         nf = self._next_finish()
         if nf < limit:
             limit = nf + 1  # stop after the pass in which decodes finish
-        stop = min(self._arr[self._next] if self._next < len(self._arr) else INF, until_s)
-        mem0, kv_s, cmp_tok, att_s, ovh = self._coef
-        ovh += self._serial_s_per_token * n  # n tokens in every pass of the stretch
-        e = self._exposed
+        stop = min(self._arrival_s[self._next_arrival] if self._next_arrival < len(self._arrival_s) else INF, until_s)
+        # envs.pricing.pass_price(self.cost, n, context) of pass q, whose decodes' context is
+        # offset_sum + n * q: memory and compute are each linear in q.
+        weights_s, kv_s, token_s, pair_s, e, fixed_s, serial_s = self.cost
+        outside = fixed_s + serial_s * n  # n tokens in every pass of the stretch
         # Pass q's price is linear in q on each side of the roofline's max; when both
         # ends of the stretch lie on the same side, the whole stretch is one arithmetic
         # sequence A + B*i and its length follows from a quadratic.
-        x0 = so + n * (p + 1)
-        x1 = so + n * limit
-        m0, c0 = mem0 + kv_s * x0, cmp_tok * n + att_s * x0
-        m1, c1 = mem0 + kv_s * x1, cmp_tok * n + att_s * x1
+        x0 = offset_sum + n * (p + 1)
+        x1 = offset_sum + n * limit
+        m0, c0 = weights_s + kv_s * x0, token_s * n + pair_s * x0
+        m1, c1 = weights_s + kv_s * x1, token_s * n + pair_s * x1
         p0 = p
         if (m0 >= c0) == (m1 >= c1):
             if m0 >= c0:
-                A, B = m0 + e * c0 + ovh, (kv_s + e * att_s) * n
+                A, B = m0 + e * c0 + outside, (kv_s + e * pair_s) * n
             else:
-                A, B = c0 + e * m0 + ovh, (att_s + e * kv_s) * n
+                A, B = c0 + e * m0 + outside, (pair_s + e * kv_s) * n
             K = limit - p
             k = K
             if stop < INF:
@@ -762,21 +770,21 @@ class Simulator:
             dt = self.last_pass_s
             runs = self.log.runs
             while p < limit:
-                x = so + n * (p + 1)  # context read + tokens written == (query, key) pairs
-                m = mem0 + kv_s * x
-                c = cmp_tok * n + att_s * x
-                dt = pass_seconds(m, c, e, ovh)
+                x = offset_sum + n * (p + 1)  # context read + tokens written == (query, key) pairs
+                m = weights_s + kv_s * x
+                c = token_s * n + pair_s * x
+                dt = (m + e * c if m > c else c + e * m) + outside
                 runs += (1, dt, 0.0, n)
                 now += dt
                 p += 1
                 if now >= stop:
                     break
         # Blocks allocated in passes [p0, p): decodes whose context hit a block boundary.
-        self._used = used + self._decode_blocks(p) - self._decode_blocks(p0)
+        self._kv_used = used + self._decode_blocks(p) - self._decode_blocks(p0)
         self.pass_index, self.now, self.last_pass_s = p, now, dt
         if self._shapes is not None:
             for q in range(p0, p):
-                self._shapes.append(PassShape(n, so + n * q))
+                self._shapes.append(PassShape(n, offset_sum + n * q))
         if p - 1 == nf:
             self._finish_decodes(nf)
         return True
@@ -787,11 +795,11 @@ class Simulator:
         With offset = bs*k + j and p = bs*a + b, ceil((offset + p) / bs) = k + a
         + [j + b >= 1] + [j + b >= bs + 1], summed per residue class j.
         """
-        bs, cnt, n = self._bs, self._cnt, self._n
+        bs, by_residue, n = self._block_size, self._by_residue, self._num_decodes
         a, b = divmod(p, bs)
-        blocks = self._ksum + n * a + (n - cnt[0] if b == 0 else n)
+        blocks = self._offset_blocks + n * a + (n - by_residue[0] if b == 0 else n)
         if b >= 2:
-            blocks += sum(cnt[bs + 1 - b:])
+            blocks += sum(by_residue[bs + 1 - b:])
         return blocks
 
     def _next_finish(self) -> float:
@@ -810,14 +818,14 @@ class Simulator:
         """r sampled a token at the end of ``last_pass``; it decodes from the next pass."""
         start = last_pass + 1
         r.offset = r.computed - start  # context at pass q is offset + q
-        r.dec_start = start
-        r.dec_g0 = r.generated
+        r.decode_start = start
+        r.generated_at_start = r.generated
         r.finish_pass = last_pass + r.output - r.generated
         self._decodes[r.rid] = r
-        self._n += 1
-        self._so += r.offset
-        self._ksum += r.offset // self._bs
-        self._cnt[r.offset % self._bs] += 1
+        self._num_decodes += 1
+        self._offset_sum += r.offset
+        self._offset_blocks += r.offset // self._block_size
+        self._by_residue[r.offset % self._block_size] += 1
         waiting_list = self._finish_at.get(r.finish_pass)
         if waiting_list is None:
             self._finish_at[r.finish_pass] = [r]
@@ -828,15 +836,15 @@ class Simulator:
     def _stop_decode(self, r: Request, end_pass: int) -> None:
         """r decoded in passes [dec_start, end_pass); bring its counters up to date."""
         del self._decodes[r.rid]
-        self._n -= 1
-        self._so -= r.offset
-        self._ksum -= r.offset // self._bs
-        self._cnt[r.offset % self._bs] -= 1
-        r.generated = r.dec_g0 + end_pass - r.dec_start
+        self._num_decodes -= 1
+        self._offset_sum -= r.offset
+        self._offset_blocks -= r.offset // self._block_size
+        self._by_residue[r.offset % self._block_size] -= 1
+        r.generated = r.generated_at_start + end_pass - r.decode_start
         r.computed = r.offset + end_pass
-        r.blocks = -(-r.computed // self._bs)
-        if end_pass > r.dec_start:
-            r.segments.append((r.dec_start, end_pass))
+        r.blocks = -(-r.computed // self._block_size)
+        if end_pass > r.decode_start:
+            r.segments.append((r.decode_start, end_pass))
 
     def _finish_decodes(self, p: int) -> None:
         for r in self._finish_at.pop(p):
@@ -847,7 +855,7 @@ class Simulator:
             self.requests.finish(r)
 
     def _release(self, r: Request, blocks: int) -> None:
-        self._used -= blocks
+        self._kv_used -= blocks
         r.blocks = 0
         r.admit_seq = -1
 
@@ -872,7 +880,7 @@ class Simulator:
                 del self._finish_at[r.finish_pass]
             # Preempted by a prefill chunk after this pass's decode slots were allocated
             # (decodes go first): give back the block its slot may have opened.
-            slot_block = self._decode_alloc_pass == p and (r.offset + p) % self._bs == 0
+            slot_block = self._decode_alloc_pass == p and (r.offset + p) % self._block_size == 0
             self._stop_decode(r, p)
             r.blocks += slot_block
             r.last_token_s = self.now
@@ -892,23 +900,23 @@ class Simulator:
 
     def audit(self) -> None:
         """Recompute the running sums from the requests and compare (for tests)."""
-        p, bs = self.pass_index, self._bs
+        p, bs = self.pass_index, self._block_size
         decs = list(self._decodes.values())
-        assert self._n == len(decs)
-        assert self._so == sum(r.offset for r in decs)
+        assert self._num_decodes == len(decs)
+        assert self._offset_sum == sum(r.offset for r in decs)
         counts = [0] * bs
         for r in decs:
             counts[r.offset % bs] += 1
-        assert counts == self._cnt
+        assert counts == self._by_residue
         decode_blocks = sum(-(-(r.offset + p) // bs) for r in decs)
         assert decode_blocks == self._decode_blocks(p)
-        assert self._ksum == sum(r.offset // bs for r in decs)
+        assert self._offset_blocks == sum(r.offset // bs for r in decs)
         blocks = decode_blocks + sum(r.blocks for r in self.prefilling)
-        assert blocks == self._used, (blocks, self._used)
-        assert self._used <= self.total_blocks
+        assert blocks == self._kv_used, (blocks, self._kv_used)
+        assert self._kv_used <= self.total_blocks
         assert self.waiting_prefill_tokens == sum(r.target - r.computed for r in self.waiting) + sum(
             r.target - r.computed for r in self.prefilling)
-        assert sum(len(v) for v in self._finish_at.values()) == self._n
+        assert sum(len(v) for v in self._finish_at.values()) == self._num_decodes
 
     def pass_records(self, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """(duration in seconds, decodes carried) of every pass from pass ``start`` on."""

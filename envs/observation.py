@@ -1,9 +1,10 @@
 """What a learned policy observes before a pass, and its inverse (pure: no gymnasium).
 
-:func:`observe` is a function of the simulator's public state alone, so a trained
-model can drive a simulator outside the environment (or a real engine's equivalent
-counters); the table in :class:`envs.chunk_budget_env.ChunkBudgetEnv`'s docstring
-gives every entry and its scaling.
+:func:`observe` is a function of the scheduler's state alone (``envs.state``'s
+quantities and the engine's cost model), so a trained model can drive a simulator
+outside the environment, or a real engine that counts the same quantities; the table in
+:class:`envs.chunk_budget_env.ChunkBudgetEnv`'s docstring gives every entry and its
+scaling.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import math
 import numpy as np
 
 from envs.metrics import SLO
+from envs.pricing import chunk_within, decode_pass_s, prefill_due_s, queue_done_s
 from envs.slack import SLACK_PASSES_TOP
 
 OBSERVATION_FIELDS = (
@@ -48,8 +50,9 @@ def slo_features(slo: SLO) -> tuple[float, float]:
     return _log_scale(slo.ttft_s, 30.0), _log_scale(1000 * slo.itl_s, 1000.0)
 
 
-def observe(sim, slo: SLO, slo_obs: tuple[float, float] | None = None) -> np.ndarray:
-    """The observation of ``sim``'s state before its next pass (once per step).
+def observe(state, slo: SLO, slo_obs: tuple[float, float] | None = None) -> np.ndarray:
+    """The observation of a scheduler's ``state`` (``envs.engine.SchedulerState``) before
+    its next pass (once per step).
 
     Beyond the scheduler's counts it carries what identifies the condition the pass is
     in: the price of a decode-only pass at the current decode set against the ITL target
@@ -57,45 +60,38 @@ def observe(sim, slo: SLO, slo_obs: tuple[float, float] | None = None) -> np.nda
     could carry within the ITL target; the TTFT slack of the oldest waiting request; and
     the p99 ITL slack, in passes over the target the running decodes could still take
     (:mod:`envs.slack`); and when the prefill queue would be done at passes within the
-    ITL target, from its oldest request's arrival (:func:`envs.cost.prefill_due_s`).
+    ITL target, from its oldest request's arrival (:func:`envs.pricing.prefill_due_s`).
     """
-    from envs.cost import chunk_price, chunk_within, prefill_due_s, queue_done_s
-
     if slo_obs is None:
         slo_obs = slo_features(slo)
-    n = sim.num_decodes
-    ctx = sim.decode_context_tokens
-    head = sim.head()
-    if head is not None:
-        done_tokens = head.computed
-        total_tokens = head.prompt + head.generated
-        oldest = sim.oldest_wait_s()
-    else:
-        done_tokens = total_tokens = 0
-        oldest = 0.0
-    r = sim.roofline
-    decode_s = chunk_price(r, n, ctx, 0) if n else 0.0
-    chunk = chunk_within(r, n, ctx, slo.itl_s, done_tokens, cap=16384) if n else 16384
+    n = state.running_decodes
+    ctx = state.decode_context_tokens
+    done_tokens = state.head_prefilled_tokens
+    total_tokens = done_tokens + state.head_remaining_tokens
+    oldest = state.oldest_wait_s
+    cost = state.cost
+    decode_s = decode_pass_s(cost, n, ctx) if n else 0.0
+    chunk = chunk_within(cost, n, ctx, slo.itl_s, done_tokens, cap=16384) if n else 16384
     log1p = math.log1p
+    waiting = state.waiting_prefill_tokens
     vals = (
-        n / sim.config.max_num_seqs,
-        log1p(len(sim.waiting)) * _INV_LOG_512,
-        log1p(sim.waiting_prefill_tokens) * _INV_LOG_128K,
-        sim.kv_used_blocks / sim.total_blocks,
+        n / state.max_num_seqs,
+        log1p(state.waiting_requests) * _INV_LOG_512,
+        log1p(waiting) * _INV_LOG_128K,
+        state.kv_usage,
         oldest / slo.ttft_s * 0.25,
         decode_s / slo.itl_s * 0.25,
         log1p(chunk) * _INV_LOG_16K,
         log1p(total_tokens - done_tokens) * _INV_LOG_128K,
         done_tokens / total_tokens if total_tokens else 0.0,
-        sim.last_pass_s / slo.itl_s * 0.25,
+        state.last_step_s / slo.itl_s * 0.25,
         log1p(ctx / n) * _INV_LOG_128K if n else 0.0,
-        log1p(sim.itl_slack(slo.itl_s).passes(n)) * _INV_LOG_SLACK,
+        log1p(state.itl_slack(slo.itl_s).passes(n)) * _INV_LOG_SLACK,
     )
     # The due time reuses this pass's chunk; with nothing decoding entry 6 is the cap, not
     # the chunk that fits.
-    waiting = sim.waiting_prefill_tokens
     due = (queue_done_s(oldest, waiting, slo.itl_s, chunk) if n
-           else prefill_due_s(r, 0, 0, done_tokens, waiting, oldest, slo.itl_s))
+           else prefill_due_s(cost, 0, 0, done_tokens, waiting, oldest, slo.itl_s))
     due = due / slo.ttft_s * DUE_SCALE
     return np.array([v if v < 1.0 else 1.0 for v in vals] + list(slo_obs) + [due if due < 1.0 else 1.0],
                     dtype=np.float32)
@@ -106,17 +102,17 @@ class ObservedState:
     :func:`observe` up to rounding and clipping), so that rules written against the
     scheduler's state also answer SB3's ``predict(observation)``."""
 
-    __slots__ = ("num_waiting", "waiting_prefill_tokens", "num_decodes", "kv_usage",
-                 "head_prefilled_tokens", "head_prompt_tokens")
+    __slots__ = ("waiting_requests", "waiting_prefill_tokens", "running_decodes", "kv_usage",
+                 "head_prefilled_tokens", "head_remaining_tokens")
 
     def __init__(self, obs, max_num_seqs: int = 256):
         o = [float(x) for x in obs]
-        self.num_decodes = int(round(o[0] * max_num_seqs))
-        self.num_waiting = int(round(math.expm1(o[1] / _INV_LOG_512)))
+        self.running_decodes = int(round(o[0] * max_num_seqs))
+        self.waiting_requests = int(round(math.expm1(o[1] / _INV_LOG_512)))
         self.waiting_prefill_tokens = int(round(math.expm1(o[2] / _INV_LOG_128K)))
         self.kv_usage = o[3]
         remaining = math.expm1(o[7] / _INV_LOG_128K)
         share = o[8]
         total = remaining / (1 - share) if share < 1 else remaining
-        self.head_prompt_tokens = int(round(total))
         self.head_prefilled_tokens = int(round(total - remaining))
+        self.head_remaining_tokens = int(round(total)) - self.head_prefilled_tokens

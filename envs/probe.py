@@ -16,9 +16,10 @@ import math
 from dataclasses import dataclass
 
 from envs.cli import parse
-from envs.cost import PassShape, free_ride_formula_tokens, free_ride_tokens, price
+from envs.cost import PassShape, free_ride_formula_tokens, price
 from envs.engine import EngineConfig, Simulator, check_static_budget
 from envs.errors import integer, non_negative, require, run_cli, tokens
+from envs.pricing import free_ride_chunk
 from envs.profiles import MAX_OVERHEAD_S, get_hardware, get_model
 from envs.workload import Workload
 
@@ -98,7 +99,7 @@ def probe(args: ProbeArgs) -> dict:
         "worst_gap_ms": worst * 1e3,
         "worst_gap_ratio": worst / baseline.total_s if n else 0.0,
         "tokens_delivered": n * len(pass_s),
-        "free_ride_tokens": free_ride_tokens(sim.roofline, n, ctx),
+        "free_ride_tokens": free_ride_chunk(sim.cost, n, ctx),
         "free_ride_formula_tokens": free_ride_formula_tokens(sim.roofline, n, ctx),
         "unchunked_ttft_ms": price(sim.roofline, PassShape.of(
             [args.context_tokens] * n, [(args.prompt_tokens, 0)])).total_s * 1e3,

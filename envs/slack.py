@@ -7,14 +7,14 @@ fewer, cheaper passes) keeps the p99 within the target. The count covers the las
 minutes (an exponential window): a p99 over a recent window, as a serving dashboard
 shows it, not over the whole uptime.
 
-The simulator keeps one :class:`SlackCounter` per ITL target (``Simulator.itl_slack``),
-from the first reading on. It reads the pass log's exact per-token gaps, and dates the
-tokens logged since the last reading at the time of this one (readings come every
-decision, a fraction of a second apart against a 300 s window). The table runtime and
-the vLLM adapter count from the engine's step times instead
-(``policies.table.SlackCount``: a step's decodes still running at the next step are
-slow when it starts more than the target later). ``policies.table`` repeats
-:data:`SLACK_SHARE` and :data:`SLACK_TAU_S`; a test compares them.
+One count, as ``envs.state`` defines ``itl_slow_tokens`` and ``itl_decode_tokens``: each
+completed pass adds its decodes to the tokens, and to the slow tokens when it took longer
+than the ITL target (every decode's gap was that pass); the passes completed since the
+last reading are dated at this reading (readings come every decision, a fraction of a
+second apart against a 300 s window), and both counts decay with :data:`SLACK_TAU_S`
+(:class:`ItlSlackMeter`). The simulator's :class:`SlackCounter` reads its passes from the
+pass log; a serving engine's :class:`StepSlack` is told of each step as it completes.
+Both count from their first reading on.
 """
 
 from __future__ import annotations
@@ -93,3 +93,26 @@ class SlackCounter:
     def forked(self, log, now_s: float, mark: int) -> "SlackCounter":
         """A copy, up to date with ``log``, for a fork whose fresh log is at ``mark``."""
         return SlackCounter(self.itl_s, mark=mark, meter=self.peek(log, now_s))
+
+
+class StepSlack:
+    """The count a serving engine keeps: :meth:`step_done` after every step with its
+    duration and its decodes, :meth:`read` before a step that needs the counts (the
+    vLLM adapter's ``update_from_output`` and ``schedule``)."""
+
+    __slots__ = ("itl_s", "meter", "_slow", "_tokens")
+
+    def __init__(self, itl_s: float, now_s: float):
+        self.itl_s, self.meter = float(itl_s), ItlSlackMeter(SLACK_TAU_S, now_s)
+        self._slow = self._tokens = 0
+
+    def step_done(self, duration_s: float, decodes: int) -> None:
+        self._tokens += decodes
+        if duration_s > self.itl_s:
+            self._slow += decodes
+
+    def read(self, now_s: float) -> ItlSlackMeter:
+        """The counts at ``now_s``, the steps completed since the last reading included."""
+        self.meter.add(now_s, self._slow, self._tokens)
+        self._slow = self._tokens = 0
+        return self.meter

@@ -64,9 +64,11 @@ from envs.scenario import Scenario
 from envs.seeds import (TABLE_BUILD_SEEDS, TABLE_FIDELITY_SEEDS, TABLE_REFINE_SEEDS,
                         TABLE_SELECT_SEEDS)
 from eval.harness import NOT_JUDGED, Verdict, run_policy
+from envs.pricing import Coefficients, decode_pass_s, prefill_due_s
+from envs.slack import slack_passes
 from policies.table import (DERIVED, KIND, SCHEMA_VERSION, SLACK_COUNTS, STATE, BudgetTable,
                             hardware_provenance, model_provenance, write_atomic)
-from policies.table_policy import FEATURE_GETTERS, TablePolicy
+from policies.table_policy import TablePolicy, read_inputs
 from eval.table_use import table_use, use_line
 
 LOUD_CAPACITY_LOSS = 0.01
@@ -185,8 +187,7 @@ class Recorder:
     def __init__(self, policy, names, driver=None):
         self.policy, self.name, self.kind = policy, policy.name, policy.kind
         self.driver = driver
-        self.getters = [FEATURE_GETTERS[n] for n in names if n in FEATURE_GETTERS]
-        self.names = [n for n in names if n in FEATURE_GETTERS]
+        self.names = list(names)
         self.rows: list[list[float]] = []
         self.values: list[float] = []
         self.budgets: list[int] = []
@@ -197,9 +198,10 @@ class Recorder:
     def __call__(self, state) -> int:
         v = self.policy.action_value(state)
         itl = self.policy.slo.itl_s
-        self.rows.append([g(state, itl) for g in self.getters])
+        values = read_inputs(state, self.names, itl)
+        self.rows.append([values[n] for n in self.names])
         self.values.append(v)
-        b = max(self.policy.budget_for_value(state, v), state.num_decodes, 1)
+        b = max(self.policy.budget_for_value(state, v), state.running_decodes, 1)
         self.budgets.append(b)
         return b if self.driver is None else self.driver(state)
 
@@ -234,20 +236,14 @@ def feature_values(name: str, state: dict, action: dict | None) -> np.ndarray:
     """One feature's value per decision; derived ones with the time-fraction ``action``'s
     coefficients, ITL target and cap (the runtime's own functions)."""
     if name == "decode_pass_s":
-        from policies.table import pass_seconds
-
-        cost = action["cost"]
-        return np.array([pass_seconds(cost, int(n), int(c), 0, 0) for n, c in
+        cost = Coefficients.of(action["cost"])
+        return np.array([decode_pass_s(cost, int(n), int(c)) for n, c in
                          zip(state["running_decodes"], state["decode_context_tokens"])])
     if name == "itl_slack_passes":
-        from policies.table import slack_passes
-
         return np.array([slack_passes(s, t, int(n)) for s, t, n in zip(
             state["itl_slow_tokens"], state["itl_decode_tokens"], state["running_decodes"])])
     if name == "prefill_due_s":
-        from policies.table import prefill_due_s
-
-        cost, itl, cap = action["cost"], action["itl_s"], action["cap"]
+        cost, itl, cap = Coefficients.of(action["cost"]), action["itl_s"], action["cap"]
         return np.array([prefill_due_s(cost, int(n), int(c), int(q), int(w), o, itl, cap)
                          for n, c, q, w, o in zip(
                              state["running_decodes"], state["decode_context_tokens"],
@@ -495,7 +491,7 @@ def time_action(scenario: Scenario) -> dict:
     from envs.actions import BUDGET_CAP
 
     return {"kind": "time_fraction", "itl_s": scenario.slo_itl_s, "cap": BUDGET_CAP,
-            "cost": scenario.simulator().roofline.coefficients()}
+            "cost": scenario.simulator().cost.as_dict()}
 
 
 def export_episodes(model, serving: Scenario, args: ExportArgs):
@@ -871,7 +867,7 @@ class CellRecorder(TablePolicy):
 
     def budget(self, state) -> int:
         values = self.values(state)
-        if self._reads_idle or state.num_decodes:
+        if self._reads_idle or state.running_decodes:
             self.seen.add(self.table.action.cell(values))
         return self.budget_of(values, state)
 
@@ -1356,7 +1352,7 @@ class RuleCheck:
         want = self.rule(state)
         self.differ += self.table(state) != want
         self.budgets.append(want)
-        if state.num_decodes:
+        if state.running_decodes:
             self.cells[self.table.cell(state)] += 1
         return want
 

@@ -27,8 +27,8 @@ class TableTrace(ActionTrace):
 
     def __call__(self, state) -> int:
         b = self.policy(state)
-        if state.num_decodes:
-            self.record(float(self.cells[self.policy.cell(state)]), b, state.num_decodes)
+        if state.running_decodes:
+            self.record(float(self.cells[self.policy.cell(state)]), b, state.running_decodes)
         return b
 
 

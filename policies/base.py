@@ -35,7 +35,7 @@ class BudgetPolicy:
         raise NotImplementedError
 
     def __call__(self, state) -> int:
-        return clamp_budget(self.budget(state), state.num_decodes)
+        return clamp_budget(self.budget(state), state.running_decodes)
 
     def reset(self) -> None:
         """Forget anything remembered from an earlier run."""

@@ -8,6 +8,7 @@ from functools import cached_property
 
 import numpy as np
 
+from envs.pricing import chunk_attention_pairs, pass_price, prefill_due_s, time_budget
 from policies.base import BudgetPolicy
 
 
@@ -58,7 +59,7 @@ class QueueDepthPolicy(BudgetPolicy):
         self.name = f"queue-depth:{self.base}"
 
     def budget(self, state) -> int:
-        n = state.num_decodes
+        n = state.running_decodes
         if n == 0:
             factor = 4.0
         elif n < 10:
@@ -79,7 +80,7 @@ class NoDecodeBoostPolicy(BudgetPolicy):
         self.name = f"no-decode-boost:{self.low}:{self.high}"
 
     def budget(self, state) -> int:
-        return self.high if state.num_decodes == 0 else self.low
+        return self.high if state.running_decodes == 0 else self.low
 
 
 class FreeRidePolicy(BudgetPolicy):
@@ -93,7 +94,7 @@ class FreeRidePolicy(BudgetPolicy):
         self.name = "free-ride" if (floor, cap) == (256, 16384) else f"free-ride:{floor}:{cap}"
 
     def budget(self, state) -> int:
-        n = state.num_decodes
+        n = state.running_decodes
         if n == 0:
             return self.cap
         return min(max(n + state.free_ride_tokens, self.floor), self.cap)
@@ -119,16 +120,14 @@ class SarathiSLOPolicy(StaticPolicy):
     @classmethod
     def fit(cls, scenario, workload=None, max_budget: int = 65536,
             prompt_percentile: float = 90.0) -> "SarathiSLOPolicy":
-        from envs.cost import PassShape, chunk_attention_pairs, price
-
         sim = scenario.simulator(workload)
         pilot = VllmDefaultPolicy(sim.hardware)
         decodes, contexts = [], []
 
         def record(state):
-            if state.num_decodes:
-                decodes.append(state.num_decodes)
-                contexts.append(state.decode_context_tokens / state.num_decodes)
+            if state.running_decodes:
+                decodes.append(state.running_decodes)
+                contexts.append(state.decode_context_tokens / state.running_decodes)
             return pilot(state)
 
         sim.run(record)
@@ -142,9 +141,8 @@ class SarathiSLOPolicy(StaticPolicy):
         def pass_time(budget: int) -> float:
             chunk = max(budget - n, 0)
             prefix = max(prompt - chunk, 0)
-            shape = PassShape(n, int(n * ctx), chunk, prefix if chunk else 0,
+            return pass_price(sim.cost, n, int(n * ctx), chunk, prefix if chunk else 0,
                               chunk_attention_pairs(chunk, prefix))
-            return price(sim.roofline, shape).total_s
 
         lo, hi = floor, max_budget
         if pass_time(lo) > itl:
@@ -176,12 +174,10 @@ class TimeBudgetPolicy(BudgetPolicy):
 
     def chunk(self, state) -> int:
         """Prompt tokens this pass may carry within the target (the cap with no decodes)."""
-        return self.budget(state) - state.num_decodes
+        return self.budget(state) - state.running_decodes
 
     def budget(self, state) -> int:
-        from envs.actions import time_budget
-
-        return time_budget(state.simulator.roofline, state.num_decodes, state.decode_context_tokens,
+        return time_budget(state.cost, state.running_decodes, state.decode_context_tokens,
                            state.head_prefilled_tokens, self.target_s, self.cap)
 
 
@@ -205,10 +201,8 @@ class TimeBudgetKVPolicy(TimeBudgetPolicy):
         return self.floor + (self.fraction - self.floor) * room
 
     def budget(self, state) -> int:
-        from envs.actions import time_budget
-
         seconds = self.fraction_at(state.kv_usage) * self.itl_s
-        return time_budget(state.simulator.roofline, state.num_decodes, state.decode_context_tokens,
+        return time_budget(state.cost, state.running_decodes, state.decode_context_tokens,
                            state.head_prefilled_tokens, seconds, self.cap)
 
 
@@ -234,10 +228,8 @@ class TimeBudgetFewPolicy(TimeBudgetPolicy):
         return self.fraction * min(max(1.0, self.decodes / num_decodes), self.top / self.fraction)
 
     def budget(self, state) -> int:
-        from envs.actions import time_budget
-
-        seconds = self.fraction_at(state.num_decodes) * self.itl_s
-        return time_budget(state.simulator.roofline, state.num_decodes, state.decode_context_tokens,
+        seconds = self.fraction_at(state.running_decodes) * self.itl_s
+        return time_budget(state.cost, state.running_decodes, state.decode_context_tokens,
                            state.head_prefilled_tokens, seconds, self.cap)
 
 
@@ -279,15 +271,13 @@ class TimeBudgetSlackPolicy(TimeBudgetPolicy):
         return self.fraction if kv is None else kv.fraction_at(kv_usage)
 
     def budget(self, state) -> int:
-        from envs.actions import time_budget
-
-        sim, n = state.simulator, state.num_decodes
+        n = state.running_decodes
         # The slack is read every pass, spent or not: the count starts at its first reading.
-        slack = sim.itl_slack(self.itl_s).passes(n) if n else 0.0
+        slack = state.itl_slack(self.itl_s).passes(n) if n else 0.0
         if slack >= 1.0 and not self.spend(state):
             slack = 0.0
         fraction = self.fraction_at(n, slack, state.kv_usage if self.kv is not None else 0.0)
-        return time_budget(sim.roofline, n, state.decode_context_tokens, state.head_prefilled_tokens,
+        return time_budget(state.cost, n, state.decode_context_tokens, state.head_prefilled_tokens,
                            fraction * self.itl_s, self.cap)
 
 
@@ -369,9 +359,6 @@ class TimeBudgetDeadlinePolicy(TimeBudgetSlackPolicy):
 
     def spend(self, state) -> bool:
         """Whether the prefill queue is due later than ``margin`` of the TTFT target."""
-        from envs.cost import prefill_due_s
-
-        sim = state.simulator
-        return prefill_due_s(sim.roofline, state.num_decodes, state.decode_context_tokens,
+        return prefill_due_s(state.cost, state.running_decodes, state.decode_context_tokens,
                              state.head_prefilled_tokens, state.waiting_prefill_tokens,
                              state.oldest_wait_s, self.fraction * self.itl_s) > self.margin * self.ttft_s

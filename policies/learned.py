@@ -110,7 +110,7 @@ class ModelPolicy(BudgetPolicy):
         self._actor = NumpyActor.of(model) if action_type == "discrete" else None
 
     def observation(self, state) -> np.ndarray:
-        obs = observe(state.simulator, self.slo, self._slo_obs)[:self.width]
+        obs = observe(state, self.slo, self._slo_obs)[:self.width]
         return self.obs_norm(obs) if self.obs_norm is not None else obs
 
     def action(self, state):
@@ -124,7 +124,7 @@ class ModelPolicy(BudgetPolicy):
         return action_value(self.action(state), self.ladder, self.action_type)
 
     def budget_for_value(self, state, value: float) -> int:
-        return pass_budget(state.simulator, self.actions, value, self.slo.itl_s)
+        return pass_budget(state, self.actions, value, self.slo.itl_s)
 
     def budget(self, state) -> int:
         return self.budget_for_value(state, self.action_value(state))

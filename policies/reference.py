@@ -57,7 +57,7 @@ class ReferencePolicy(BudgetPolicy):
         state = f.state()
         while True:
             policy = first if f.now < switch else self.base
-            f.step(clamp_budget(policy(state), f.num_decodes))
+            f.step(clamp_budget(policy(state), state.running_decodes))
             if not f.advance(until_s=end) or f.now >= end:
                 break
         return -meter.reward(*meter.charges())

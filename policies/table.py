@@ -1,8 +1,9 @@
 """Budget lookup tables: load, validate, check provenance, look up. Standard library only.
 
-This file is meant to be vendored into a serving engine as is: it imports nothing
-beyond the standard library (``python -S -c 'import policies.table'`` works) and a
-lookup is a handful of bisections.
+A serving engine imports this module: it needs nothing beyond the standard library and
+chunkpilot's own standard-library modules (``python -S -c 'import policies.table'``
+works: the pass price of ``envs.pricing``, the state vocabulary of ``envs.state``, the
+slack count of ``envs.slack``), and a lookup is a handful of bisections.
 
 A table maps a few bucketed quantities that an engine reads every pass to an action
 that becomes a token budget. Format (JSON, ``schema_version`` 2)::
@@ -30,8 +31,9 @@ that becomes a token budget. Format (JSON, ``schema_version`` 2)::
 A feature with edges ``e`` has ``len(e) + 1`` buckets; value ``v`` falls in bucket
 ``bisect_right(e, v)`` (so an edge value belongs to the bucket above it).
 
-An engine calls ``table.budget(state)`` before each pass, where ``state`` maps the names
-in ``STATE`` to numbers; it needs to compute only the names in ``table.needs``.
+An engine calls ``table.budget(state)`` before each pass, where ``state`` maps names of
+``envs.state.TABLE_INPUTS`` to numbers, counted as ``envs.state`` defines them; it needs
+to compute only the names in ``table.needs``.
 
     python -m policies.table check TABLE --hardware h100-sxm --model llama-3-8b \\
         [--slo-ttft-s 2 --slo-itl-s 0.1]      # exit 0: match; exit 2: one line saying why
@@ -51,26 +53,15 @@ import tempfile
 from bisect import bisect_right
 from collections.abc import Mapping
 
+from envs.pricing import COST_FIELDS, Coefficients, decode_pass_s, prefill_due_s, time_budget
+from envs.slack import slack_passes
+from envs.state import BY_NAME, DERIVED, SLACK_COUNTS, TABLE_INPUTS
+
 SCHEMA_VERSION = 2
 KIND = "chunkpilot-budget-table"
 
-# What an engine provides before each pass, by name (vLLM's counterpart in brackets).
-STATE = {
-    "running_decodes": "running requests whose prompt is fully computed",
-    "waiting_requests": "requests not yet admitted [num_requests_waiting]",
-    "waiting_prefill_tokens": "prompt tokens still to prefill, waiting and partially prefilled",
-    "kv_usage": "fraction of KV-cache blocks in use [kv_cache_usage_perc]",
-    "decode_context_tokens": "sum over running decodes of their tokens in the KV cache",
-    "head_prefilled_tokens": "computed tokens of the request next in line for prefill",
-    "head_remaining_tokens": "tokens that request still has to prefill",
-    "oldest_wait_s": "seconds since the arrival of the oldest request still without a token",
-    "last_step_s": "wall time between the previous two passes (0 at the first)",
-    "itl_slow_tokens": "decode tokens whose gap exceeded the ITL target, over the last few "
-                       "minutes (SlackCount)",
-    "itl_decode_tokens": "decode tokens, over the same window",
-}
-# A table's features are bucketed state quantities.
-KNOWN_FEATURES = STATE
+STATE = {name: BY_NAME[name].meaning for name in TABLE_INPUTS}
+"""What an engine provides before each pass, by name (``envs.state`` says how each is counted)."""
 
 # Provenance: what the table was built for. Numbers are compared with what an engine
 # serves (see BudgetTable.mismatch).
@@ -143,124 +134,6 @@ class TokensAction:
         return self.cells[self.cell(state)]
 
 
-# The cost model's coefficients a time-fraction table stores for its hardware and model,
-# in seconds (envs.cost.Roofline, multiplied out): a pass with n decodes of total
-# context ctx and a chunk of x tokens after a q-token prefix costs
-#   memory  = weights_s + kv_s_per_token * (ctx + q + n + x)
-#   compute = token_s * (n + x) + pair_s * (ctx + n + x*q + x*(x+1)/2)
-#   total   = max(memory, compute) + exposed * min(memory, compute) + fixed_s
-#             + serial_s_per_token * (n + x)
-COST_FIELDS = ("weights_s", "kv_s_per_token", "token_s", "pair_s", "exposed", "fixed_s",
-               "serial_s_per_token")
-
-
-def pass_seconds(cost: Mapping, n: int, ctx: int, x: int, q: int) -> float:
-    """The price of a pass (see ``COST_FIELDS``); ``envs.cost.chunk_price`` in the standard
-    library, so that a serving engine converts a time budget exactly as the simulator."""
-    if not x:
-        q = 0
-    mem = cost["weights_s"] + cost["kv_s_per_token"] * (ctx + q + n + x)
-    cmp = cost["token_s"] * (n + x) + cost["pair_s"] * (ctx + n + x * q + x * (x + 1) // 2)
-    e = cost["exposed"]
-    core = mem + e * cmp if mem > cmp else cmp + e * mem
-    return core + cost["fixed_s"] + cost["serial_s_per_token"] * (n + x)
-
-
-def chunk_within(cost: Mapping, n: int, ctx: int, seconds: float, q: int, cap: int) -> int:
-    """The largest chunk (at most ``cap``) whose pass fits in ``seconds``; 0 if none does.
-    The closed-form root of each side of the max, then the integer boundary settled
-    against :func:`pass_seconds` (as ``envs.cost.chunk_within``)."""
-    if cap <= 0 or pass_seconds(cost, n, ctx, 1, q) > seconds:
-        return 0
-    if pass_seconds(cost, n, ctx, cap, q) <= seconds:
-        return cap
-    kv, tok, pair, e = cost["kv_s_per_token"], cost["token_s"], cost["pair_s"], cost["exposed"]
-    serial = cost["serial_s_per_token"]
-    t = seconds - cost["fixed_s"] - serial * n
-    m0 = cost["weights_s"] + kv * (ctx + q + n)
-    c0 = tok * n + pair * (ctx + n)
-    c1, c2 = tok + pair * (q + 0.5), pair / 2
-    best = float(cap)
-    for a, b, c in ((e * c2, kv + e * c1 + serial, m0 + e * c0 - t),
-                    (c2, c1 + e * kv + serial, c0 + e * m0 - t)):
-        if c >= 0:
-            root = 0.0
-        elif a <= 0:
-            root = -c / b if b > 0 else float("inf")
-        else:
-            root = (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)
-        best = min(best, root)
-    x = max(1, min(int(best), cap))
-    while x > 1 and pass_seconds(cost, n, ctx, x, q) > seconds:
-        x -= 1
-    while x < cap and pass_seconds(cost, n, ctx, x + 1, q) <= seconds:
-        x += 1
-    return x
-
-
-def prefill_due_s(cost: Mapping, n: int, ctx: int, q: int, waiting: int, oldest_wait_s: float,
-                  seconds: float, cap: int) -> float:
-    """When the prefill queue would be done, from its oldest request's arrival: its wait
-    plus ``waiting`` prompt tokens at the head's chunk within ``seconds`` per ``seconds``
-    (``envs.cost.prefill_due_s``; infinite when not one token fits)."""
-    if waiting <= 0:
-        return oldest_wait_s
-    chunk = chunk_within(cost, n, ctx, seconds, q, cap)
-    return oldest_wait_s + waiting * seconds / chunk if chunk > 0 else math.inf
-
-
-# Quantities a time-fraction table derives from the state (with its cost coefficients).
-DERIVED = {
-    "decode_pass_s": ("running_decodes", "decode_context_tokens"),
-    "itl_slack_passes": ("running_decodes", "itl_slow_tokens", "itl_decode_tokens"),
-    "prefill_due_s": ("running_decodes", "decode_context_tokens", "head_prefilled_tokens",
-                      "waiting_prefill_tokens", "oldest_wait_s"),
-}
-
-SLACK_COUNTS = ("itl_slow_tokens", "itl_decode_tokens")
-"""Decayed counts, inputs of ``itl_slack_passes``; not features by themselves."""
-
-# The p99 ITL slack (``envs.slack``'s; a test checks they agree):
-SLACK_SHARE = 0.008
-"""Share of decode tokens that may run over the ITL target."""
-SLACK_TAU_S = 300.0
-"""Time constant of the slow and decode token counts, seconds."""
-
-
-def slack_passes(slow: float, tokens: float, num_decodes: int) -> float:
-    """Passes over the ITL target the running decodes could take before the slow share
-    reaches SLACK_SHARE (``envs.slack.slack_passes``)."""
-    room = SLACK_SHARE * tokens - slow
-    return room / max(num_decodes, 1) if room > 0 else 0.0
-
-
-class SlackCount:
-    """What an engine counts for ``itl_slow_tokens`` and ``itl_decode_tokens``: call
-    :meth:`step` once before each scheduler step with the time and that step's decodes.
-    The previous step's decodes each made a token; those still decoding now waited for
-    this step, so when it starts more than ``itl_s`` later, they count as slow (a request
-    that finished, or an engine idle between requests, slows no one). Both counts decay
-    with a time constant of SLACK_TAU_S; a clock that stands still or steps back adds no
-    gap."""
-
-    __slots__ = ("itl_s", "slow", "tokens", "_last_s", "_decodes")
-
-    def __init__(self, itl_s: float):
-        self.itl_s, self.slow, self.tokens = float(itl_s), 0.0, 0.0
-        self._last_s, self._decodes = None, 0
-
-    def step(self, now_s: float, decodes: int) -> None:
-        last = self._last_s
-        if last is not None:
-            gap = now_s - last if now_s > last else 0.0
-            keep = math.exp(-gap / SLACK_TAU_S)
-            slow = min(self._decodes, decodes) if gap > self.itl_s else 0
-            self.slow = self.slow * keep + slow
-            self.tokens = self.tokens * keep + self._decodes
-            now_s = max(now_s, last)
-        self._last_s, self._decodes = now_s, decodes
-
-
 MAX_FRACTION = 16.0
 """The largest time budget a cell may hold, in ITL targets."""
 
@@ -268,8 +141,9 @@ MAX_FRACTION = 16.0
 class TimeFractionAction:
     """Each cell holds a fraction of the ITL target: the pass's time budget. The budget is
     the running decodes plus the largest chunk after the head request's prefix whose
-    priced pass fits in that time (the cost model's coefficients are in the table); the
-    cap with nothing decoding (no one's ITL is at stake)."""
+    pass, priced by ``envs.pricing`` with the cost model the table stores
+    (``action.cost``: ``envs.pricing.COST_FIELDS``), fits in that time; the cap with
+    nothing decoding (no one's ITL is at stake)."""
 
     kind = "time_fraction"
 
@@ -291,7 +165,8 @@ class TimeFractionAction:
             raise TableError(f"{path}: action.itl_s: got {itl!r}, must be a number of seconds > 0")
         if not (isinstance(cap, int) and not isinstance(cap, bool) and cap > 0):
             raise TableError(f"{path}: action.cap: got {cap!r}, must be an integer > 0")
-        self.cells, self.cost, self.itl_s, self.cap = tuple(float(f) for f in fractions), cost, itl, cap
+        self.cells, self.itl_s, self.cap = tuple(float(f) for f in fractions), itl, cap
+        self.cost = Coefficients.of(cost)
         self.spec = {"kind": self.kind, "itl_s": itl, "cap": cap, "cost": dict(cost)}
         needs = {"running_decodes", "decode_context_tokens", "head_prefilled_tokens"}
         for name in table.features:
@@ -303,7 +178,7 @@ class TimeFractionAction:
 
     def value(self, name: str, state: Mapping[str, float]) -> float:
         if name == "decode_pass_s":
-            return pass_seconds(self.cost, state["running_decodes"], state["decode_context_tokens"], 0, 0)
+            return decode_pass_s(self.cost, state["running_decodes"], state["decode_context_tokens"])
         if name == "itl_slack_passes":
             return slack_passes(state["itl_slow_tokens"], state["itl_decode_tokens"],
                                 int(state["running_decodes"]))
@@ -323,16 +198,16 @@ class TimeFractionAction:
     def fraction(self, state: Mapping[str, float]) -> float:
         return self.cells[self.cell(state)]
 
-    def budget(self, state: Mapping[str, float], cost: Mapping | None = None) -> int:
+    def budget(self, state: Mapping[str, float], cost: Coefficients | None = None) -> int:
         """``cost`` overrides the stored coefficients when converting the fraction to tokens
         (an engine calibrated apart, say with its own per-step overhead); the cells are
         looked up with the stored ones."""
         n = int(state["running_decodes"])
         if n == 0:
             return self.cap
-        seconds = self.fraction(state) * self.itl_s
-        return n + chunk_within(cost or self.cost, n, int(state["decode_context_tokens"]), seconds,
-                                int(state["head_prefilled_tokens"]), self.cap - n)
+        return time_budget(cost or self.cost, n, int(state["decode_context_tokens"]),
+                           int(state["head_prefilled_tokens"]), self.fraction(state) * self.itl_s,
+                           self.cap)
 
 
 # One entry per action kind. A kind reads its cells (and any coefficients) from the
@@ -458,7 +333,7 @@ class BudgetTable:
         envs.calibrate --steps``); a token table is returned unchanged."""
         if self.action.kind != TimeFractionAction.kind or not seconds:
             return self
-        cost = {**self.action.cost, "fixed_s": self.action.cost["fixed_s"] + seconds}
+        cost = self.action.cost._replace(fixed_s=self.action.cost.fixed_s + seconds)
         action = self.action
         self._budget = lambda state: action.budget(state, cost)
         return self

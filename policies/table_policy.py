@@ -1,26 +1,21 @@
-"""A lookup table as a simulator policy: the state quantities it reads from the scheduler."""
+"""A lookup table as a simulator policy: it reads the quantities it needs from the
+scheduler's state, by their ``envs.state`` names."""
 
 from __future__ import annotations
 
+from envs.state import SLACK_COUNTS
 from policies.base import BudgetPolicy
-from policies.table import STATE, BudgetTable
+from policies.table import BudgetTable
 
-# How the simulator's scheduler state provides each quantity a table may need, for a
-# table serving an ITL target of ``itl`` seconds.
-FEATURE_GETTERS = {
-    "running_decodes": lambda s, itl: s.num_decodes,
-    "waiting_requests": lambda s, itl: s.num_waiting,
-    "waiting_prefill_tokens": lambda s, itl: s.waiting_prefill_tokens,
-    "kv_usage": lambda s, itl: s.kv_usage,
-    "decode_context_tokens": lambda s, itl: s.decode_context_tokens,
-    "head_prefilled_tokens": lambda s, itl: s.head_prefilled_tokens,
-    "head_remaining_tokens": lambda s, itl: s.head_prompt_tokens - s.head_prefilled_tokens,
-    "oldest_wait_s": lambda s, itl: s.oldest_wait_s,
-    "last_step_s": lambda s, itl: s.last_pass_s,
-    "itl_slow_tokens": lambda s, itl: s.simulator.itl_slack(itl).slow,
-    "itl_decode_tokens": lambda s, itl: s.simulator.itl_slack(itl).tokens,
-}
-assert set(FEATURE_GETTERS) == set(STATE)
+
+def read_inputs(state, names, itl_s: float) -> dict:
+    """The table inputs ``names`` (``envs.state.TABLE_INPUTS``) from a scheduler's state,
+    the slack counts at the ITL target ``itl_s``."""
+    out = {n: getattr(state, n) for n in names if n not in SLACK_COUNTS}
+    if any(n in SLACK_COUNTS for n in names):
+        meter = state.itl_slack(itl_s)
+        out["itl_slow_tokens"], out["itl_decode_tokens"] = meter.slow, meter.tokens
+    return out
 
 
 class TablePolicy(BudgetPolicy):
@@ -36,14 +31,14 @@ class TablePolicy(BudgetPolicy):
     def __init__(self, table: BudgetTable, name: str | None = None, stored_cost: bool = False):
         self.table = table
         self.name = name or f"table:{table.path}"
-        self._getters = tuple((n, FEATURE_GETTERS[n]) for n in table.needs)
+        self._needs = tuple(table.needs)
         self._time = table.action.kind == "time_fraction" and not stored_cost
         self._itl_s = table.itl_s
 
     def values(self, state) -> dict:
-        """The quantities the table reads, from the scheduler's state."""
-        itl = self._itl_s
-        return {n: g(state, itl) for n, g in self._getters}
+        """The quantities the table reads, from the scheduler's state (the slack counts at
+        the table's ITL target)."""
+        return read_inputs(state, self._needs, self._itl_s)
 
     def cell(self, state) -> int:
         """The index of the cell this state looks up."""
@@ -55,5 +50,5 @@ class TablePolicy(BudgetPolicy):
     def budget_of(self, values: dict, state) -> int:
         """The budget for ``values`` (:meth:`values` of ``state``)."""
         if self._time:
-            return self.table.action.budget(values, state.simulator.roofline.coefficients())
+            return self.table.action.budget(values, state.cost)
         return self.table.budget(values)

@@ -10,15 +10,21 @@ and the export print)::
 
 ``TableScheduler`` is the synchronous variant, for engines started with
 ``--no-async-scheduling`` (vLLM's CPU backend always is). This module imports vLLM,
-``policies.table`` (standard library only) and ``prometheus_client`` (a vLLM dependency);
-docs/serving.md lists the environment variables, log lines and metrics.
+``prometheus_client`` (a vLLM dependency) and chunkpilot's standard-library modules: the
+table runtime (``policies.table``), the state vocabulary (``envs.state``: what every
+quantity the table reads means and how it is counted) and the pass price it rests on
+(``envs.pricing``). docs/serving.md lists the environment variables, log lines and
+metrics.
 
 Before every ``schedule()`` the scheduler
 
 1. at most every ``CHUNKPILOT_RELOAD_INTERVAL_S`` seconds, looks at the table file's
    inode, mtime and size; a replaced file is loaded, checked as at start, and swapped
    in before this step (refused: the old table stays, and the reason is logged once);
-2. computes the state quantities the table needs from its own queues (``state``);
+2. computes the state quantities the table needs: from its own queues as
+   ``envs.state.read_requests`` counts them, the KV cache's usage, and from the steps it
+   has timed (each from its ``schedule()`` to its ``update_from_output()``: the last
+   step's duration, and the slack counts of ``envs.slack.StepSlack``);
 3. asks the table for a budget; if that fails for any reason, the step takes the
    table's ``default_budget`` and the failure is counted and logged once;
 4. raises the budget to the number of running decodes if needed (each must get its
@@ -29,7 +35,6 @@ Before every ``schedule()`` the scheduler
 from __future__ import annotations
 
 import collections
-import math
 import multiprocessing
 import os
 import time
@@ -37,7 +42,9 @@ import time
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from policies.table import BudgetTable, SlackCount, TableError
+from envs.slack import StepSlack
+from envs.state import SLACK_COUNTS, read_requests
+from policies.table import BudgetTable, TableError
 from policies.vllm_metrics import EngineMetrics, Summary
 from policies.vllm_startup import (ALLOW_MISMATCH_ENV, RELOAD_ENV, SUMMARY_ENV, TABLE_ENV,
                                    check_startup, check_table, engine_ceiling, logger,
@@ -45,16 +52,14 @@ from policies.vllm_startup import (ALLOW_MISMATCH_ENV, RELOAD_ENV, SUMMARY_ENV, 
 
 __all__ = ["TableScheduler", "AsyncTableScheduler", "TABLE_ENV"]
 
-# Quantities that need a pass over the waiting queue (the running queue is always
-# walked: the running decodes bound every budget from below).
-_NEEDS_WAITING = frozenset({"waiting_prefill_tokens", "oldest_wait_s"})
-_NEEDS_SLACK = frozenset({"itl_slow_tokens", "itl_decode_tokens"})
+_NEEDS_SLACK = frozenset(SLACK_COUNTS)
 
 
 class TableBudget:
     """Mixin over a vLLM Scheduler; see the module docstring."""
 
     chunkpilot_table: BudgetTable
+    chunkpilot_table_scheduler = True  # vllm_startup.TABLE_SCHEDULER_MARK
 
     def _chunkpilot_init(self, table: BudgetTable | str | None = None) -> None:
         hardware = served_hardware()
@@ -71,7 +76,10 @@ class TableBudget:
         self.chunkpilot_fallbacks = 0
         self.chunkpilot_reloads = 0
         now = time.monotonic()
-        self._cp_last_schedule = None
+        self._cp_last_step_s = 0.0
+        # (monotonic start, decodes) of each step scheduled and not yet completed (one at a
+        # time synchronously; async scheduling schedules the next before this one's output).
+        self._cp_steps: collections.deque = collections.deque()
         self._cp_next_check = now + settings.reload_interval_s
         self._cp_next_summary = now + settings.summary_interval_s
         self._cp_summary_from = now
@@ -101,67 +109,33 @@ class TableBudget:
         self.chunkpilot_table = table.with_step_overhead(self.chunkpilot_settings.step_overhead_s)
         self._cp_budget = self.chunkpilot_table.budget
         self._cp_needs = table.needs
-        self._cp_waiting = bool(table.needs & _NEEDS_WAITING)
-        # The p99 ITL slack, counted from the time between steps; a table replaced by one
+        # The p99 ITL slack, counted from the steps' durations; a table replaced by one
         # with the same ITL target keeps the count.
         kept = getattr(self, "_cp_slack", None)
         if not table.needs & _NEEDS_SLACK:
             self._cp_slack = None
         elif kept is None or kept.itl_s != table.itl_s:
-            self._cp_slack = SlackCount(table.itl_s)
+            self._cp_slack = StepSlack(table.itl_s, time.monotonic())
         self.chunkpilot_metrics.table(table)
         self._cp_logged.clear()
 
     # --- state ---------------------------------------------------------------------
 
     def chunkpilot_state(self, now_s: float | None = None) -> dict:
-        """The engine-readable quantities, read from this scheduler's queues (only those
-        the table needs, and ``running_decodes``, which bounds every budget); the slack
-        counts are added by :meth:`chunkpilot_budget`, which advances them once a step."""
+        """The quantities the table needs (and ``running_decodes``, which bounds every
+        budget), counted as ``envs.state`` defines them: from this scheduler's queues
+        (``envs.state.read_requests``), its KV cache, the last completed step's duration and,
+        read at ``now_s`` (monotonic), the slack counts of the steps completed so far."""
         needs = self._cp_needs
-        decodes = context = partial = 0
-        head = None
-        oldest = math.inf
-        for r in self.running:
-            computed, prompt = r.num_computed_tokens, r.num_prompt_tokens
-            if computed >= prompt:
-                decodes += 1
-                context += computed
-            else:
-                partial += prompt - computed
-                if head is None:
-                    head = r
-                if r.num_output_tokens == 0 and r.arrival_time < oldest:
-                    oldest = r.arrival_time
-        state = {"running_decodes": decodes}
-        if "decode_context_tokens" in needs:
-            state["decode_context_tokens"] = context
-        if "waiting_requests" in needs:
-            state["waiting_requests"] = len(self.waiting)
+        state = read_requests(self.running, self.waiting, time.time(), needs)
         if "kv_usage" in needs:
             state["kv_usage"] = self.kv_cache_manager.usage
-        if self._cp_waiting:
-            waiting_tokens = 0
-            for r in self.waiting:
-                waiting_tokens += max(r.num_tokens - r.num_computed_tokens, 0)
-                if r.num_output_tokens == 0 and r.arrival_time < oldest:
-                    oldest = r.arrival_time
-            state["waiting_prefill_tokens"] = partial + waiting_tokens
-            if "oldest_wait_s" in needs:
-                state["oldest_wait_s"] = (time.time() - oldest) if oldest < math.inf else 0.0
-        if "head_prefilled_tokens" in needs or "head_remaining_tokens" in needs:
-            if head is not None:
-                remaining = head.num_prompt_tokens - head.num_computed_tokens
-            elif self.waiting:
-                head = self.waiting.peek_request()
-                remaining = max(head.num_tokens - head.num_computed_tokens, 0)
-            else:
-                remaining = 0
-            state["head_prefilled_tokens"] = head.num_computed_tokens if head is not None else 0
-            state["head_remaining_tokens"] = remaining
         if "last_step_s" in needs:
-            last = self._cp_last_schedule
-            state["last_step_s"] = (now_s - last) if last is not None and now_s else 0.0
+            state["last_step_s"] = self._cp_last_step_s
+        slack = self._cp_slack
+        if slack is not None:
+            meter = slack.read(time.monotonic() if now_s is None else now_s)
+            state["itl_slow_tokens"], state["itl_decode_tokens"] = meter.slow, meter.tokens
         return state
 
     # --- the budget ----------------------------------------------------------------
@@ -176,10 +150,6 @@ class TableBudget:
         state = None
         try:
             state = self.chunkpilot_state(now)
-            slack = self._cp_slack
-            if slack is not None:  # this step's start closes the last step's gap
-                slack.step(now, state["running_decodes"])
-                state["itl_slow_tokens"], state["itl_decode_tokens"] = slack.slow, slack.tokens
             budget = self._cp_budget(state)
             if budget.__class__ is not int:
                 budget = int(budget)  # an action kind may compute a float; NaN raises here
@@ -198,7 +168,6 @@ class TableBudget:
         stats.budgets[budget] += 1
         self.chunkpilot_metrics.budget.observe(budget)
         self.chunkpilot_history.append((state or {}, budget))
-        self._cp_last_schedule = now
         if now >= self._cp_next_summary and self.chunkpilot_settings.summary_interval_s > 0:
             logger.info("%s", stats.line(now - self._cp_summary_from, self.chunkpilot_table.path))
             stats.reset()
@@ -249,8 +218,33 @@ class TableBudget:
                     f"; provenance mismatch allowed: {allowed}" if allowed else "")
 
     def schedule(self, *args, **kwargs):
+        start = time.monotonic()
         self.max_num_scheduled_tokens = self.chunkpilot_budget()
-        return super().schedule(*args, **kwargs)
+        output = super().schedule(*args, **kwargs)
+        self._cp_steps.append((start, _decodes_in(self, output) if self._cp_slack else 0))
+        return output
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        if self._cp_steps:  # a step completes: its duration and its decodes' tokens
+            start, decodes = self._cp_steps.popleft()
+            self._cp_last_step_s = duration = time.monotonic() - start
+            if self._cp_slack is not None:
+                self._cp_slack.step_done(duration, decodes)
+        return super().update_from_output(scheduler_output, model_runner_output)
+
+
+def _decodes_in(scheduler, output) -> int:
+    """The requests a scheduled step decodes: one token each, completing no prefill chunk,
+    by a request that has sampled before. (A recomputation after a preemption whose last
+    chunk is one token reads the same; it is priced as a decode, and counted as one.)"""
+    requests = scheduler.requests
+    decodes = 0
+    for rid, tokens in output.num_scheduled_tokens.items():
+        if tokens == 1:
+            r = requests[rid]
+            if r.num_output_tokens and not r.is_prefill_chunk:
+                decodes += 1
+    return decodes
 
 
 def _file_signature(path: str) -> tuple:

@@ -234,19 +234,22 @@ def check_startup(scheduler_cls: type, vllm_config, table: BudgetTable | str | N
 
 # --- the plug-in ---------------------------------------------------------------------
 
+TABLE_SCHEDULER_MARK = "chunkpilot_table_scheduler"
+"""A class attribute every table scheduler sets (``policies.vllm_scheduler.TableBudget``):
+how the plug-in knows one without importing the scheduler module, which imports this one."""
+
+
 def _table_scheduler_class(vllm_config) -> type | None:
     """The configured scheduler class if it is a table scheduler, else None (without
-    importing anyone else's scheduler module)."""
+    importing anyone else's scheduler module: vLLM resolves a qualified name of ours)."""
     cls = vllm_config.scheduler_config.scheduler_cls
     if isinstance(cls, str):
         if not cls.startswith("policies.vllm_scheduler."):
             return None
-        from vllm.utils.import_utils import resolve_obj_by_qualname
+        from vllm.utils.import_utils import resolve_obj_by_qualname  # vLLM: only in its processes
 
         cls = resolve_obj_by_qualname(cls)
-    from policies.vllm_scheduler import TableBudget
-
-    return cls if isinstance(cls, type) and issubclass(cls, TableBudget) else None
+    return cls if isinstance(cls, type) and getattr(cls, TABLE_SCHEDULER_MARK, False) else None
 
 
 def preflight(vllm_config) -> None:

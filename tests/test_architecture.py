@@ -64,12 +64,16 @@ def module_level_imports(path: pathlib.Path) -> set[str]:
     return names
 
 
-RUNTIME = {"policies.table", "policies.vllm_metrics", "policies.vllm_startup", "policies.vllm_scheduler"}
+RUNTIME = {"policies.table", "policies.vllm_metrics", "policies.vllm_startup", "policies.vllm_scheduler",
+           "envs.pricing", "envs.state", "envs.slack"}
+"""What a serving engine imports: the table runtime, the vLLM adapter, and the three
+standard-library modules of envs they rest on (the pass price, the state vocabulary, the
+slack count)."""
 
 
 def test_serving_runtime_imports_only_stdlib_and_vllm():
     for rel in ("policies/table.py", "policies/vllm_scheduler.py", "policies/vllm_metrics.py",
-                "policies/vllm_startup.py"):
+                "policies/vllm_startup.py", "envs/pricing.py", "envs/state.py", "envs/slack.py"):
         for name in module_level_imports(ROOT / rel):
             root = name.split(".")[0]
             assert (root in sys.stdlib_module_names or root in {"vllm", "prometheus_client"}

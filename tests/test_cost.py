@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from envs.cost import (PassShape, Roofline, chunk_attention_pairs, free_ride_formula_tokens,
-                       free_ride_tokens, price, price_pass)
+                       price, price_pass)
+from envs.pricing import free_ride_chunk
 from envs.profiles import H100_SXM_DATASHEET as H100_SXM, LLAMA_3_8B
 from tests.conftest import TOY_HW, TOY_MODEL
 
@@ -64,8 +65,8 @@ def test_free_ride_uses_the_attention_rates():
     # root stays the exact crossing of compute and memory time.
     from dataclasses import replace
     slow_kv = replace(H100_SXM, attention_bandwidth_ratio=0.5)
-    base = free_ride_tokens(Roofline.of(H100_SXM, LLAMA_3_8B), 32, 32 * 2304)
-    slow = free_ride_tokens(Roofline.of(slow_kv, LLAMA_3_8B), 32, 32 * 2304)
+    base = free_ride_chunk(Roofline.of(H100_SXM, LLAMA_3_8B).coefficients(), 32, 32 * 2304)
+    slow = free_ride_chunk(Roofline.of(slow_kv, LLAMA_3_8B).coefficients(), 32, 32 * 2304)
     assert slow > base
     r = Roofline.of(slow_kv, LLAMA_3_8B)
     at = price(r, PassShape(32, 32 * 2304, slow, 0, chunk_attention_pairs(slow, 0)))
@@ -160,7 +161,7 @@ class TestWorkedExample:
     def test_free_ride(self):
         r = Roofline.of(H100_SXM, LLAMA_3_8B)
         formula = free_ride_formula_tokens(r, 32, 32 * 2304)
-        exact = free_ride_tokens(r, 32, 32 * 2304)
+        exact = free_ride_chunk(r.coefficients(), 32, 32 * 2304)
         assert formula == pytest.approx(444, rel=0.05)
         # Charging the decodes' own arithmetic and the chunk's attention brings it lower.
         assert exact < formula
@@ -175,7 +176,7 @@ def test_free_ride_is_the_memory_bound_boundary(hardware, n, ctx, prefix):
     # the boundary between memory- and compute-bound.
     from envs.profiles import get_hardware
     r = Roofline.of(get_hardware(hardware), LLAMA_3_8B)
-    x = free_ride_tokens(r, n, n * ctx, prefix)
+    x = free_ride_chunk(r.coefficients(), n, n * ctx, prefix)
 
     def pass_cost(chunk):
         if chunk == 0:
@@ -189,11 +190,11 @@ def test_free_ride_is_the_memory_bound_boundary(hardware, n, ctx, prefix):
 
 def test_free_ride_is_zero_when_decodes_alone_are_compute_bound():
     r = Roofline.of(TOY_HW, TOY_MODEL)  # ridge ~100 FLOP/byte: 2,000 decodes are compute-bound
-    assert free_ride_tokens(r, 2000, 2000 * 10) == 0
+    assert free_ride_chunk(r.coefficients(), 2000, 2000 * 10) == 0
 
 
 def test_longer_prefix_leaves_less_free_ride():
     r = Roofline.of(H100_SXM, LLAMA_3_8B)
-    early = free_ride_tokens(r, 32, 32 * 2304, prefix_tokens=0)
-    late = free_ride_tokens(r, 32, 32 * 2304, prefix_tokens=7000)
+    early = free_ride_chunk(r.coefficients(), 32, 32 * 2304, prefix_tokens=0)
+    late = free_ride_chunk(r.coefficients(), 32, 32 * 2304, prefix_tokens=7000)
     assert late < early

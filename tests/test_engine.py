@@ -114,7 +114,7 @@ def test_budget_below_running_decodes_is_refused():
     assert sim.advance()
     sim.step(64)
     while sim.advance():
-        if sim.num_decodes >= 2:
+        if sim.state().running_decodes >= 2:
             with pytest.raises(ConfigError, match=r"budget: got 1, must be an integer >= 2"):
                 sim.step(1)
             break
@@ -178,7 +178,7 @@ def test_every_simulated_pass_is_priced_by_the_pure_function(hardware, model):
                     record_shapes=True)
     rng = np.random.default_rng(0)
     while sim.advance():
-        sim.step(max(sim.num_decodes, 1) + int(rng.choice([0, 64, 512, 2048, 8192])))
+        sim.step(max(sim.state().running_decodes, 1) + int(rng.choice([0, 64, 512, 2048, 8192])))
     durations = sim.pass_durations()
     expected = np.array([price(sim.roofline, s).total_s for s in sim.shapes])
     assert len(durations) == len(expected)
@@ -201,14 +201,14 @@ def test_policy_sees_live_state():
     seen = []
 
     def policy(state):
-        seen.append((state.num_waiting, state.num_decodes, state.waiting_prefill_tokens,
-                     state.head_prefilled_tokens, state.head_prompt_tokens))
+        seen.append((state.waiting_requests, state.running_decodes, state.waiting_prefill_tokens,
+                     state.head_prefilled_tokens, state.head_remaining_tokens))
         return 256
 
     sim = make_sim([(0.0, 600, 3), (0.0, 100, 3)])
     sim.run(policy)
     assert seen[0] == (2, 0, 700, 0, 600)
-    assert seen[1] == (1, 0, 444, 256, 600)  # A partially prefilled (running), B waits
+    assert seen[1] == (1, 0, 444, 256, 344)  # A partially prefilled (running), B waits
 
 
 def test_warm_start_running_users_are_excluded_from_metrics():

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import envs
-from envs.actions import FRACTION_LADDER, time_budget
+from envs.actions import BUDGET_CAP, FRACTION_LADDER
+from envs.pricing import time_budget
 from envs.chunk_budget_env import ChunkBudgetEnv, EpisodeSampler, RewardWeights
 from envs.cost import price_pass
 from envs.metrics import SLO
@@ -138,12 +139,13 @@ def test_time_action_turns_into_the_time_budget_of_each_pass():
     for i in range(300):
         sim = env.sim
         a = i % len(FRACTION_LADDER)
-        head = sim.head()
-        want = time_budget(sim.roofline, sim.num_decodes, sim.decode_context_tokens,
-                           head.computed if head else 0, FRACTION_LADDER[a] * env._slo.itl_s)
+        state = sim.state()
+        want = time_budget(sim.cost, state.running_decodes, state.decode_context_tokens,
+                           state.head_prefilled_tokens, FRACTION_LADDER[a] * env._slo.itl_s,
+                           BUDGET_CAP)
         _, _, term, _, info = env.step(a)
         assert info["budget"] == want and info["passes"] == 1
-        checked += sim.num_decodes > 0
+        checked += sim.state().running_decodes > 0
         if term:
             env.reset()
     assert checked > 50

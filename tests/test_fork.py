@@ -13,14 +13,14 @@ def test_fork_runs_ahead_without_touching_the_original():
     for _ in range(60):
         assert sim.advance()
         sim.step(1024)
-    before = (sim.now, sim.pass_index, sim.kv_used_blocks, len(sim.waiting), sim.num_decodes,
+    before = (sim.now, sim.pass_index, sim.state().kv_used_blocks, len(sim.waiting), sim.state().running_decodes,
               [r.computed for r in sim.prefilling])
     f = fork(sim)
     f.audit()
     while f.advance():
         f.step(4096)
     assert f.done and f.now > sim.now
-    assert (sim.now, sim.pass_index, sim.kv_used_blocks, len(sim.waiting), sim.num_decodes,
+    assert (sim.now, sim.pass_index, sim.state().kv_used_blocks, len(sim.waiting), sim.state().running_decodes,
             [r.computed for r in sim.prefilling]) == before
     sim.audit()
     # The original still runs to the same end as a fresh run with the same budgets.

@@ -43,7 +43,7 @@ def test_invariants(scenario):
     i = 0
     while sim.advance():
         sim.audit()
-        sim.step(max(sim.num_decodes, 1) + extra[i % len(extra)])
+        sim.step(max(sim.state().running_decodes, 1) + extra[i % len(extra)])
         i += 1
         sim.audit()  # running sums agree with the requests; KV blocks <= capacity
     res = sim.result()
@@ -133,7 +133,7 @@ def test_invariants_at_scale(scenario):
     sim = Simulator(TOY_HW, TOY_MODEL, Workload.from_arrays(arr, prm, out), cfg, record_shapes=True)
     i = 0
     while sim.advance():
-        sim.step(min(max(sim.num_decodes, 1) + extra[i % len(extra)], MAX_TOKENS))
+        sim.step(min(max(sim.state().running_decodes, 1) + extra[i % len(extra)], MAX_TOKENS))
         i += 1
     sim.audit()
     res = sim.result()

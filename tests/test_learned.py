@@ -13,39 +13,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from envs.cost import Roofline, chunk_price
-from envs.cost import chunk_within as sim_chunk_within
-from envs.cost import prefill_due_s as sim_prefill_due_s
-from envs.profiles import get_hardware, get_model
+from envs.pricing import chunk_within
 from eval.export import build_table, scenario_provenance
 from policies import table as runtime
 from policies.table import BudgetTable
 
 
-@pytest.mark.parametrize("hardware, model", [("h100-sxm", "llama-3-8b"), ("a100-80g", "llama-3-8b"),
-                                             ("h100-sxm", "llama-3-70b-tp4"), ("m5-max", "llama-3-8b-q4"),
-                                             ("h100-sxm-datasheet", "llama-3-8b")])
-def test_runtime_converts_a_time_fraction_exactly_as_the_simulator(hardware, model):
-    r = Roofline.of(get_hardware(hardware), get_model(model))
-    cost = r.coefficients()
-    rng = random.Random(0)
-    for _ in range(300):
-        n = rng.randint(1, 256)
-        ctx = n * rng.randint(1, 8000)
-        q = rng.choice([0, rng.randint(0, 60000)])
-        seconds = rng.uniform(0.002, 0.4)
-        x = rng.randint(0, 20000)
-        assert runtime.pass_seconds(cost, n, ctx, x, q) == pytest.approx(chunk_price(r, n, ctx, x, q),
-                                                                        rel=1e-12)
-        assert (runtime.chunk_within(cost, n, ctx, seconds, q, 16384 - n)
-                == sim_chunk_within(r, n, ctx, seconds, q, cap=16384 - n))
-        waiting, wait_s = rng.choice([0, rng.randint(1, 200000)]), rng.uniform(0.0, 30.0)
-        assert runtime.prefill_due_s(cost, n, ctx, q, waiting, wait_s, seconds, 16384) == pytest.approx(
-            sim_prefill_due_s(r, n, ctx, q, waiting, wait_s, seconds), rel=1e-12)
-
-
 def time_table(fractions_by_kv, sc, edges=(0.5, 0.8)):
-    cost = sc.simulator().roofline.coefficients()
+    cost = sc.simulator().cost.as_dict()
     return BudgetTable({"schema_version": 2, "kind": "chunkpilot-budget-table",
                         "action": {"kind": "time_fraction", "itl_s": sc.slo_itl_s, "cap": 16384,
                                    "cost": cost},
@@ -60,10 +35,10 @@ def test_time_fraction_table_looks_up_then_converts():
     sc = Scenario()
     t = time_table([1.0, 0.5, 0.25], sc)
     assert t.needs == {"kv_usage", "running_decodes", "decode_context_tokens", "head_prefilled_tokens"}
-    r = sc.simulator().roofline
+    cost = sc.simulator().cost
     state = dict(running_decodes=40, decode_context_tokens=40 * 1500, head_prefilled_tokens=2000)
     for kv, f in ((0.2, 1.0), (0.6, 0.5), (0.9, 0.25)):
-        want = 40 + sim_chunk_within(r, 40, 60000, f * sc.slo_itl_s, 2000, cap=16384 - 40)
+        want = 40 + chunk_within(cost, 40, 60000, f * sc.slo_itl_s, 2000, cap=16384 - 40)
         assert t.budget({**state, "kv_usage": kv}) == want
     assert t.budget({**state, "running_decodes": 0, "kv_usage": 0.1}) == 16384  # nothing decoding
     # The JSON round trip keeps the kind, the coefficients and the cells.
@@ -159,8 +134,8 @@ def test_step_overhead_shortens_the_chunk_a_time_fraction_allows():
                  kv_usage=0.1)
     plain = t.budget(state)
     slower = BudgetTable(t.to_dict()).with_step_overhead(0.01).budget(state)
-    cost = dict(t.action.cost, fixed_s=t.action.cost["fixed_s"] + 0.01)
-    assert slower == 40 + runtime.chunk_within(cost, 40, 60000, 0.1, 0, 16384 - 40) < plain
+    cost = t.action.cost._replace(fixed_s=t.action.cost.fixed_s + 0.01)
+    assert slower == 40 + chunk_within(cost, 40, 60000, 0.1, 0, 16384 - 40) < plain
     data = {k: v for k, v in t.to_dict().items() if k != "fractions"}
     tokens = BudgetTable({**data, "action": {"kind": "tokens"}, "budgets": [1, 2, 3],
                           "default_budget": 1})
@@ -313,16 +288,6 @@ def _spend_run(sim, itl_s=0.1, until_s=None):
     return sim
 
 
-def test_runtime_slack_constants_match_the_simulator():
-    from envs import slack
-
-    assert (runtime.SLACK_SHARE, runtime.SLACK_TAU_S) == (slack.SLACK_SHARE, slack.SLACK_TAU_S)
-    rng = random.Random(1)
-    for _ in range(200):
-        slow, tokens, n = rng.uniform(0, 50), rng.uniform(0, 1e4), rng.randint(0, 256)
-        assert runtime.slack_passes(slow, tokens, n) == slack.slack_passes(slow, tokens, n)
-
-
 def test_slack_count_is_the_whole_log_without_decay():
     """With an unbounded window the simulator's count is the pass log's: every decode token,
     and those whose pass exceeded the ITL target."""
@@ -354,7 +319,7 @@ def test_summary_only_runs_and_forks_keep_the_slack_count(monkeypatch):
     assert (a.slow, a.tokens) == pytest.approx((b.slow, b.tokens), rel=1e-9)
     half = _spend_run(_slack_sim(), until_s=8.0)
     before = half.itl_slack(0.1).tokens
-    half.step(half.num_decodes)  # a pass the parent's count has not read yet
+    half.step(half.state().running_decodes)  # a pass the parent's count has not read yet
     mark = half._slack[0.1].mark
     child = half.fork().itl_slack(0.1)
     assert half._slack[0.1].mark == mark  # forking reads nothing into the parent's count
@@ -363,22 +328,25 @@ def test_summary_only_runs_and_forks_keep_the_slack_count(monkeypatch):
 
 
 def test_engine_slack_count_by_hand():
-    """The engine counts a step's decodes still decoding at the next step as slow when that
-    step starts more than the ITL target later; both counts decay with the window; an
-    idle engine (nothing decoding after the gap) slows no one; a clock that steps back adds
-    no gap."""
+    """An engine's count (envs.slack.StepSlack): each completed step adds its decodes, and
+    to the slow tokens when it took longer than the ITL target; the steps since the last
+    reading are dated at the reading, and the counts decay with the window between
+    readings; idle time between steps slows no one."""
     import math
 
-    c = runtime.SlackCount(itl_s=0.1)
-    c.step(0.0, 3)
-    c.step(0.05, 3)  # 50 ms gap: 3 tokens on time
-    c.step(0.25, 2)  # 200 ms gap: one of the 3 decodes finished, 2 waited
-    keep = math.exp(-0.2 / runtime.SLACK_TAU_S)
-    assert c.tokens == pytest.approx(3 * keep + 3) and c.slow == pytest.approx(2.0)
-    c.step(5.0, 0)  # idle after the last two finished: nobody waited
-    assert c.slow == pytest.approx(2.0 * math.exp(-4.75 / runtime.SLACK_TAU_S))
-    c.step(4.0, 1)  # the clock stepped back: no gap, nothing slow, the time stays
-    assert c._last_s == 5.0 and c.slow == pytest.approx(2.0 * math.exp(-4.75 / runtime.SLACK_TAU_S))
+    from envs.slack import SLACK_TAU_S, StepSlack
+
+    c = StepSlack(itl_s=0.1, now_s=0.0)
+    c.step_done(0.05, 3)  # on time
+    c.step_done(0.2, 2)  # slow: its 2 decodes waited 200 ms
+    m = c.read(0.25)
+    assert (m.slow, m.tokens) == (2, 5)  # dated now: no decay yet
+    m = c.read(5.0)  # 4.75 s idle: nothing added, both decay
+    keep = math.exp(-4.75 / SLACK_TAU_S)
+    assert (m.slow, m.tokens) == pytest.approx((2 * keep, 5 * keep))
+    c.step_done(0.3, 0)  # a slow step with nothing decoding slows no one
+    m = c.read(4.0)  # a clock that steps back adds no decay
+    assert (m.slow, m.tokens) == pytest.approx((2 * keep, 5 * keep))
 
 
 @pytest.mark.parametrize("teacher", ["g4", "h4"])
@@ -402,9 +370,9 @@ def test_observation_and_teacher_read_the_slack(teacher):
     rule = TimeBudgetSlackPolicy(0.1, top=4.0, kv_aware=kv_aware)
     spent = kept = held_by_kv = 0
     while sim.advance():
-        n, kv = sim.num_decodes, sim.kv_used_blocks / sim.total_blocks
+        n, kv = sim.state().running_decodes, sim.state().kv_usage
         passes = sim.itl_slack(0.1).passes(n)
-        obs = observe(sim, SLO(2.0, 0.1))
+        obs = observe(sim.state(), SLO(2.0, 0.1))
         assert obs[SLACK_INDEX] == pytest.approx(
             min(math.log1p(passes) / math.log1p(SLACK_PASSES_TOP), 1.0), abs=1e-6)
         want = rule.fraction_at(n, passes, kv)
@@ -426,7 +394,7 @@ def test_observation_and_teacher_read_when_the_queue_is_due(teacher):
     steps its fraction down as usage climbs, and holds the slack back above 75%."""
     from agents.setup import teacher_actions
     from envs.actions import FRACTION_LADDER
-    from envs.cost import prefill_due_s
+    from envs.pricing import prefill_due_s
     from envs.metrics import SLO
     from envs.observation import DUE_INDEX, observe
     from policies.baselines import TimeBudgetDeadlinePolicy
@@ -441,10 +409,10 @@ def test_observation_and_teacher_read_when_the_queue_is_due(teacher):
     spent = held = throttled = 0
     while sim.advance():
         state = sim.state()
-        n = state.num_decodes
-        due = prefill_due_s(sim.roofline, n, state.decode_context_tokens, state.head_prefilled_tokens,
+        n = state.running_decodes
+        due = prefill_due_s(sim.cost, n, state.decode_context_tokens, state.head_prefilled_tokens,
                             state.waiting_prefill_tokens, state.oldest_wait_s, 0.1)
-        obs = observe(sim, SLO(2.0, 0.1))
+        obs = observe(sim.state(), SLO(2.0, 0.1))
         assert obs[DUE_INDEX] == pytest.approx(min(due / 2.0 / 4, 1.0), abs=1e-6)
         late = rule.spend(state)
         assert late == (due > 1.6)
@@ -469,10 +437,10 @@ def test_a_table_over_the_slack_spends_it_as_the_engine_counts_it():
     data["features"] = [{"name": "itl_slack_passes", "edges": [1.0]}]
     t = BudgetTable(data)
     assert {"itl_slow_tokens", "itl_decode_tokens", "running_decodes"} <= t.needs
-    r = sc.simulator().roofline
+    cost = sc.simulator().cost
     base = dict(running_decodes=10, decode_context_tokens=10 * 600, head_prefilled_tokens=0)
-    spend = 10 + sim_chunk_within(r, 10, 6000, 4 * sc.slo_itl_s, 0, cap=16384 - 10)
-    keep = 10 + sim_chunk_within(r, 10, 6000, sc.slo_itl_s, 0, cap=16384 - 10)
+    spend = 10 + chunk_within(cost, 10, 6000, 4 * sc.slo_itl_s, 0, cap=16384 - 10)
+    keep = 10 + chunk_within(cost, 10, 6000, sc.slo_itl_s, 0, cap=16384 - 10)
     # 0.008 * 5000 - 25 = 15 tokens of slack: one pass of 10 decodes fits; 0.008 * 2000 - 25 < 0
     assert t.budget({**base, "itl_slow_tokens": 25, "itl_decode_tokens": 5000}) == spend
     assert t.budget({**base, "itl_slow_tokens": 25, "itl_decode_tokens": 2000}) == keep
@@ -726,7 +694,7 @@ def test_export_picks_the_slack_feature_a_rare_long_pass_hangs_on():
     picks the slack first (agreement alone would pick KV usage, which moves more cells)."""
     from envs.scenario import Scenario
     from eval.export import action_spec, pick_features
-    from policies.table import slack_passes
+    from envs.slack import slack_passes
 
     rng = np.random.default_rng(1)
 
@@ -855,10 +823,10 @@ def test_export_aggregates_the_states_its_table_leads_to(monkeypatch):
             pass
 
         def action_value(self, state):
-            return 0.25 if state.num_waiting >= 3 else 4.0
+            return 0.25 if state.waiting_requests >= 3 else 4.0
 
         def budget_for_value(self, state, v):
-            return pass_budget(state.simulator, "time", v, self.slo.itl_s)
+            return pass_budget(state, "time", v, self.slo.itl_s)
 
     monkeypatch.setattr(export, "policy_for", lambda model, s: Rule(s))
     sc = Scenario(rate=10.0, num_requests=120)

@@ -114,7 +114,7 @@ def test_time_budget_never_prices_a_pass_above_its_target():
 
     def spy(state):
         b = rule(state)
-        decisions.append((state.pass_index, state.num_decodes))
+        decisions.append((state.simulator.pass_index, state.running_decodes))
         return b
 
     sim.run(spy)
@@ -134,11 +134,11 @@ def test_time_budget_fills_the_target_exactly():
     sim = make_sim([(0.0, 50, 400)] * 8 + [(0.05, 5000, 20)], budget_blocks=3000)
     while sim.advance():
         state = sim.state()
-        if state.num_decodes == 8 and state.head_prompt_tokens == 5000:
+        if state.running_decodes == 8 and state.head_remaining_tokens == 5000:
             break
         sim.step(8192)
     rule = TimeBudgetPolicy(itl_s=0.02)
-    n, ctx, q = state.num_decodes, state.decode_context_tokens, state.head_prefilled_tokens
+    n, ctx, q = state.running_decodes, state.decode_context_tokens, state.head_prefilled_tokens
     x = rule(state) - n
     r = sim.roofline
 
@@ -157,7 +157,7 @@ def test_kv_variant_shrinks_its_time_budget_as_the_cache_fills():
     sim = make_sim([(0.0, 60, 200)] * 6 + [(0.01, 4000, 10)], budget_blocks=600)
     while sim.advance():
         state = sim.state()
-        if state.num_decodes and state.waiting_prefill_tokens:
+        if state.running_decodes and state.waiting_prefill_tokens:
             break
         sim.step(4096)
     full = TimeBudgetPolicy(itl_s=0.1, fraction=0.9).budget(state)
@@ -232,7 +232,7 @@ def test_slack_rule_keeps_to_its_fraction_until_it_has_slack():
     decisions = []
     while sim.advance():
         state = sim.state()
-        if state.num_decodes and state.waiting_prefill_tokens + state.head_prefilled_tokens:
+        if state.running_decodes and state.waiting_prefill_tokens + state.head_prefilled_tokens:
             decisions.append((rule(state), TimeBudgetPolicy(0.1, 1.0)(state),
                               TimeBudgetPolicy(0.1, 4.0)(state)))
         sim.step(rule(state))
@@ -247,7 +247,7 @@ def test_deadline_rule_spends_the_slack_only_for_a_late_queue():
     when two 12K prompts arrive together (the queue would be done after 1.6 s). Its
     projection is the hand-computed one: the oldest request's wait plus every waiting
     prompt token at the head's chunk per 100 ms."""
-    from envs.cost import chunk_within, prefill_due_s
+    from envs.pricing import chunk_within, prefill_due_s
     from policies.baselines import TimeBudgetDeadlinePolicy
 
     rule = TimeBudgetDeadlinePolicy(itl_s=0.1, ttft_s=2.0, top=4.0)
@@ -257,11 +257,11 @@ def test_deadline_rule_spends_the_slack_only_for_a_late_queue():
     while sim.advance():
         state = sim.state()
         head = sim.head()
-        if head is not None and state.num_decodes and head.computed == 0:
-            chunk = chunk_within(sim.roofline, state.num_decodes, state.decode_context_tokens,
+        if head is not None and state.running_decodes and head.computed == 0:
+            chunk = chunk_within(sim.cost, state.running_decodes, state.decode_context_tokens,
                                  0.1, 0, cap=16384)
             due = state.oldest_wait_s + state.waiting_prefill_tokens * 0.1 / chunk
-            assert prefill_due_s(sim.roofline, state.num_decodes, state.decode_context_tokens, 0,
+            assert prefill_due_s(sim.cost, state.running_decodes, state.decode_context_tokens, 0,
                                  state.waiting_prefill_tokens, state.oldest_wait_s, 0.1) == due
             seen[len(sim.waiting)] = (due, rule.spend(state), rule(state),
                                       TimeBudgetPolicy(0.1, 1.0)(state), TimeBudgetPolicy(0.1, 4.0)(state))

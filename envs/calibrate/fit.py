@@ -1,7 +1,8 @@
 """Fitting the cost model's device figures to measured passes (numpy only).
 
-A fit is least squares on the relative error of the pass price (``envs.cost``) over
-measured passes, each described by its parts on one device (:data:`PART_COLUMNS`).
+A fit is least squares on the relative error of the pass price (``envs.pricing``'s
+formula, over fitted rates) over measured passes, each described by its parts on one
+device (:data:`PART_COLUMNS`).
 Every third measurement is held out and reported apart.
 """
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from envs.cost import Roofline, pass_parts
 from envs.errors import ConfigError
+from envs.pricing import combine
 from envs.profiles import MAX_BYTES_PER_S, MAX_FLOPS_PER_S, MAX_RATIO, MIN_RATE, HardwareProfile
 
 PART_COLUMNS = ("weight_bytes", "kv_bytes", "product_flops", "attention_flops", "elementwise_bytes",
@@ -49,9 +51,10 @@ class Fit:
         wb, kvb, lf, af, ewb, arb, calls, layers = parts.T
         mem = wb / self.bytes_per_s + kvb / (self.bytes_per_s * self.attention_bandwidth_ratio)
         comp = lf / self.flops_per_s + af / (self.flops_per_s * self.attention_flops_ratio)
-        return (np.maximum(mem, comp) + (1 - self.overlap) * np.minimum(mem, comp) + self.overhead_s
-                + layers * self.per_layer_overhead_s + ewb / self.elementwise_bytes_per_s
-                + arb / self.interconnect_bytes_per_s + calls * self.allreduce_latency_s)
+        outside = (self.overhead_s + layers * self.per_layer_overhead_s
+                   + ewb / self.elementwise_bytes_per_s + arb / self.interconnect_bytes_per_s
+                   + calls * self.allreduce_latency_s)
+        return combine(mem, comp, 1 - self.overlap, outside, np.maximum, np.minimum)
 
     def profile(self, name: str, memory_bytes: float, overhead_s: float | None = None) -> HardwareProfile:
         def finite(rate: float) -> float | None:

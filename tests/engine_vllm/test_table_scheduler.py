@@ -23,13 +23,27 @@ def model(tmp_path_factory):
     return model_dir(tmp_path_factory.mktemp("models"))
 
 
-def expected_budget(sched, table):
-    decodes = sum(1 for r in sched.running if r.num_computed_tokens >= r.num_prompt_tokens)
-    partial = sum(r.num_prompt_tokens - r.num_computed_tokens for r in sched.running
-                  if r.num_computed_tokens < r.num_prompt_tokens)
-    waiting = sum(r.num_tokens - r.num_computed_tokens for r in sched.waiting)
-    budget = table.lookup(running_decodes=decodes, waiting_prefill_tokens=partial + waiting)
+def expected_budget(table, decoding: set, prompts: dict, done: dict):
+    """The table's budget from what the test has seen (no preemption here): the requests
+    that have sampled and not finished decode; every other prompt token is still to
+    prefill (``done``: prompt tokens scheduled so far)."""
+    decodes = len(decoding)
+    todo = sum(prompts[r] - done.get(r, 0) for r in prompts if r not in decoding and done.get(r, 0) < prompts[r])
+    budget = table.lookup(running_decodes=decodes, waiting_prefill_tokens=todo)
     return max(budget, decodes), decodes
+
+
+def account(out, runner, decoding: set, done: dict, finished_at: dict, sampled: dict) -> None:
+    """Update the test's account with one step: prompt tokens scheduled, tokens sampled."""
+    for rid, tokens in out.num_scheduled_tokens.items():
+        if rid not in decoding:
+            done[rid] = done.get(rid, 0) + tokens
+    for rid, toks in zip(runner.req_ids, runner.sampled_token_ids):
+        if toks:
+            sampled[rid] = sampled.get(rid, 0) + 1
+            decoding.add(rid)
+            if sampled[rid] == finished_at[rid]:
+                decoding.discard(rid)
 
 
 @pytest.mark.parametrize("cls_name", ["TableScheduler", "AsyncTableScheduler"])
@@ -40,13 +54,16 @@ def test_every_step_schedules_what_the_table_says(model, cls_name):
     sched = create_scheduler(getattr(vs, cls_name), model, max_num_batched_tokens=1024,
                              chunkpilot_table=table)
     # Five short requests start decoding, then a 3,000-token prompt arrives among them.
+    prompts, finished_at, decoding, done, sampled = {}, {}, set(), {}, {}
     for i in range(5):
         sched.add_request(make_request(f"short{i}", 20, 40))
+        prompts[f"short{i}"], finished_at[f"short{i}"] = 20, 40
     long_chunks = []
     for step in range(60):
         if step == 3:
             sched.add_request(make_request("long", 3000, 4))
-        want, decodes = expected_budget(sched, table)
+            prompts["long"], finished_at["long"] = 3000, 4
+        want, decodes = expected_budget(table, decoding, prompts, done)
         long = sched.requests.get("long")
         rem_long = long.num_prompt_tokens - long.num_computed_tokens if long else 0
         out = sched.schedule()
@@ -57,7 +74,9 @@ def test_every_step_schedules_what_the_table_says(model, cls_name):
             assert total == min(want, decodes + rem_long), (step, total, want, decodes, rem_long)
         if "long" in out.num_scheduled_tokens and sched.requests["long"].num_computed_tokens <= 3000:
             long_chunks.append(out.num_scheduled_tokens["long"])
-        sched.update_from_output(out, fake_output(sched, out))
+        runner = fake_output(sched, out)
+        account(out, runner, decoding, done, finished_at, sampled)
+        sched.update_from_output(out, runner)
         assert sched.chunkpilot_history[-1][1] == want
     assert sched.chunkpilot_fallbacks == 0
     # The long prompt was chunked by the table's budget for 5 running decodes (128),
@@ -88,7 +107,7 @@ def test_time_fraction_table_turns_its_fraction_into_tokens_each_step(model):
     plus the chunk the stored cost model fits in the cell's fraction of the ITL target,
     computed from the scheduler's own queues (decode contexts, the head's prefix)."""
     import policies.vllm_scheduler as vs
-    from policies.table import chunk_within
+    from envs.pricing import Coefficients, time_budget
 
     data = table_dict([("kv_usage", [0.5])], [1, 1], default_budget=256)
     del data["budgets"]
@@ -102,22 +121,18 @@ def test_time_fraction_table_turns_its_fraction_into_tokens_each_step(model):
     for i in range(4):
         sched.add_request(make_request(f"short{i}", 20, 60))
     checked = 0
+    coefficients = Coefficients.of(cost)
     for step in range(40):
         if step == 3:
             sched.add_request(make_request("long", 3000, 4))
-        decodes = [r.num_computed_tokens for r in sched.running
-                   if r.num_computed_tokens >= r.num_prompt_tokens]
-        heads = [r.num_computed_tokens for r in sched.running
-                 if r.num_computed_tokens < r.num_prompt_tokens] + [r.num_computed_tokens
-                                                                      for r in sched.waiting]
         fraction = 1.0 if sched.kv_cache_manager.usage < 0.5 else 0.5
         out = sched.schedule()
-        got = sched.chunkpilot_history[-1][1]
-        if decodes and heads:
-            n, ctx = len(decodes), sum(decodes)
-            chunk = chunk_within(cost, n, ctx, fraction * 0.02, heads[0], 1024 - n)
-            assert got == min(n + chunk, 1024), (step, got)
-            checked += 1
+        state, got = sched.chunkpilot_history[-1]  # what the state means: test_state.py
+        n = state["running_decodes"]
+        want = time_budget(coefficients, n, state["decode_context_tokens"],
+                           state["head_prefilled_tokens"], fraction * 0.02, 1024)
+        assert got == max(want, n), (step, got)
+        checked += bool(n and state["head_prefilled_tokens"])
         sched.update_from_output(out, fake_output(sched, out))
     assert checked >= 5
 
@@ -137,13 +152,14 @@ def two_fraction_table(feature: str, edge: float) -> dict:
 
 
 def test_slack_table_counts_slow_tokens_from_step_times(model, monkeypatch):
-    """A table over the p99 ITL slack in vLLM's scheduler: the adapter counts a step's decodes
-    as slow when the next step starts more than the ITL target later (its clock here is
-    a fake one), and the table spends the slack (4x the target) only while it lasts."""
+    """A table over the p99 ITL slack in vLLM's scheduler: each completed step adds its
+    decodes to the counts, and to the slow ones when the step (from its scheduling to its
+    output, on a fake clock here) took longer than the 20 ms target; the table spends the
+    slack (4x the target) while 0.8% of the decode tokens cover one more slow step."""
+    import math
     import types
 
     import policies.vllm_scheduler as vs
-    from policies.table import SlackCount, chunk_within
 
     data = two_fraction_table("itl_slack_passes", 1.0)
     clock = [100.0]
@@ -153,29 +169,29 @@ def test_slack_table_counts_slow_tokens_from_step_times(model, monkeypatch):
                              chunkpilot_table=BudgetTable(data))
     for i in range(4):
         sched.add_request(make_request(f"short{i}", 20, 400))
-    mirror, spent, kept = SlackCount(0.02), 0, 0
-    for step in range(300):  # 0.8% of 4 decodes a step: slack for one slow pass after 125 steps
-        if step % 10 == 5:
-            sched.add_request(make_request(f"long{step}", 3000, 4))
-        clock[0] += 0.1 if step == 160 else 0.01  # one gap of 100 ms: the decodes before it were slow
-        decodes = [r.num_computed_tokens for r in sched.running
-                   if r.num_computed_tokens >= r.num_prompt_tokens]
-        heads = [r.num_computed_tokens for r in sched.running
-                 if r.num_computed_tokens < r.num_prompt_tokens] + [r.num_computed_tokens
-                                                                      for r in sched.waiting]
-        mirror.step(clock[0], len(decodes))
+    seen, read_at = [], []
+    for step in range(260):
+        if step == 100:
+            clock[0] += 2.0  # the engine waits 2 s between two steps: no step is slower for it
+        read_at.append(clock[0])
         out = sched.schedule()
         state, got = sched.chunkpilot_history[-1]
-        assert (state["itl_slow_tokens"], state["itl_decode_tokens"]) == (mirror.slow, mirror.tokens)
-        if decodes and heads:
-            n, ctx = len(decodes), sum(decodes)
-            room = 0.008 * mirror.tokens - mirror.slow
-            fraction = 4.0 if room >= n else 1.0
-            chunk = chunk_within(COST, n, ctx, fraction * 0.02, heads[0], 1024 - n)
-            assert got == min(n + chunk, 1024), (step, got)
-            spent, kept = spent + (fraction > 1), kept + (fraction == 1)
+        seen.append((state["itl_slow_tokens"], state["itl_decode_tokens"], got))
+        clock[0] += 0.1 if step == 200 else 0.01  # every step takes 10 ms, step 200 takes 100
         sched.update_from_output(out, fake_output(sched, out))
-    assert mirror.slow > 0 and spent and kept
+    # Step 0 prefills the four prompts; steps 1 on decode four tokens each. At the start of
+    # step k the counts hold steps 0..k-1, each dated at the reading after it, and decay
+    # with the time between readings.
+    tokens = slow_want = 0.0
+    for k in range(1, 260):
+        keep = math.exp(-(read_at[k] - read_at[k - 1]) / 300.0)
+        tokens = tokens * keep + (4 if k > 1 else 0)
+        slow_want = slow_want * keep + (4 if k - 1 == 200 else 0)
+        slow, decode_tokens, budget = seen[k]
+        assert (slow, decode_tokens) == pytest.approx((slow_want, tokens), rel=1e-9), k
+        spend = 0.008 * decode_tokens - slow >= 4  # the slack covers one more slow step of 4
+        assert (budget == 1024) == spend, (k, budget)  # 4x the target fills the ceiling, 1x does not
+    assert any(b == 1024 for _, _, b in seen[1:]) and any(b < 1024 for _, _, b in seen[1:])
 
 
 def test_due_time_table_reads_the_queue_vllm_holds(model):
@@ -185,8 +201,9 @@ def test_due_time_table_reads_the_queue_vllm_holds(model):
     after 50 ms, else 1x: a 200-token prompt is due within about 10 ms, a 3,000-token one
     after 120 ms; the wait is the wall time, milliseconds here)."""
     import policies.vllm_scheduler as vs
-    from policies.table import chunk_within, prefill_due_s
+    from envs.pricing import Coefficients, chunk_within, prefill_due_s
 
+    cost = Coefficients.of(COST)
     data = two_fraction_table("prefill_due_s", 0.05)
     sched = create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=1024,
                              chunkpilot_table=BudgetTable(data))
@@ -201,10 +218,10 @@ def test_due_time_table_reads_the_queue_vllm_holds(model):
         n = state["running_decodes"]
         if n and state["waiting_prefill_tokens"]:
             q = state["head_prefilled_tokens"]
-            due = prefill_due_s(COST, n, state["decode_context_tokens"], q,
+            due = prefill_due_s(cost, n, state["decode_context_tokens"], q,
                                 state["waiting_prefill_tokens"], state["oldest_wait_s"], 0.02, 1024)
             fraction = 4.0 if due >= 0.05 else 1.0
-            chunk = chunk_within(COST, n, state["decode_context_tokens"], fraction * 0.02, q, 1024 - n)
+            chunk = chunk_within(cost, n, state["decode_context_tokens"], fraction * 0.02, q, 1024 - n)
             assert got == min(n + chunk, 1024), (step, got)
             seen.add(fraction)
         sched.update_from_output(out, fake_output(sched, out))
