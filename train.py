@@ -26,46 +26,64 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from envs.cli import parse
+from agents.checks import (condition_teachers, constant_costs, ranking_check, room_check,
+                           teacher_choice)
+from agents.conditions import MIN_CAPACITY_RPS, draw_conditions, with_capacities
+from agents.setup import ACTION_TYPES, imitate, make_model
+from agents.summary import final_comparison, summary_text, teacher_words
+from envs.actions import DEFAULT_LADDER, FRACTION_LADDER
+from envs.cli import given_fields, parse
+from envs.episodes import draw_episodes
 from envs.errors import ConfigError, integer, number, require, run_cli
-from envs.scenario import Scenario, named_workload
+from envs.files import check_output, write_atomic, write_json_atomic
+from envs.scenario import WORKLOADS, Scenario, ScenarioArgs
+from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS
+from envs.workload import check_num_requests
+from eval.parallel import make_executor, progress_bar
+from eval.report import git_commit
+from policies.learned import check_observations, load_run, read_config, run_sampler
+from policies.specs import make_policy
+
+# stable-baselines3's modules (a few seconds to import) load once the arguments are known
+# good: a bad flag or --help answers at once.
+
+
+SERVING = "mixed-bursty"
+"""The serving scenario's named workload by default (envs.scenario.WORKLOADS)."""
 
 
 @dataclass(frozen=True)
-class Args:
-    """Train a budget policy on simulated serving conditions."""
+class Args(ScenarioArgs):
+    """Train a budget policy on simulated serving conditions.
 
+    The serving scenario is every flag of envs.scenario.Scenario (hardware, model, SLO,
+    engine settings, traffic), its traffic from --workload unless a traffic flag says
+    otherwise: the final comparison's scenario, and training's with --conditions 0."""
+
+    workload: str = SERVING
+    """The serving scenario's named workload (envs/scenario.py's WORKLOADS): the defaults of
+    its traffic flags (trace, rate, arrival, burstiness, prompt, output); each such flag
+    given overrides it."""
+    rate: float = WORKLOADS[SERVING]["rate"]
+    """Synthetic: the serving scenario's mean arrival rate, requests per second (--workload's)."""
+    arrival: str = field(default=WORKLOADS[SERVING]["arrival"],
+                         metadata={"choices": ["poisson", "gamma", "onoff"]})
+    """Synthetic: the serving scenario's arrival process (--workload's)."""
+    burstiness: float = WORKLOADS[SERVING]["burstiness"]
+    """Synthetic: gamma shape for arrival=gamma (1 is Poisson, below 1 burstier; --workload's)."""
     exp_name: str = "chunkpilot"
     """Name of the experiment (part of the run directory's name)."""
     algo: str = field(default="ppo", metadata={"choices": ["ppo", "dqn", "a2c", "sac"]})
     """stable-baselines3 algorithm; sac trains on a continuous log-scale action."""
     seed: int = 1
-    """Seed of the model, the conditions and the training episodes."""
+    """Seed of the model, the conditions and the training episodes (the held-out streams
+    have seeds of their own)."""
     total_timesteps: int = 500_000
     """Decision intervals to train on (all environments together)."""
     n_envs: int = 8
     """Parallel environments (vectorised)."""
     vec_env: str = field(default="dummy", metadata={"choices": ["dummy", "subproc"]})
     """Run the environments in this process (dummy) or in worker processes (subproc)."""
-    hardware: str = "h100-sxm"
-    """Hardware preset or profile file."""
-    model: str = "llama-3-8b"
-    """Model preset or profile file."""
-    workload: str = "mixed-bursty"
-    """The serving scenario's named workload (mixed-bursty, mixed-poisson, mixed-onoff,
-    azure-conv, mooncake): the final comparison's, and training's with --conditions 0."""
-    trace: str | None = None
-    """Train and compare on a trace instead (bundled name or CSV path; the last 20% is held out)."""
-    rate: float | None = None
-    """Override the serving workload's arrival rate, requests per second."""
-    per_pass_overhead_s: float | None = None
-    """The serving scenario's fixed cost per pass in seconds (default: the hardware's)."""
-    num_kv_blocks: int | None = None
-    """The serving scenario's KV capacity in 16-token blocks (default: from memory)."""
-    slo_ttft_s: float = 2.0
-    """The serving scenario's TTFT target, seconds."""
-    slo_itl_s: float = 0.1
-    """The serving scenario's ITL target, seconds."""
     conditions: int = 32
     """Training conditions drawn for this hardware and model (agents/conditions.py); 0 trains
     on the serving scenario alone."""
@@ -93,10 +111,10 @@ class Args:
     """Start from each training condition's best fixed choice (agents.checks.condition_teachers),
     not from the one best overall."""
     teacher: str | None = None
-    """The overall teacher (default: the checks' pick): a fraction of the ITL target
-    (f0.25-f1) or a rule (k0.917, k1, d1, g4, g16, h4, h16, t4, t16, u4, u16: train.py's
-    CHECK_RULES says what each does), with --actions time; conditions still get their own
-    where they beat it."""
+    """The overall teacher (default: the checks' pick): a policy spec among the checks'
+    fixed choices that act in time (time-budget:0.25 ... time-budget:1, and train.py's
+    CHECK_RULES: time-budget-kv:1, time-budget-deadline:16, ...), with --actions time;
+    conditions still get their own where they beat it."""
     eval_every: int = 50_000
     """Evaluate on held-out episodes every this many steps (TensorBoard eval/*)."""
     eval_episodes: int = 24
@@ -125,9 +143,8 @@ class Args:
     """Threads for torch (small networks run fastest on one)."""
 
     def validate(self) -> None:
-        """Every argument in range before any work starts (one line naming it otherwise)."""
-        from envs.workload import check_num_requests
-
+        """Every argument in range before any work starts (one line naming it otherwise;
+        the scenario's fields are checked as the arguments are made)."""
         integer("total_timesteps", self.total_timesteps, 1, 10**10)
         for f, high in (("n_envs", 256), ("eval_episodes", 1000), ("final_seeds", 50),
                         ("torch_threads", 256), ("conditions", 1000)):
@@ -147,11 +164,21 @@ class Args:
         number("episode_s", self.episode_s, 0, 86400, low_open=True)
         number("gamma", self.gamma, 0, 1, low_open=True)
         if self.teacher is not None:
-            require(self.teacher in TEACHER_NAMES, "teacher", self.teacher,
+            require(self.teacher_spec() in TEACHER_NAMES, "teacher", self.teacher,
                     f"must be one of {', '.join(TEACHER_NAMES)}")
             require(self.actions == "time", "teacher", self.teacher,
                     "needs --actions time (a teacher acts in time)")
         self.layers()
+
+    def teacher_spec(self) -> str | None:
+        """The given teacher's spec as a policy names itself (``time-budget-deadline:4`` is
+        ``time-budget-deadline``)."""
+        if not self.teacher:
+            return None
+        try:
+            return make_policy(self.teacher, self.scenario()).name
+        except ConfigError:
+            return self.teacher  # not a spec: validate refuses it, naming the field
 
     def layers(self) -> tuple[int, ...]:
         try:
@@ -163,16 +190,9 @@ class Args:
         return sizes
 
     def scenario(self) -> Scenario:
-        fields_ = named_workload(self.workload)
-        if self.trace:
-            fields_["trace"] = self.trace
-        if self.rate is not None:
-            number("rate", self.rate, 0, 1e6, low_open=True)
-            fields_["rate"] = self.rate
-        return Scenario(hardware=self.hardware, model=self.model,
-                        per_pass_overhead_s=self.per_pass_overhead_s,
-                        num_kv_blocks=self.num_kv_blocks, slo_ttft_s=self.slo_ttft_s,
-                        slo_itl_s=self.slo_itl_s, **fields_)
+        """The serving scenario (its synthetic stream's own seed stays the scenario's
+        default: this seed is the model's)."""
+        return Scenario(**{**self.fields_dict(), "seed": Scenario.seed})
 
 
 # A resumed run takes these from its config.json; anything else given differently is refused.
@@ -191,10 +211,6 @@ FIELDS_ADDED = {"teacher": None}
 def resumed_args(args: Args, argv: list[str] | None) -> tuple[Args, dict]:
     """The run's own arguments (from its config.json), with only the run-control flags of
     this command line applied; a conflicting flag is refused, naming it."""
-    from agents.runs import read_config
-
-    from envs.cli import given_fields
-
     config = read_config(args.resume, "resume")
     saved = {**FIELDS_ADDED, **config["args"]}
     missing = [f for f in Args.__dataclass_fields__ if f not in saved and f not in RUN_FIELDS_ON_RESUME]
@@ -222,8 +238,6 @@ def resumed_args(args: Args, argv: list[str] | None) -> tuple[Args, dict]:
     # an interrupted run suggests) continues to them.
     kept = {k: merged[k] for k in RUN_FIELDS_KEPT if k in given and saved.get(k) != merged[k]}
     if kept:
-        from agents.training import write_json_atomic
-
         config["args"] = {**saved, **kept}
         write_json_atomic(Path(args.resume) / "config.json", config)
     return Args(**merged), config
@@ -236,8 +250,6 @@ def prepare_run(args: Args) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.run_dir or f"runs/{args.exp_name}__{args.algo}__{Path(args.hardware).stem}__"
                                    f"{Path(args.model).stem}__{args.seed}__{stamp}")
-    from envs.files import check_output
-
     check_output("run_dir", run_dir, "folder")
     require(not (run_dir / "config.json").exists(), "run_dir", str(run_dir),
             "already holds a run: continue it with --resume, or pick another --run-dir")
@@ -249,9 +261,6 @@ def prepare_run(args: Args) -> Path:
 
 
 def draw_training_conditions(args: Args, scenario: Scenario, executor) -> list[dict]:
-    from agents.conditions import draw_conditions, with_capacities
-    from eval.parallel import progress_bar
-
     if not args.conditions or scenario.trace:
         return []
     drawn = draw_conditions(scenario, args.conditions, args.seed)
@@ -259,8 +268,6 @@ def draw_training_conditions(args: Args, scenario: Scenario, executor) -> list[d
     with progress_bar(len(drawn) * 2, "conditions") as bar:
         kept = with_capacities(scenario, drawn, executor=executor, progress=bar)
     if len(kept) < len(drawn):
-        from agents.conditions import MIN_CAPACITY_RPS
-
         print(f"dropped {len(drawn) - len(kept)} of {len(drawn)} conditions: under "
               f"{MIN_CAPACITY_RPS:g} req/s of capacity under their SLO, the budget hardly matters"
               + ("; training on the scenario alone, at its own load" if not kept else ""))
@@ -268,25 +275,25 @@ def draw_training_conditions(args: Args, scenario: Scenario, executor) -> list[d
 
 
 def make_sampler(args: Args, conditions: list[dict], stream_seed_base: int = 0):
-    from agents.training import sampler_of
-
-    return sampler_of(args, conditions, stream_seed_base)
+    return run_sampler(args, conditions, stream_seed_base)
 
 
 SELECTION_LOADS = (0.9, 1.3)
 """Loads (times a condition's capacity) of the model selection's held-out episodes."""
-CHECK_FRACTIONS = (0.25, 0.3536, 0.5, 0.7071, 0.8409, 0.917, 1.0)
-CHECK_RULES = ("k0.917", "k1", "d1", "g4", "g16", "h4", "h16", "t4", "t16", "u4", "u16")
-"""Fixed choices the checks compare: fractions of the ITL target (f), the same shrinking as
-the KV cache fills (k), growing when few decodes run (d), up to 4x and 16x the target
-while the p99 ITL slack lasts (g), the same over the KV-aware rule (h), only while the
-prefill queue is due late (t), the same stepping down as the KV cache fills (u), and
-static budgets (s); the best of them is the policy's teacher."""
-TIME_RULES = "fkdghtu"
-"""Prefixes of the fixed choices that act in time (a teacher the policy can clone)."""
-TEACHER_NAMES = (*(f"f{f:g}" for f in CHECK_FRACTIONS), *CHECK_RULES)
+CHECK_FRACTIONS = tuple(f"time-budget:{f:g}" for f in (0.25, 0.3536, 0.5, 0.7071, 0.8409, 0.917, 1.0))
+CHECK_RULES = ("time-budget-kv:0.917", "time-budget-kv:1", "time-budget-few:1", "time-budget-slack",
+               "time-budget-slack:16", "time-budget-slack-kv", "time-budget-slack-kv:16",
+               "time-budget-deadline", "time-budget-deadline:16", "time-budget-deadline-kv",
+               "time-budget-deadline-kv:16")
+"""Fixed choices the checks compare, by their specs (policies/specs.py): fractions of the
+ITL target, the same shrinking as the KV cache fills (-kv) or growing when few decodes run
+(-few), up to 4x and 16x the target while the p99 ITL slack lasts (-slack), the same over
+the KV-aware rule (-slack-kv), only while the prefill queue is due late (-deadline), the
+same stepping down as the KV cache fills (-deadline-kv), and static budgets; the best of
+them is the policy's teacher."""
+TEACHER_NAMES = (*CHECK_FRACTIONS, *CHECK_RULES)
 """The fixed choices that act in time: the checks' fractions and rules (``--teacher``)."""
-CONDITION_TEACHERS = ("f1", *CHECK_RULES)
+CONDITION_TEACHERS = ("time-budget:1", *CHECK_RULES)
 """The fixed choices each training condition's teacher is picked from..."""
 CONDITION_EPISODES = 4
 """...on this many episodes of that condition, loaded at SELECTION_LOADS."""
@@ -296,20 +303,16 @@ CHECK_STATICS = (256, 512, 1024, 2048, 4096, 8192)
 def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], executor) -> dict:
     """The reward's ranking of fixed choices against their capacity, and the room a
     reference controller finds beyond the best of them (see agents/checks.py)."""
-    from agents.checks import (condition_teachers, constant_costs, draw_episodes, ranking_check,
-                               room_check, teacher_choice)
-    from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS
-    from eval.parallel import progress_bar
-
     sampler = make_sampler(args, conditions, EVAL_SEED_BASE)
     episodes = draw_episodes(scenario, sampler, 24, PERIODIC_EVAL_SEEDS + 500)
     names = (list(TEACHER_NAMES) if args.actions == "time" else []) + [
-        f"s{b}" for b in CHECK_STATICS if b >= scenario.max_num_seqs]
+        f"static:{b}" for b in CHECK_STATICS if b >= scenario.max_num_seqs]
     with progress_bar(len(names) * len(episodes), "checks: returns") as bar:
         costs = constant_costs(episodes, names, executor=executor, progress=bar)
     best = min(costs, key=lambda n: costs[n].mean())
+    teacher = args.teacher_spec()
     out = {"costs": {n: float(c.mean()) for n, c in costs.items()},
-           "best_constant": args.teacher or best, "lowest_cost": best, "checks_pick": best}
+           "best_constant": teacher or best, "lowest_cost": best, "checks_pick": best}
     if args.teacher:
         out["teacher_given"] = True
     if not args.checks or not conditions:
@@ -317,8 +320,8 @@ def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], e
     with progress_bar(5 * len(names) * 2, "checks: capacity ranking") as bar:
         out["ranking"] = ranking_check(scenario, conditions, costs, executor=executor, progress=bar)
     out["checks_pick"] = teacher_choice(costs, out["ranking"])
-    out["best_constant"] = best = args.teacher or out["checks_pick"]
-    if best[0] not in TIME_RULES:
+    out["best_constant"] = best = teacher or out["checks_pick"]
+    if not make_policy(best, scenario).acts_in_time:
         return out
     if args.condition_teachers:
         with progress_bar(len(conditions) * CONDITION_EPISODES * len(CONDITION_TEACHERS),
@@ -333,8 +336,6 @@ def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], e
 
 
 def print_checks(checks: dict) -> None:
-    from agents.summary import teacher_words
-
     best, low = checks["best_constant"], checks.get("lowest_cost", checks["best_constant"])
     if checks.get("teacher_given"):
         pick = checks.get("checks_pick", low)
@@ -358,12 +359,6 @@ def print_checks(checks: dict) -> None:
 
 def write_config(run_dir: Path, args: Args, scenario: Scenario, conditions: list[dict],
                  checks: dict) -> dict:
-    from agents.setup import ACTION_TYPES
-    from agents.training import write_json_atomic
-    from envs.actions import DEFAULT_LADDER, FRACTION_LADDER
-    from envs.seeds import EVAL_SEED_BASE
-    from eval.report import git_commit
-
     config = {"args": asdict(args), "scenario": scenario.fields_dict(), "commit": git_commit(),
               "python": platform.python_version(), "actions": args.actions,
               "action_type": ACTION_TYPES[args.algo],
@@ -376,11 +371,9 @@ def write_config(run_dir: Path, args: Args, scenario: Scenario, conditions: list
 def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
     """(model, its environments, whether it was resumed): fresh, started at the best
     constant action, or from the run's newest loadable checkpoint."""
-    from stable_baselines3.common.vec_env import VecNormalize
+    from stable_baselines3.common.vec_env import VecNormalize  # stable-baselines3: heavy
 
-    from agents.runs import check_observations
-    from agents.setup import imitate, make_model
-    from agents.training import attach_env, make_vec_env, resumable_checkpoint
+    from agents.training import attach_env, make_vec_env, resumable_checkpoint  # stable-baselines3
 
     sampler = make_sampler(args, config["conditions"])
     venv = make_vec_env(scenario, sampler, config["actions"], config["action_type"], args.n_envs,
@@ -396,8 +389,8 @@ def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
     model = make_model(args.algo, venv, args.seed, tb_dir, args.learning_rate, args.gamma,
                        args.layers(), args.n_steps)
     best = config["checks"].get("best_constant", "")
-    if args.actions == "time" and best[:1] in tuple(TIME_RULES) and config["action_type"] == "discrete" \
-            and hasattr(model.policy, "get_distribution"):
+    if args.actions == "time" and best and make_policy(best, scenario).acts_in_time \
+            and config["action_type"] == "discrete" and hasattr(model.policy, "get_distribution"):
         per = config["checks"].get("condition_teachers")
         agree = imitate(model, best, config["ladder"], seed=args.seed, teachers=per,
                         conditions=config["conditions"])
@@ -407,8 +400,6 @@ def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
             print(f"starting from each condition's best fixed choice ({which} of {len(per)} "
                   f"conditions): cloned on 20,000 decisions ({agree:.1%} agreement)")
         else:
-            from agents.summary import teacher_words
-
             print(f"starting from {teacher_words(config['checks'])}, {best}: cloned on 20,000 "
                   f"decisions ({agree:.1%} agreement)")
     return model, venv, False
@@ -418,12 +409,10 @@ def evaluator(args: Args, config: dict, scenario: Scenario, run_dir: Path, times
     """The periodic evaluation; a resumed run's keeps its best cost, its last evaluation
     and its history, but not past ``timesteps`` (a resume from an older checkpoint
     evaluates again the steps it learns again)."""
-    from agents.callbacks import SimEvalCallback
-    from agents.checks import constant_costs, draw_episodes
-    from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS
-
     # Near the boundary: below capacity every sensible policy meets the SLO, far beyond it
     # every policy fails by the queue it cannot drain; between, the choices differ.
+    from agents.callbacks import SimEvalCallback  # stable-baselines3: heavy
+
     sampler = replace(make_sampler(args, config["conditions"], EVAL_SEED_BASE),
                       load_range=SELECTION_LOADS)
     episodes = draw_episodes(scenario, sampler, args.eval_episodes, PERIODIC_EVAL_SEEDS)
@@ -457,9 +446,8 @@ def read_best(path: Path) -> dict:
 def train(args: Args, model, venv, callback, run_dir: Path, resumed: bool) -> tuple[float, int, int | None]:
     """Learn with checkpoints; save the final model (or a checkpoint when a signal stopped
     it); (seconds, the steps learned in them, that signal or None)."""
-    from agents.callbacks import save_model
-    from agents.training import Checkpoints, TrainedSteps, learn, write_checkpoint, write_json_atomic
-
+    from agents.callbacks import save_model  # stable-baselines3: heavy
+    from agents.training import Checkpoints, TrainedSteps, learn, write_checkpoint  # the same
     trained = TrainedSteps()
     ckpts = Checkpoints(run_dir / "checkpoints", args.checkpoint_every, trained)
     before = model.num_timesteps
@@ -493,21 +481,15 @@ def training_speed(timesteps: int, learned_steps: int, train_s: float,
 def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, callback,
            train_s: float, learned_steps: int, executor) -> str:
     """The final comparison on held-out arrivals and the run's summary."""
-    from agents.runs import load_run
-    from agents.summary import final_comparison, summary_text
-    from agents.training import write_json_atomic
-    from envs.files import write_atomic
-    from eval.parallel import progress_bar
+    from agents.callbacks import evaluate_model  # stable-baselines3: heavy
 
     if not callback.history or callback.history[-1]["timesteps"] != model.num_timesteps:
         callback.init_callback(model)
         callback.evaluate()
-    learned = load_run(run_dir, scenario.slo(), name=f"learned ({args.algo})")
+    learned = load_run(run_dir, scenario.slo())
     with progress_bar(3 * 18 * args.final_seeds, "final comparison") as bar:
         studies = final_comparison(learned, scenario, args.final_seeds, args.final_requests,
                                    executor, bar)
-    from agents.callbacks import evaluate_model
-
     _, _, actions = evaluate_model(learned.model, learned.obs_norm, callback.episodes,
                                    learned.ladder, learned.actions, learned.action_type)
     desc = (f"{scenario.hardware} + {scenario.model}; serving {args.trace or args.workload}"
@@ -542,9 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = prepare_run(args)
     print(f"run directory: {run_dir}")
 
-    import torch
-
-    from eval.parallel import make_executor
+    import torch  # heavy: imported once the arguments are known good
 
     torch.set_num_threads(args.torch_threads)
     executor = make_executor(args.workers, args.ray_address)
@@ -571,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         print(finish(args, config, scenario, run_dir, model, callback, train_s, learned_steps,
                      executor))
     finally:
-        from agents.training import close_logger
+        from agents.training import close_logger  # stable-baselines3: loaded by now
 
         close_logger(model)
         venv.close()  # subprocess workers wait for their next command until told to end

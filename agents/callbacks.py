@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
-from agents.checks import action_histogram, episode_cost
+from agents.checks import episode_cost
 from envs.actions import clamp_budget
 from envs.stats import ci95_half
-from agents.checks import ActionTrace
+from eval.usage import ActionTrace, action_histogram
 from policies.learned import ModelPolicy, ObsNorm
 
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from envs.profiles import get_hardware
 from envs.scenario import Scenario
+from eval.capacity import capacity_sweep
+from policies.baselines import TimeBudgetPolicy
 
 MIXES = {
     # DESIGN.md's mix: 70% short prompts, 30% 4K-16K.
@@ -43,8 +46,6 @@ TIGHT_KV_SHARE = 0.3
 
 
 def slo_pairs(hardware: str) -> tuple[tuple[float, float], ...]:
-    from envs.profiles import get_hardware
-
     return LAPTOP_SLOS if get_hardware(hardware).per_pass_overhead_s > 0.01 else DATACENTER_SLOS
 
 
@@ -81,9 +82,6 @@ def with_capacities(base: Scenario, conditions: list[dict], seeds: int = 2, num_
     """Each condition with its ``capacity_rps`` under its own SLO (the time-budget rule's,
     mean over ``seeds`` streams, each lasting at least ten TTFT targets); conditions with
     less than ``MIN_CAPACITY_RPS`` are dropped."""
-    from eval.capacity import capacity_sweep
-    from policies.baselines import TimeBudgetPolicy
-
     out = []
     for slo_ttft in sorted({c["slo_ttft_s"] for c in conditions}):
         group = [c for c in conditions if c["slo_ttft_s"] == slo_ttft]

@@ -6,29 +6,35 @@ the SLO of the suite's scenarios on that deployment.
     python -m agents.presets --export-only        # the tables again, from the finished runs
     python -m agents.presets --report docs/presets.md   # the runs' results, one table
 
-Each preset is a ``train.py`` run in ``runs/presets/HARDWARE__MODEL`` followed by
-``python -m eval export`` to ``tables/HARDWARE__MODEL.json`` (and ``.csv``). The sweeps
-inside each (capacities, checks, the final comparison, the table's fidelity) fan out on
-Ray as ``--workers`` says.
+Each preset is a ``python -m train`` run in ``runs/presets/HARDWARE__MODEL`` followed by
+``python -m eval export`` to ``tables/HARDWARE__MODEL.json`` (and ``.csv``), each its own
+process, as a user would run them (:func:`run_step`). The sweeps inside each (capacities,
+checks, the final comparison, the table's fidelity) fan out on Ray as ``--workers`` says.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from envs.cli import parse
 from envs.errors import ConfigError, run_cli
+from envs.files import write_atomic
+from eval.export.fidelity import flat_verdict
+from eval.usage import used_text
 
 # (hardware, model) -> train.py flags of its serving scenario.
 PRESETS: dict[tuple[str, str], list[str]] = {
     ("h100-sxm", "llama-3-8b"): [],
     ("h200", "llama-3-8b"): [],
     ("a100-80g", "llama-3-8b"): ["--rate", "2"],
-    # The checks' pick on the L40S is u4 (the highest capacity over their 5 probes, 0.946);
-    # started from t4 instead, the run's model serves 2-9% more on the same 8 held-out
+    # The checks' pick on the L40S is time-budget-deadline-kv (the highest capacity over their
+    # 5 probes, 0.946); started from time-budget-deadline instead, the run's model serves 2-9% more on the same 8 held-out
     # streams (0.431, 0.389, 0.443 against 0.422, 0.377, 0.408 req/s; docs/learning.md).
-    ("l40s", "llama-3-8b"): ["--rate", "1.5", "--teacher", "t4"],
+    ("l40s", "llama-3-8b"): ["--rate", "1.5", "--teacher", "time-budget-deadline"],
     ("m5-max", "llama-3-8b-q4"): ["--workload", "laptop", "--slo-ttft-s", "10", "--slo-itl-s", "0.2"],
     ("h100-sxm", "llama-3-70b-tp4"): ["--workload", "mooncake", "--slo-ttft-s", "30"],
 }
@@ -107,8 +113,6 @@ def goodput_cell(f: dict) -> str:
 def flat_cell(flat: dict, scenario: str) -> str:
     """The table's capacity against its flat twin on one scenario, as the export recorded
     it (``fidelity.against_flat``)."""
-    from eval.export import flat_verdict
-
     g = (flat or {}).get("scenarios", {}).get(scenario)
     if not g:
         return "not measured"
@@ -118,8 +122,6 @@ def flat_cell(flat: dict, scenario: str) -> str:
 def preset_row(name: str, summary: dict, table: dict | None) -> list[str]:
     """One markdown row per final scenario of one preset's run (and its table)."""
     rows = []
-    from agents.checks import used_text
-
     used = used_text(summary["actions"]["shares"])
     room = summary["checks"].get("room") if summary.get("checks") else None
     room_s = f"{room['gain']:+.2f} ± {room['gain_ci95']:.2f}" if room else "not checked"
@@ -149,8 +151,6 @@ def preset_row(name: str, summary: dict, table: dict | None) -> list[str]:
 
 def report(runs: str, tables: str) -> str:
     """The finished preset runs side by side, from their summary.json and tables."""
-    import json
-
     lines = ["| preset | scenario | best fixed budget: capacity | learned | time-budget rule "
              "| table against the model | at the serving load: goodput, table / model "
              "| table against its flat twin (the fraction it takes most in every cell) "
@@ -168,14 +168,15 @@ def report(runs: str, tables: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    import train
-    from eval.export import main as export_main
+def run_step(argv: list[str]) -> int:
+    """``python ARGV`` in its own process, in this interpreter (``-m train``, ``-m eval export``):
+    its exit code."""
+    return subprocess.run([sys.executable, *argv]).returncode
 
+
+def main(argv: list[str] | None = None) -> int:
     args = parse(PresetArgs, argv, prog="python -m agents.presets")
     if args.report:
-        from envs.files import write_atomic
-
         write_atomic(Path(args.report), report(args.runs, args.tables))
         return 0
     chosen = {name_of(*k): (k, v) for k, v in PRESETS.items()}
@@ -196,15 +197,18 @@ def main(argv: list[str] | None = None) -> int:
         run = f"{args.runs}/{name}"
         if not args.export_only:
             print(f"== {name}: training in {run}", flush=True)
-            code = train.main(["--hardware", hardware, "--model", model, "--run-dir", run,
-                               "--total-timesteps", str(args.total_timesteps), "--seed", str(args.seed),
-                               "--final-seeds", str(args.final_seeds), "--no-progress-bar", *flags, *workers])
+            code = run_step(["-m", "train", "--hardware", hardware, "--model", model, "--run-dir", run,
+                             "--total-timesteps", str(args.total_timesteps), "--seed", str(args.seed),
+                             "--final-seeds", str(args.final_seeds), "--no-progress-bar", *flags,
+                             *workers])
             if code:
                 return code
         print(f"== {name}: exporting to {args.tables}/{name}.json", flush=True)
-        export_main([run, "--out", f"{args.tables}/{name}.json", "--csv",
-                     f"{args.tables}/{name}.csv", *EXPORT_FLAGS.get((hardware, model), []),
-                     *workers])
+        code = run_step(["-m", "eval", "export", run, "--out", f"{args.tables}/{name}.json", "--csv",
+                         f"{args.tables}/{name}.csv", *EXPORT_FLAGS.get((hardware, model), []),
+                         *workers])
+        if code:
+            return code
     return 0
 
 

@@ -6,21 +6,18 @@ Everything goes through SB3's documented constructor arguments and
 
 from __future__ import annotations
 
-from pathlib import Path
+from functools import lru_cache
 
-from envs.errors import ConfigError
+import numpy as np
+
+from agents.checks import condition_index
+from envs.scenario import Scenario
+from policies.base import BudgetPolicy
+from policies.learned import algorithm_class
+from policies.specs import make_policy
 
 # Action space each algorithm trains on: SAC needs a continuous one.
 ACTION_TYPES = {"ppo": "discrete", "dqn": "discrete", "a2c": "discrete", "sac": "continuous"}
-
-
-def algorithm_class(algo: str):
-    from stable_baselines3 import A2C, DQN, PPO, SAC
-
-    classes = {"ppo": PPO, "dqn": DQN, "a2c": A2C, "sac": SAC}
-    if algo not in classes:
-        raise ConfigError(f"algo: got {algo!r}, must be one of {', '.join(classes)}")
-    return classes[algo]
 
 
 def hyperparameters(algo: str, n_envs: int, learning_rate: float | None, gamma: float,
@@ -52,49 +49,28 @@ def make_model(algo: str, env, seed: int, tensorboard_log: str | None, learning_
                **hyperparameters(algo, env.num_envs, learning_rate, gamma, net_arch, n_steps))
 
 
-def load_model(algo: str, path: str | Path, env=None):
-    return algorithm_class(algo).load(str(path), env=env)
+@lru_cache(maxsize=None)
+def teacher_rule(spec: str) -> BudgetPolicy:
+    """The fixed choice a spec names, as a teacher: its fraction of the ITL target read from
+    raw observations does not depend on the SLO (``observed_fractions``)."""
+    return make_policy(spec, UNIT_SLO)
 
 
-def teacher_actions(name: str, ladder, raw_obs, max_num_seqs: int = 256):
-    """The ladder index a fixed-choice teacher (``f0.917``, ``k1``, ``d1``, ``g4``, ``h4``,
-    ``t4`` or ``u4``, see agents.checks.constant_policy) takes for raw observations (running decodes
-    over max_num_seqs are entry 0, kv usage entry 3, the p99 ITL slack entry 11, when the
-    prefill queue is due entry 14)."""
-    import numpy as np
+UNIT_SLO = Scenario(slo_ttft_s=1.0, slo_itl_s=1.0)
+"""A scenario whose targets are one second: a teacher's fractions are the same at any SLO."""
 
-    from envs.observation import DUE_INDEX, DUE_SCALE, SLACK_INDEX, SLACK_ONE_PASS
-    from policies.baselines import (DEADLINE_MARGIN, TimeBudgetDeadlinePolicy, TimeBudgetFewPolicy,
-                                    TimeBudgetKVPolicy, TimeBudgetSlackPolicy)
 
-    top = float(name[1:])
-    if name.startswith("k"):
-        rule = TimeBudgetKVPolicy(1.0, top)
-        fractions = np.array([rule.fraction_at(float(kv)) for kv in raw_obs[:, 3]])
-    elif name.startswith("d"):
-        few = TimeBudgetFewPolicy(1.0, top)
-        fractions = np.array([few.fraction_at(int(round(n * max_num_seqs))) for n in raw_obs[:, 0]])
-    elif name[0] in "ghtu":  # the observation rounds to float32: one pass is 1 +- 1e-7
-        # KV usage in the observation is float32 too; blocks used over blocks in all lands
-        # within its rounding of a KVSteps edge on no cache size the presets have.
-        rule = (TimeBudgetDeadlinePolicy(1.0, 1.0, top, kv_aware=name[0] == "u") if name[0] in "tu"
-                else TimeBudgetSlackPolicy(1.0, top, kv_aware=name[0] == "h"))
-        passes = np.where(raw_obs[:, SLACK_INDEX] >= SLACK_ONE_PASS * (1 - 1e-6), 1.0, 0.0)
-        if name[0] in "tu":  # the slack is spent only while the queue is due late
-            passes = np.where(raw_obs[:, DUE_INDEX] > DEADLINE_MARGIN * DUE_SCALE, passes, 0.0)
-        fractions = np.array([rule.fraction_at(int(n > 0), p, float(kv))
-                              for n, p, kv in zip(raw_obs[:, 0], passes, raw_obs[:, 3])])
-    else:
-        fractions = np.full(len(raw_obs), top)
+def teacher_actions(spec: str, ladder, raw_obs, max_num_seqs: int = 256) -> np.ndarray:
+    """The ladder index a fixed choice that acts in time (a policy spec: ``time-budget:0.917``,
+    ``time-budget-deadline-kv:16``, ...) takes for raw observations: the nearest rung, in
+    log scale, to the fraction of the ITL target its rule picks there
+    (``BudgetPolicy.observed_fractions``)."""
+    fractions = teacher_rule(spec).observed_fractions(raw_obs, max_num_seqs)
     logs = np.log(np.asarray(ladder, dtype=float))
     return np.argmin(np.abs(np.log(fractions)[:, None] - logs[None, :]), axis=1)
 
 
 def _teacher_actions_by_env(venv, raw_obs, teacher: str, ladder, teachers, conditions):
-    import numpy as np
-
-    from agents.checks import condition_index
-
     if not teachers:
         return teacher_actions(teacher, ladder, raw_obs)
     names = []
@@ -120,8 +96,7 @@ def imitate(model, teacher: str, ladder, steps: int = 20_000, epochs: int = 8,
     agents.checks.condition_teachers), each environment follows its episode's condition's
     teacher, and ``teacher`` where the episode comes from none of ``conditions``. Returns
     the share of those decisions on which the cloned policy agrees with the teacher."""
-    import numpy as np
-    import torch
+    import torch  # heavy: only behaviour cloning needs it here
 
     venv = model.get_env()
     obs_norm, acts = [], []

@@ -1,46 +1,21 @@
 """After training: the learned policy's capacity against the fine-ladder hindsight static,
-the time-budget rule and vLLM's default on held-out arrivals, and the run's summary,
-which says plainly which of DESIGN.md's two jobs the result shows."""
+the time-budget rule and vLLM's default on held-out arrivals (the serving scenario and its
+variants: ``eval.scenarios.final_scenarios``), and the run's summary, which says plainly
+which of DESIGN.md's two jobs the result shows."""
 
 from __future__ import annotations
 
 from envs.scenario import Scenario
+from eval.capacity import capacity_studies
 from eval.harness import NOT_JUDGED
-
-TIGHT_KV_SHARE = 0.35
-"""The held-out KV-pressure variant keeps this share of the device's KV blocks..."""
-LONGEST_REQUEST_MARGIN = 1.25
-"""...and at least this many times the blocks of the workload's longest request (a
-Mooncake request of 191K tokens would not fit in a third of an H100 pair's cache)."""
-
-
-def tight_kv_blocks(serving: Scenario) -> int:
-    """The tight variant's KV blocks: a third of the device's cache, or enough for the
-    longest request of the scenario's workload (a trace's whole window, or one synthetic
-    draw) with a margin, whichever is larger; never more than the device holds."""
-    blocks = serving.engine_config().kv_blocks(serving.hardware_profile(), serving.model_profile())
-    w = serving.workload()
-    bs = serving.engine_config().block_size
-    longest = int(((w.prompt_tokens + w.output_tokens + bs - 1) // bs).max()) if len(w) else 0
-    return min(blocks, max(int(blocks * TIGHT_KV_SHARE), int(longest * LONGEST_REQUEST_MARGIN)))
-
-
-def final_scenarios(serving: Scenario) -> dict[str, Scenario]:
-    """The serving scenario, and its variants where budgets behave differently: 3 ms more
-    per pass, and a KV cache cut to a third (see :func:`tight_kv_blocks`)."""
-    overhead = serving.hardware_profile().per_pass_overhead_s
-    return {"serving": serving,
-            "+3 ms per pass": serving.with_fields(per_pass_overhead_s=overhead + 0.003),
-            "tight KV cache": serving.with_fields(num_kv_blocks=tight_kv_blocks(serving))}
-
+from eval.scenarios import final_scenarios
+from eval.usage import budget_label, used_text
+from policies.baselines import TimeBudgetPolicy, VllmDefaultPolicy
 
 def final_comparison(learned, serving: Scenario, seeds: int, requests: int, executor=None,
                      progress=None) -> dict:
     """Capacity studies (fine-ladder hindsight static included) of the learned policy, the
     time-budget rule and vLLM's default on each final scenario."""
-    from eval.capacity import capacity_studies
-    from policies.baselines import TimeBudgetPolicy, VllmDefaultPolicy
-
     scenarios = final_scenarios(serving)
     jobs = [(sc, [learned, TimeBudgetPolicy(sc.slo_itl_s), VllmDefaultPolicy(sc.hardware_profile())])
             for sc in scenarios.values()]
@@ -89,8 +64,6 @@ def budget_lines(actions: dict) -> list[str]:
     shares, rows = actions.get("budget_shares"), actions.get("by_decodes")
     if not shares or not rows:
         return []
-    from agents.checks import budget_label, used_text
-
     used = used_text(shares, budget_label) or "none"
     in_time = "over_target" in rows[0]
     lines = [f"Token budgets asked (a time fraction becomes a different budget with each pass's "

@@ -3,36 +3,31 @@ count only trained steps, and the run directory on disk."""
 
 from __future__ import annotations
 
-import json
+import pickle
+import signal
 import sys
+import threading
 import time
+import warnings
 from pathlib import Path
 
+import gymnasium as gym
+from stable_baselines3.common import callbacks
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ProgressBarCallback
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.utils import configure_logger
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
+from tqdm import TqdmExperimentalWarning
 
+import envs
 from agents.callbacks import save_model
 from agents.runs import checkpoints, norm_path_of
 from envs.errors import ConfigError
-
-
-def sampler_of(train_args, conditions, stream_seed_base: int = 0):
-    """A run's episode sampler: its conditions, loaded at ``load_low``-``load_high`` times
-    their capacity for ``episode_s`` seconds (``train_args``: the run's Args or its dict)."""
-    from envs.episodes import EpisodeSampler
-
-    get = train_args.get if isinstance(train_args, dict) else (lambda k: getattr(train_args, k))
-    return EpisodeSampler(load_range=(get("load_low"), get("load_high")), episode_s=get("episode_s"),
-                          conditions=tuple(conditions), stream_seed_base=stream_seed_base)
+from policies.learned import load_model
 
 
 def make_vec_env(scenario, sampler, actions: str, action_type: str, n_envs: int, seed: int,
                  vec_env: str = "dummy", decision_interval_s: float | None = None):
-    import gymnasium as gym
-    from stable_baselines3.common.monitor import Monitor
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
-
-    import envs
-
     def factory(rank: int):
         def make():
             if vec_env == "subproc":
@@ -97,12 +92,6 @@ def resumable_checkpoint(run: Path, algo: str):
     from it, those statistics): a checkpoint cut short by a kill, or whose statistics are
     missing, cut short or not VecNormalize's (a model resumed on fresh statistics would see
     other inputs), is skipped with a warning for the one before it."""
-    import pickle
-
-    from stable_baselines3.common.vec_env import VecNormalize
-
-    from agents.setup import load_model
-
     def skip(ckpt: Path, what: str, err: Exception) -> None:
         print(f"warning: checkpoint {ckpt.name}: {what} cannot be loaded ({type(err).__name__}); "
               "trying the one before it", file=sys.stderr)
@@ -160,9 +149,6 @@ class StopOnSignal(BaseCallback):
     def install(self) -> None:
         """Take over the signals (only the main thread may; elsewhere they stay as they are),
         but not one the process was started ignoring (``nohup``)."""
-        import signal
-        import threading
-
         if threading.current_thread() is not threading.main_thread():
             return
         for name in self.SIGNALS:
@@ -171,8 +157,6 @@ class StopOnSignal(BaseCallback):
                 self._previous[sig] = signal.signal(sig, self._handle)
 
     def restore(self) -> None:
-        import signal
-
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
@@ -191,12 +175,6 @@ class RunProgressBar(ProgressBarCallback):
     kept (75,000/150,000) instead of counting the rest from zero."""
 
     def _on_training_start(self) -> None:
-        import warnings
-
-        from stable_baselines3.common import callbacks
-
-        from tqdm import TqdmExperimentalWarning
-
         with warnings.catch_warnings():  # tqdm.rich's "experimental" warning (SB3 filters it too)
             warnings.simplefilter("ignore", TqdmExperimentalWarning)
             # learn(reset_num_timesteps=False) has already added the kept steps to the total.
@@ -209,8 +187,6 @@ def ignore_stop_signals() -> None:
     to the main process, which stops at its next step and closes the workers; a worker
     that broke off at a Ctrl-C sent to the whole process group would leave the main
     process's next step a broken pipe instead."""
-    import signal
-
     for name in StopOnSignal.SIGNALS:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
 
@@ -219,15 +195,11 @@ def learn(model, total: int, callbacks, progress_bar: bool, resumed: bool,
           trained: TrainedSteps) -> tuple[float, int | None]:
     """Learn up to ``total`` timesteps; (seconds, the signal that stopped it or None). On
     an interruption the model's count is set back to the steps actually learned from."""
-    import signal
-
     remaining = max(total - model.num_timesteps, 0)
     t0 = time.perf_counter()
     if not remaining:
         # Trained in full but stopped before its summary: the final evaluation still
         # logs, into the run's last TensorBoard folder.
-        from stable_baselines3.common.utils import configure_logger
-
         model.set_logger(configure_logger(0, model.tensorboard_log, "run", reset_num_timesteps=False))
         return 0.0, None
     trained.trained = model.num_timesteps
@@ -251,18 +223,9 @@ def close_logger(model, timeout_s: float = 10.0) -> None:
     minutes: a short run's curves would otherwise never reach the disk). An interrupt
     that landed inside the writer's queue can leave its lock held, so the close runs in
     a daemon thread and is abandoned after ``timeout_s`` rather than hanging the exit."""
-    import threading
-
     logger = getattr(model, "_logger", None)
     if logger is None:
         return
     closer = threading.Thread(target=logger.close, daemon=True)
     closer.start()
     closer.join(timeout_s)
-
-
-def write_json_atomic(path: Path, data) -> None:
-    """``data`` as indented JSON, written atomically (``envs.files.write_atomic``)."""
-    from envs.files import write_atomic
-
-    write_atomic(path, json.dumps(data, indent=2, default=str))

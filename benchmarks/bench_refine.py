@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from agents.runs import load_run
-from agents.summary import final_scenarios
 from envs.scenario import Scenario
 from envs.seeds import TABLE_REFINE_SEEDS
-from eval.export import cells_looked_up
+from eval.export.refine import cells_looked_up
 from eval.parallel import make_executor
+from eval.scenarios import final_scenarios
+from policies.learned import load_run
 from policies.table import BudgetTable
 
 

@@ -29,6 +29,11 @@ while under 0.8% of decode tokens run slow ties the best static budget, where th
 fraction 1 loses a fifth; an L40S wants up to 16x), which only a state-dependent policy
 can use."""
 
+FINE_LADDER = tuple(int(round(64 * 2 ** (k / 4))) for k in range(33))
+"""64, 76, 91, 108, 128, 152, ... 13,777, 16,384: every static budget a user might pick (the
+hindsight-best static budget is searched on it: DESIGN.md section 5)."""
+POWERS_OF_TWO = FINE_LADDER[::4]
+
 BUDGET_CAP = 16384
 """The largest budget a time fraction turns into (and the budget with nothing decoding)."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import difflib
 import inspect
 import re
 import textwrap
@@ -18,6 +19,8 @@ import types
 import typing
 from functools import lru_cache
 from typing import Any, TypeVar
+
+from envs.errors import ConfigError, show
 
 T = TypeVar("T")
 
@@ -56,7 +59,6 @@ def _integer(text: str) -> int:
     try:
         return int(text)
     except ValueError:  # not an integer, or one of over 4,300 digits
-        from envs.errors import show
 
         raise argparse.ArgumentTypeError(f"got {show(text)}, must be an integer") from None
 
@@ -65,8 +67,6 @@ def _real(text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        from envs.errors import show
-
         raise argparse.ArgumentTypeError(f"got {show(text)}, must be a number") from None
 
 
@@ -130,8 +130,6 @@ class OneLineParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
-        from envs.errors import ConfigError
-
         m = re.match(r"argument (--[\w-]+)(?:/[^:]*)?: (.*)", message, re.S)
         if m:
             message = f"{m[1][2:].replace('-', '_')}: {m[2]}"
@@ -151,8 +149,6 @@ def close_flags(words: list[str], flags: list[str]) -> str:
     """The shown flags the first unknown ``--flag`` in ``words`` begins (up to three, as it
     was an abbreviation of them: ``--load`` -> ``--load-low or --load-high``), else the
     nearest by spelling; '' where none is near."""
-    import difflib
-
     flags = [f for f in flags if f.startswith("--")]
     for w in words:
         if not w.startswith("--"):
@@ -183,6 +179,9 @@ def parse(cls: type[T], argv: list[str] | None = None, description: str | None =
     parser = OneLineParser(
         prog=prog, description=description or (inspect.getdoc(cls) or "").split("\n\n")[0])
     add_arguments(parser, cls)
+    if hasattr(cls, "cli_defaults"):  # defaults that depend on another flag (a named workload)
+        first = vars(parser.parse_known_args(argv)[0])
+        parser.set_defaults(**cls.cli_defaults(first))
     values = vars(parser.parse_args(argv))
     hints = typing.get_type_hints(cls)
     for name, value in values.items():  # repeatable flags: a tuple, the field's default when absent

@@ -54,8 +54,9 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 import numpy as np
 
 from envs.cost import PassShape, Roofline
-from envs.pricing import free_ride_root
 from envs.errors import MAX_TOKENS, ConfigError, fraction, integer, require, show
+from envs.metrics import SimResult, StreamedResult, StreamingSummary
+from envs.pricing import free_ride_root
 from envs.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
 from envs.records import FLUSH_VALUES, PassLog, RequestBook
 from envs.slack import ItlSlackMeter, SlackCounter
@@ -303,8 +304,6 @@ class Simulator:
         self._slack: dict[float, SlackCounter] = {}
         self.stream = None
         if summary_only is not None:
-            from envs.metrics import StreamingSummary
-
             require(not record_shapes, "summary_only", summary_only, "keeps no records: not with record_shapes")
             self.stream = StreamingSummary(summary_only, self.total_blocks)
         self.requests = RequestBook(self.log, keep_segments=record_shapes,
@@ -510,8 +509,6 @@ class Simulator:
                 gc.enable()
 
     def result(self) -> "SimResult":
-        from envs.metrics import SimResult, StreamedResult
-
         return StreamedResult(self) if self.stream is not None else SimResult.of(self)
 
     def advance(self, until_s: float = INF) -> bool:

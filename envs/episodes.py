@@ -104,3 +104,9 @@ def draw_episode(rng: np.random.Generator, sampler: EpisodeSampler, scenario: Sc
     sc = replace(sc, rate=rate, num_requests=n)
     # Training streams use seeds below EVAL_SEED_BASE; evaluation uses seeds from it up.
     return sc, sc.synthetic_spec().build(sampler.stream_seed_base + int(rng.integers(EVAL_SEED_BASE)))
+
+
+def draw_episodes(base: Scenario, sampler: EpisodeSampler, count: int, seed: int):
+    """``count`` episodes (scenario, arrivals) of ``sampler``'s distribution, episode ``i``
+    drawn from a generator seeded ``seed + i``."""
+    return [draw_episode(np.random.default_rng(seed + i), sampler, base) for i in range(count)]

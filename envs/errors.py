@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import signal
 import sys
+import threading
 from typing import Callable
 
 INT64_MAX = 2**63 - 1
@@ -128,9 +131,6 @@ def catch_sigterm() -> None:
     """Turn SIGTERM into :class:`Terminated` (in the main thread, and unless the process
     was started with it ignored). Ray's driver takes SIGTERM over in ``ray.init`` (a native
     stack dump, then exit), so a local Ray instance's start calls this again."""
-    import signal
-    import threading
-
     if threading.current_thread() is threading.main_thread() and (
             signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN):
         signal.signal(signal.SIGTERM, _terminate)
@@ -139,10 +139,6 @@ def catch_sigterm() -> None:
 def exit_on_the_next_signal() -> None:
     """After a first Ctrl-C or SIGTERM: a second one while the command cleans up (Ray's
     shutdown, the progress bars) ends the process at once, without a traceback."""
-    import os
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -284,3 +284,8 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
             tmp.write_text(data, encoding="utf-8")
         else:
             tmp.write_bytes(data)
+
+
+def write_json_atomic(path: Path, data) -> None:
+    """``data`` as indented JSON, written atomically (:func:`write_atomic`)."""
+    write_atomic(path, json.dumps(data, indent=2, default=str))

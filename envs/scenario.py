@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from envs.engine import EngineConfig, Simulator
-from envs.errors import integer, non_negative, number, require
+from envs.errors import ConfigError, integer, non_negative, number, require
 from envs.metrics import SLO
 from envs.profiles import MAX_OVERHEAD_S, HardwareProfile, ModelProfile, get_hardware, get_model
-from envs.workload import MAX_SECONDS, SyntheticSpec, Workload, check_rate, load_trace, parse_lengths
+from envs.workload import (MAX_SECONDS, SyntheticSpec, Workload, check_rate, load_trace,
+                           parse_lengths)
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ class Scenario:
         the trace and its window, or the synthetic length specs."""
         self.engine_config().kv_blocks(self.hardware_profile(), self.model_profile())
         if self.trace:
-            self.workload()
+            self.arrivals()
         else:
             parse_lengths(self.prompt, "prompt", "prompt_tokens")
             parse_lengths(self.output, "output", "output_tokens")
@@ -126,7 +127,7 @@ class Scenario:
                              burstiness=self.burstiness, on_s=self.on_s, off_s=self.off_s,
                              prompt=self.prompt, output=self.output)
 
-    def workload(self, seed: int | None = None) -> Workload:
+    def arrivals(self, seed: int | None = None) -> Workload:
         """The scenario's requests; ``seed`` overrides the synthetic seed."""
         if self.trace:
             return load_trace(self.trace, self.rate_scale, self.window_start_s, self.window_end_s,
@@ -137,7 +138,7 @@ class Scenario:
         """Stream ``i`` of :meth:`streams` (a synthetic one is built alone)."""
         if not self.trace:
             base = self if num_requests is None else self.with_fields(num_requests=num_requests)
-            return base.workload(seed_base + i)
+            return base.arrivals(seed_base + i)
         return self.streams(n, seed_base, num_requests)[i]
 
     def streams(self, n: int, seed_base: int, num_requests: int | None = None) -> list[Workload]:
@@ -147,8 +148,8 @@ class Scenario:
         ``num_requests`` caps each stream."""
         if not self.trace:
             base = self if num_requests is None else self.with_fields(num_requests=num_requests)
-            return [base.workload(seed_base + i) for i in range(n)]
-        w = self.workload()
+            return [base.arrivals(seed_base + i) for i in range(n)]
+        w = self.arrivals()
         parts = [w] if n == 1 else [w.window(i * w.duration_s / n, (i + 1) * w.duration_s / n)
                                     for i in range(n)]
         return [p.head(num_requests) if num_requests else p for p in parts]
@@ -162,7 +163,7 @@ class Scenario:
 
     def simulator(self, workload: Workload | None = None, **kwargs) -> Simulator:
         return Simulator(self.hardware_profile(), self.model_profile(),
-                         workload if workload is not None else self.workload(),
+                         workload if workload is not None else self.arrivals(),
                          self.engine_config(), **kwargs)
 
     def with_fields(self, **changes) -> "Scenario":
@@ -193,8 +194,32 @@ WORKLOADS: dict[str, dict] = {
 
 
 def named_workload(name: str) -> dict:
-    from envs.errors import ConfigError
-
     if name not in WORKLOADS:
         raise ConfigError(f"workload: unknown name {name!r}; known: {', '.join(WORKLOADS)}")
     return dict(WORKLOADS[name])
+
+
+@dataclass(frozen=True)
+class ScenarioArgs(Scenario):
+    """A command line's scenario: every field of :class:`Scenario` as a flag, and a named
+    workload whose traffic fields are the defaults of those flags (``envs.cli.parse`` reads
+    ``--workload`` first); a flag given beside it overrides that field."""
+
+    workload: str | None = None
+    """A named workload (envs/scenario.py's WORKLOADS): the defaults of the traffic flags
+    (trace, rate, arrival, burstiness, on/off, prompt, output); each such flag given
+    overrides it."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.workload is not None:
+            named_workload(self.workload)
+
+    @classmethod
+    def cli_defaults(cls, given: dict) -> dict:
+        """The defaults a named workload sets (``given``: the flags as first parsed)."""
+        return named_workload(given["workload"]) if given.get("workload") is not None else {}
+
+    def scenario(self) -> Scenario:
+        """The scenario these arguments describe (a plain Scenario: no other field)."""
+        return Scenario(**self.fields_dict())

@@ -12,11 +12,7 @@ Every comparison searches the hindsight-best static budget on a fine ladder (ste
 with 95% intervals over streams. Sweeps fan out on Ray: ``--workers N`` (a local Ray
 instance; default all cores; 1 runs in this process) or ``--ray-address ADDR`` (a cluster).
 
-Policy specs: static:N, vllm-default[:offline], queue-depth[:BASE], no-decode-boost[:LOW:HIGH],
-sarathi-slo, free-ride[:FLOOR:CAP], time-budget[:FRACTION], time-budget-kv[:FRACTION],
-time-budget-few[:FRACTION], time-budget-slack[:TOP], time-budget-slack-kv[:TOP],
-time-budget-deadline[:TOP], time-budget-deadline-kv[:TOP], reference:BUDGET[:HORIZON_S[:REPLAN_S]],
-model:RUN_DIR, table:PATH, table:auto.
+Policy specs (``--policies``, comma-separated; policies/specs.py):
 """
 
 from __future__ import annotations
@@ -32,6 +28,16 @@ from envs.errors import ConfigError, integer, run_cli, show
 from envs.files import check_output
 from envs.scenario import Scenario
 from envs.workload import check_num_requests
+from eval.capacity import add_references, capacity_studies
+from eval.compare import capacity_report, compare, comparison_report, run_streams
+from eval.export.cli import main as export_main
+from eval.parallel import MAX_CLUSTER_WORKERS, make_executor, progress_bar
+from eval.report import save_json
+from eval.scenarios import SUITE
+from eval.suite import run_suite
+from eval.table_use import tables_use
+from policies.reference import reference_for
+from policies.specs import listing, make_policies
 
 COMMANDS = ("compare", "capacity", "suite", "export")
 MAX_STREAMS = 1000
@@ -53,8 +59,6 @@ class SweepArgs:
     than the scenario's (refused otherwise)."""
 
     def executor(self):
-        from eval.parallel import make_executor
-
         return make_executor(self.workers, self.ray_address)
 
 
@@ -130,8 +134,6 @@ def _check_args(args, argv) -> None:
     if args.requests is not None:
         check_num_requests("requests", args.requests)
     if args.workers is not None:
-        from eval.parallel import MAX_CLUSTER_WORKERS
-
         most = MAX_CLUSTER_WORKERS if args.ray_address else 4 * (os.cpu_count() or 1)
         integer("workers", args.workers, 1, most, "1 runs in this process; at most 4 per core of "
                 "this machine, or 4096 on a Ray cluster")
@@ -145,11 +147,6 @@ def _check_args(args, argv) -> None:
 
 
 def cmd_compare(argv) -> int:
-    from eval.compare import compare, comparison_report
-    from eval.parallel import progress_bar
-    from eval.report import save_json
-    from policies.specs import make_policies
-
     args = parse(CompareArgs, argv, prog="python -m eval compare")
     if {"num_requests", "requests"} <= given_fields(CompareArgs, argv):
         raise ConfigError(f"requests: got {args.requests} and --num-requests {args.num_requests}; "
@@ -172,9 +169,6 @@ def cmd_compare(argv) -> int:
 
 def compare_with_reference(cmp, args, executor, bar):
     """Add the reference controller over the comparison's hindsight-best static budget."""
-    from eval.compare import run_streams
-    from policies.reference import reference_for
-
     ref = reference_for(cmp.scenario, cmp.best_static()[0])
     found, first = run_streams(cmp.scenario, [ref], args.seeds, args.requests, executor, bar)
     cmp.results.update(found)
@@ -183,13 +177,6 @@ def compare_with_reference(cmp, args, executor, bar):
 
 
 def cmd_capacity(argv) -> int:
-    from eval.capacity import add_references, capacity_studies
-    from eval.compare import capacity_report
-    from eval.table_use import tables_use
-    from eval.parallel import progress_bar
-    from eval.report import save_json
-    from policies.specs import make_policies
-
     args = parse(CapacityArgs, argv, prog="python -m eval capacity")
     if "num_requests" in given_fields(CapacityArgs, argv):
         raise ConfigError(f"num_requests: got {show(args.num_requests)}, not used here: a capacity "
@@ -213,9 +200,6 @@ def cmd_capacity(argv) -> int:
 
 
 def cmd_suite(argv) -> int:
-    from eval.scenarios import SUITE
-    from eval.suite import run_suite
-
     args = parse(SuiteArgs, argv, prog="python -m eval suite")
     names = list(SUITE) if args.scenarios == "all" else [s.strip() for s in args.scenarios.split(",")]
     unknown = [n for n in names if n not in SUITE]
@@ -237,8 +221,6 @@ def cmd_suite(argv) -> int:
 
 
 def cmd_export(argv) -> int:
-    from eval.export import main as export_main
-
     return export_main(argv)
 
 
@@ -246,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:
         if argv and argv[0] in ("-h", "--help"):
-            print(__doc__)
+            print(__doc__ + listing())
             return 0
         raise ConfigError(f"command: got {show(argv[0]) if argv else 'nothing'}, must be one of "
                           f"{', '.join(COMMANDS)} (python -m eval COMMAND --help)")

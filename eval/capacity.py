@@ -20,13 +20,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from envs.stats import ci95_half
+from envs.actions import FINE_LADDER, POWERS_OF_TWO
 from envs.scenario import Scenario
 from envs.seeds import CAPACITY_SEEDS
-
-FINE_LADDER = tuple(int(round(64 * 2 ** (k / 4))) for k in range(33))
-"""64, 76, 91, 108, 128, 152, ... 13,777, 16,384: every static budget a user might pick."""
-POWERS_OF_TWO = FINE_LADDER[::4]
+from envs.stats import ci95_half
+from envs.workload import MAX_RATE
+from eval.harness import paired_verdict
+from eval.parallel import LocalExecutor
+from policies.baselines import StaticPolicy
+from policies.reference import reference_for
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,8 @@ class CapacityResult:
     unbounded: tuple[int, ...] = ()
     """The streams that met the SLO at every load the search tried: their capacity is a
     lower bound (a stream too short for any load to bind)."""
+    flattens: str | None = None
+    """For a table's flat twin, the name of the table it flattens (what it is measured against)."""
 
     @property
     def capacity(self) -> float:
@@ -122,8 +126,6 @@ def stream_capacity(scenario: Scenario, policy, stream: int, streams: int, num_r
         rates[factor] = rate
         return ok
 
-    from envs.workload import MAX_RATE
-
     # The loads a scenario accepts: rates (or trace speed-ups) in [1/MAX_RATE, MAX_RATE].
     base = scenario.rate_scale if scenario.trace else scenario.rate
     low, high = 1 / (MAX_RATE * base), MAX_RATE / base
@@ -178,8 +180,6 @@ def capacity_sweep(pairs, seeds: int, num_requests: int, rel_tol: float = 0.02,
     as another policy's capacity), searched then in steps of 1.25 instead of 2.
     ``seed_base``: the synthetic streams' first seed (others than the evaluation's keep a
     choice made on them apart from the figures that judge it)."""
-    from eval.parallel import LocalExecutor
-
     tasks = []
     for k, (sc, p) in enumerate(pairs):
         for i in range(seeds):
@@ -194,7 +194,8 @@ def capacity_sweep(pairs, seeds: int, num_requests: int, rel_tol: float = 0.02,
                           if all(meets_slo(sc, t, it) for _, _, t, it in probes))
         out.append(CapacityResult(p.name, p.kind, tuple(c for c, _, _ in runs),
                                   tuple(pr for _, _, probes in runs for pr in probes),
-                                  tuple(f for _, f, _ in runs), unbounded))
+                                  tuple(f for _, f, _ in runs), unbounded,
+                                  getattr(p, "flattens", None)))
     return out
 
 
@@ -233,20 +234,15 @@ class CapacityStudy:
         return self.rungs[self.best_budget]
 
     def verdict(self, name: str):
-        from eval.harness import paired_verdict
-
         return paired_verdict(self.policies[name].per_stream, self.best.per_stream)
 
     def flat_verdicts(self) -> list[tuple[str, str, object]]:
         """(table, its ``table-flat:`` twin, the table against the twin paired stream by
-        stream) for each flattened table whose table was measured too: what the table's
-        cells' dependence on state is worth on these streams."""
-        from eval.harness import paired_verdict
-        from policies.specs import flat_twin
-
+        stream) for each flat twin whose table was measured too: what the table's cells'
+        dependence on state is worth on these streams."""
         out = []
-        for flat in self.policies:
-            table = flat_twin(flat)
+        for flat, result in self.policies.items():
+            table = result.flattens
             if table in self.policies:
                 out.append((table, flat, paired_verdict(self.policies[table].per_stream,
                                                          self.policies[flat].per_stream)))
@@ -274,8 +270,6 @@ class CapacityStudy:
 
     def held_out_verdict(self, name: str):
         """A policy against :meth:`held_out_static`, paired stream by stream."""
-        from eval.harness import paired_verdict
-
         return paired_verdict(self.policies[name].per_stream, self.held_out_static()[0].per_stream)
 
     def as_json(self) -> dict:
@@ -297,8 +291,6 @@ def capacity_studies(jobs: list[tuple[Scenario, list]], seeds: int, num_requests
     """For each (scenario, policies): every policy's capacity and the fine-ladder search
     for the hindsight-best static budget. The policies and the powers of two of every
     scenario are one fan-out; the quarter steps around each scenario's best, a second."""
-    from policies.baselines import StaticPolicy
-
     def sweep(pairs):
         return capacity_sweep(pairs, seeds, num_requests, executor=executor, progress=progress,
                               **kwargs) if pairs else []
@@ -326,8 +318,6 @@ def add_references(studies: list[CapacityStudy], seeds: int, num_requests: int, 
                    progress=None, **kwargs) -> None:
     """Each study's reference controller (MPC over its hindsight-best static budget),
     its capacity searched from that budget's, added to ``study.policies``."""
-    from policies.reference import reference_for
-
     refs = [reference_for(st.scenario, st.best_budget) for st in studies]
     found = capacity_sweep([(st.scenario, r) for st, r in zip(studies, refs)], seeds, num_requests,
                            executor=executor, progress=progress,

@@ -13,9 +13,11 @@ from envs.scenario import Scenario
 from envs.seeds import PERIODIC_EVAL_SEEDS
 from envs.workload import MAX_RATE, load_trace
 from eval import plots
-from eval.capacity import BRACKET_STEPS
+from eval.capacity import BRACKET_STEPS, POWERS_OF_TWO, quarter_steps_around
 from eval.harness import PolicyResult, Verdict, best_of, paired_verdict, static_policies
+from eval.parallel import LocalExecutor
 from eval.report import git_commit, results_table, scenario_line, verdict_sentence
+from eval.table_use import use_line
 
 
 def workloads_for(scenario: Scenario, seeds: int, num_requests: int | None):
@@ -83,8 +85,6 @@ class Comparison:
 def run_streams(scenario: Scenario, policies, seeds: int, num_requests: int | None, executor,
                 progress, keep_first: bool = True) -> tuple[dict[str, PolicyResult], dict]:
     """Every policy on every stream, fanned out; (results by name, first runs by name)."""
-    from eval.parallel import LocalExecutor
-
     tasks = [(scenario, p, i, seeds, num_requests, keep_first and i == 0)
              for p in policies for i in range(seeds)]
     found = (executor or LocalExecutor()).map(simulate_stream, tasks, progress)
@@ -102,8 +102,6 @@ def compare(scenario: Scenario, policies, seeds: int = 5, num_requests: int | No
     """Every policy and the static ladder on the same arrivals (powers of two, then the
     fine ladder's quarter steps around the best by goodput); keeps each policy's first
     run for the figures."""
-    from eval.capacity import POWERS_OF_TWO, quarter_steps_around
-
     def statics(budgets):
         return [p for p in static_policies(scenario, budgets) if p.name not in results]
 
@@ -268,8 +266,6 @@ def capacity_report(study, out: Path, seeds: int, num_requests: int, uses: dict 
     fig = plots.capacity_bars(values, out / "capacity.png", "capacity under the SLO")
     lines += ["", f"![capacity]({fig.name})", ""]
     if uses:
-        from eval.table_use import use_line
-
         lines += ["## What the tables do at their capacity", ""]
         lines += [f"- {n}: {use_line(u, u['action'], 'streams')}" for n, u in uses.items()] + [""]
     text = "\n".join(lines)

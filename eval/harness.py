@@ -11,10 +11,11 @@ from typing import Callable, Iterable
 import numpy as np
 
 from envs.actions import STATIC_LADDER
-from envs.stats import ci95_half, standard_error
 from envs.scenario import Scenario
 from envs.seeds import PERIODIC_EVAL_SEEDS
+from envs.stats import ci95_half, standard_error
 from envs.workload import Workload, load_trace
+from policies.baselines import StaticPolicy
 
 # Figures averaged over seeds in comparisons.
 KEY_METRICS = ("goodput", "goodput_rps", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
@@ -34,7 +35,7 @@ def evaluation_workloads(scenario: Scenario, seeds: int, num_requests: int | Non
     own window as given)."""
     if scenario.trace:
         if eval_span is None:
-            w = scenario.workload()
+            w = scenario.arrivals()
         else:
             full = load_trace(scenario.trace, scenario.rate_scale, scenario.window_start_s,
                               scenario.window_end_s)
@@ -42,7 +43,7 @@ def evaluation_workloads(scenario: Scenario, seeds: int, num_requests: int | Non
             w = full.window(lo, hi if eval_span[1] < 1.0 else None)
         return [w.head(num_requests) if num_requests else w]
     base = scenario if num_requests is None else scenario.with_fields(num_requests=num_requests)
-    return [base.workload(seed_base + i) for i in range(seeds)]
+    return [base.arrivals(seed_base + i) for i in range(seeds)]
 
 
 MATCH_TOLERANCE = 0.02
@@ -163,6 +164,4 @@ def best_of(results: dict):
 def static_policies(scenario: Scenario, budgets: Iterable[int] = STATIC_LADDER) -> list:
     """Static budgets a scenario's engine accepts (vLLM refuses a budget below
     max_num_seqs)."""
-    from policies.baselines import StaticPolicy
-
     return [StaticPolicy(b) for b in budgets if b >= scenario.max_num_seqs]

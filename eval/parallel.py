@@ -5,8 +5,11 @@ gives the same numbers whatever runs it."""
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from typing import Callable, Sequence
+
+from tqdm import tqdm
 
 from envs.errors import ConfigError, catch_sigterm, integer, show
 
@@ -34,7 +37,7 @@ class RayExecutor:
     def __init__(self, workers: int | None = None, address: str | None = None):
         if address:
             check_reachable(address)
-        import ray
+        import ray  # heavy (seconds to start) and optional: --workers 1 runs without it
 
         self.ray = ray
         if not ray.is_initialized():
@@ -70,8 +73,6 @@ class RayExecutor:
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """Fail fast on a cluster address nothing answers at (Ray itself retries for a minute).
     ``auto`` is left to Ray, which finds a local cluster or says there is none."""
-    import socket
-
     if address == "auto":
         return
     hostport = address.split("://", 1)[-1]
@@ -102,7 +103,5 @@ def make_executor(workers: int | None = None, address: str | None = None):
 
 def progress_bar(total: int, desc: str):
     """simulations done / total on stderr (only on a terminal)."""
-    from tqdm import tqdm
-
     return tqdm(total=total, desc=desc, unit="sim", file=sys.stderr, leave=False,
                 disable=not sys.stderr.isatty())

@@ -51,3 +51,32 @@ for _name, _sc in _BASE.items():
 
 def scenario_names() -> list[str]:
     return list(SUITE)
+
+
+# --- a serving scenario's held-out variants -------------------------------------------------
+
+TIGHT_KV_SHARE = 0.35
+"""The held-out KV-pressure variant keeps this share of the device's KV blocks..."""
+LONGEST_REQUEST_MARGIN = 1.25
+"""...and at least this many times the blocks of the workload's longest request (a
+Mooncake request of 191K tokens would not fit in a third of an H100 pair's cache)."""
+
+
+def tight_kv_blocks(serving: Scenario) -> int:
+    """The tight variant's KV blocks: a third of the device's cache, or enough for the
+    longest request of the scenario's workload (a trace's whole window, or one synthetic
+    draw) with a margin, whichever is larger; never more than the device holds."""
+    blocks = serving.engine_config().kv_blocks(serving.hardware_profile(), serving.model_profile())
+    w = serving.arrivals()
+    bs = serving.engine_config().block_size
+    longest = int(((w.prompt_tokens + w.output_tokens + bs - 1) // bs).max()) if len(w) else 0
+    return min(blocks, max(int(blocks * TIGHT_KV_SHARE), int(longest * LONGEST_REQUEST_MARGIN)))
+
+
+def final_scenarios(serving: Scenario) -> dict[str, Scenario]:
+    """The serving scenario, and its variants where budgets behave differently: 3 ms more
+    per pass, and a KV cache cut to a third (see :func:`tight_kv_blocks`)."""
+    overhead = serving.hardware_profile().per_pass_overhead_s
+    return {"serving": serving,
+            "+3 ms per pass": serving.with_fields(per_pass_overhead_s=overhead + 0.003),
+            "tight KV cache": serving.with_fields(num_kv_blocks=tight_kv_blocks(serving))}

@@ -14,13 +14,13 @@ from eval.compare import Comparison, capacity_report, compare, comparison_report
 from eval.parallel import progress_bar
 from eval.report import git_commit, save_json, scenario_line
 from eval.scenarios import SUITE
+from eval.table_use import tables_use
+from policies.specs import make_policies
 
 
 def run_suite(names: list[str], specs: list[str], args, executor) -> str:
     """Compare, then (unless ``args.capacity`` is off) find capacities, for every named
     scenario; writes ``args.out``/README.md, suite.json and a folder per scenario."""
-    from policies.specs import make_policies
-
     out = Path(args.out)
     t0 = time.perf_counter()
     scenarios = [SUITE[n] for n in names]
@@ -43,8 +43,6 @@ def run_suite(names: list[str], specs: list[str], args, executor) -> str:
                 add_references(chosen, args.seeds, args.requests, executor, bar)
         tables = sum(p.kind == "table" for ps in policies for p in ps)
         if tables:
-            from eval.table_use import tables_use
-
             with progress_bar(tables * args.seeds, "suite: tables at capacity") as bar:
                 uses = tables_use(studies, policies, args.requests, executor, bar)
     data = {}

@@ -1,7 +1,7 @@
 """What a table does where the choice matters: its streams replayed at its own capacity,
 every pass it decides recorded (the cell's value, the tokens it became, the running
 decodes) and pooled into shares per cell value and per 2^(1/4) token-budget bin, and the
-budget against the running decodes (``agents.checks.action_histogram``). The export
+budget against the running decodes (``eval.usage.action_histogram``). The export
 measures its tables so; ``eval capacity`` and the suite, every table they evaluate.
 """
 
@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.checks import ActionTrace
 from envs.scenario import Scenario
+from envs.seeds import CAPACITY_SEEDS
+from eval.capacity import probe_stream
+from eval.parallel import make_executor
+from eval.usage import ActionTrace, action_histogram, budget_label, used_text
 from policies.table import BudgetTable
 from policies.table_policy import TablePolicy
 
@@ -44,8 +47,6 @@ def use_tasks(table: BudgetTable | TablePolicy, scenarios, factors, num_requests
     ``seed_base`` as its capacity search drew it) at ``factors[scenario][i]`` times the
     scenario's load; 0, no capacity, is left out. A table policy is traced as it was
     evaluated (a table for other hardware converts with its stored cost model)."""
-    from eval.capacity import probe_stream
-
     tasks = []
     for sc, row in zip(scenarios, factors):
         for i, f in enumerate(row):
@@ -57,8 +58,6 @@ def use_tasks(table: BudgetTable | TablePolicy, scenarios, factors, num_requests
 
 def pooled_use(table: BudgetTable, found: list) -> dict:
     """The traces of :func:`use_tasks`, pooled (``streams`` 0 where none had a capacity)."""
-    from agents.checks import action_histogram
-
     values = [v for vs, _, _ in found for v in vs]
     budgets = [b for _, bs, _ in found for b in bs]
     decodes = [d for _, _, ds in found for d in ds]
@@ -73,8 +72,6 @@ def table_use(table: BudgetTable, scenarios: dict, factors: np.ndarray, num_requ
     scenario and stream, as a multiple of the scenario's load), every pass it decides
     pooled. At one SLO a fraction of the ITL target still becomes a different budget with
     each pass's decodes."""
-    from eval.parallel import make_executor
-
     tasks = use_tasks(table, list(scenarios.values()), factors, num_requests, seed_base)
     return pooled_use(table, make_executor(workers).map(_trace_task, tasks) if tasks else [])
 
@@ -83,8 +80,6 @@ def tables_use(studies, policies, num_requests: int, executor, progress=None) ->
     """For each capacity study and its policies, what each table among them does at its own
     capacity on the study's streams (table name -> :func:`pooled_use`), every trace one
     fan-out."""
-    from envs.seeds import CAPACITY_SEEDS
-
     jobs = [(k, p, use_tasks(p, [st.scenario], [st.policies[p.name].factors], num_requests,
                              CAPACITY_SEEDS))
             for k, (st, ps) in enumerate(zip(studies, policies)) for p in ps if p.kind == "table"]
@@ -100,8 +95,6 @@ def tables_use(studies, policies, num_requests: int, executor, progress=None) ->
 
 def use_line(use: dict, kind: str, streams: str = "held-out streams") -> str:
     """What the table did at its capacity on ``streams``, in one line."""
-    from agents.checks import budget_label, used_text
-
     if not use["streams"]:
         return f"no capacity under the SLO on any of the {streams}: nothing to show"
     n = use["used_5pct"]

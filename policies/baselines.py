@@ -1,25 +1,48 @@
-"""Static budgets and hand-written adaptive rules."""
+"""Static budgets and hand-written adaptive rules, each declaring its spec (``policies.base``).
+
+The time-budget rules that choose a fraction of the ITL target by thresholds on quantities
+an engine has are lookup tables too: :meth:`TimeBudgetPolicy.exact_table` gives the
+features and cells of a table that makes the rule's budget at every pass (``python -m
+eval export --rule``); the rules that move their fraction continuously have none.
+"""
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
+from envs.actions import FRACTION_LADDER
+from envs.engine import check_static_budget
+from envs.errors import MAX_TOKENS, ConfigError, require, show
+from envs.observation import DUE_INDEX, DUE_SCALE, SLACK_INDEX, SLACK_ONE_PASS
 from envs.pricing import chunk_attention_pairs, pass_price, prefill_due_s, time_budget
-from policies.base import BudgetPolicy
+from policies.base import BudgetPolicy, Param
+
+TOKENS = Param("tokens", int, None, 0, MAX_TOKENS, "N tokens")
 
 
 class StaticPolicy(BudgetPolicy):
     """The same budget every pass: what engines do today."""
 
-    kind = "static"
+    spec, kind, params = "static", "static", (TOKENS,)
+    summary = "the same budget every pass"
 
-    def __init__(self, tokens: int, name: str | None = None):
+    def __init__(self, tokens: int):
         self.tokens = int(tokens)
-        self.name = name or f"static:{self.tokens}"
+
+    @classmethod
+    def from_spec(cls, spec, args, scenario, options):
+        (tokens,) = cls.parse_params(spec, args)
+        check_static_budget(tokens, scenario.engine_config())
+        return cls(tokens)
+
+    @property
+    def detail(self) -> str:
+        return f"{self.tokens:,} tokens"
 
     def budget(self, state) -> int:
         return self.tokens
@@ -35,18 +58,32 @@ def vllm_default_budget(hardware, entry_point: str = "server") -> int:
         return 8192 if large else 2048
     if entry_point == "offline":
         return 16384 if large else 8192
-    from envs.errors import ConfigError
     raise ConfigError(f"entry_point: got {entry_point!r}, must be 'server' or 'offline'")
 
 
 class VllmDefaultPolicy(StaticPolicy):
     """vLLM's default budget for the hardware (see :func:`vllm_default_budget`)."""
 
-    kind = "default"
+    spec, kind, params = "vllm-default", "default", ()
+    summary = "vLLM's default for the hardware (the server's unless :offline)"
 
     def __init__(self, hardware, entry_point: str = "server"):
-        super().__init__(vllm_default_budget(hardware, entry_point),
-                         name=f"vllm-default:{vllm_default_budget(hardware, entry_point)}")
+        super().__init__(vllm_default_budget(hardware, entry_point))
+        self.entry_point = entry_point
+
+    @classmethod
+    def usage(cls) -> str:
+        return "vllm-default[:offline]"
+
+    @classmethod
+    def from_spec(cls, spec, args, scenario, options):
+        if args not in ([], ["server"], ["offline"]):
+            raise ConfigError(f"policy: got {show(spec)}, vllm-default takes :server or :offline")
+        return cls(scenario.hardware_profile(), args[0] if args else "server")
+
+    @property
+    def name(self) -> str:
+        return "vllm-default" if self.entry_point == "server" else "vllm-default:offline"
 
 
 class QueueDepthPolicy(BudgetPolicy):
@@ -54,9 +91,11 @@ class QueueDepthPolicy(BudgetPolicy):
     chunk times 4 when no decode is running, 2 under 10 decodes, 1 under 50, and half at
     50 or more; the pass's budget is that chunk plus the running decodes."""
 
+    spec, params = "queue-depth", (Param("base", int, 512, 0, MAX_TOKENS, "BASE chunk, tokens"),)
+    summary = "the queue-depth heuristic (base chunk 512)"
+
     def __init__(self, base: int = 512):
         self.base = int(base)
-        self.name = f"queue-depth:{self.base}"
 
     def budget(self, state) -> int:
         n = state.running_decodes
@@ -75,9 +114,13 @@ class NoDecodeBoostPolicy(BudgetPolicy):
     """A large budget when nothing is decoding (chunking then only costs), otherwise a
     small one (a rule proposed for vLLM)."""
 
+    spec = "no-decode-boost"
+    params = (Param("low", int, 2048, 0, MAX_TOKENS, "LOW budget, tokens"),
+              Param("high", int, 16384, 0, MAX_TOKENS, "HIGH budget, tokens"))
+    summary = "HIGH with nothing decoding, else LOW (2048:16384)"
+
     def __init__(self, low: int = 2048, high: int = 16384):
         self.low, self.high = int(low), int(high)
-        self.name = f"no-decode-boost:{self.low}:{self.high}"
 
     def budget(self, state) -> int:
         return self.high if state.running_decodes == 0 else self.low
@@ -89,9 +132,19 @@ class FreeRidePolicy(BudgetPolicy):
     capped. With nothing decoding there is nothing to ride along with and chunking is
     pure loss, so it uses the cap (DESIGN.md section 2)."""
 
+    spec = "free-ride"
+    params = (Param("floor", int, 256, 0, MAX_TOKENS, "FLOOR budget, tokens"),
+              Param("cap", int, 16384, 0, MAX_TOKENS, "CAP budget, tokens"))
+    summary = "running decodes + this pass's free ride (256:16384)"
+
     def __init__(self, floor: int = 256, cap: int = 16384):
         self.floor, self.cap = int(floor), int(cap)
-        self.name = "free-ride" if (floor, cap) == (256, 16384) else f"free-ride:{floor}:{cap}"
+
+    @classmethod
+    def from_spec(cls, spec, args, scenario, options):
+        floor, cap = cls.parse_params(spec, args)
+        require(floor <= cap, "policy", spec, "FLOOR must be <= CAP")
+        return cls(floor, cap)
 
     def budget(self, state) -> int:
         n = state.running_decodes
@@ -111,11 +164,18 @@ class SarathiSLOPolicy(StaticPolicy):
     late chunks of long prompts pay the most attention and set the worst ITL.
     """
 
-    kind = "rule"  # a static number, but derived by a rule from the scenario
+    spec, kind, params = "sarathi-slo", "rule", ()  # a static number, derived by a rule
+    summary = "Sarathi-Serve's static budget for the ITL target"
 
     def __init__(self, tokens: int, typical: dict | None = None):
-        super().__init__(tokens, name=f"sarathi-slo:{tokens}")
+        super().__init__(tokens)
         self.typical = typical or {}
+
+    @classmethod
+    def from_spec(cls, spec, args, scenario, options):
+        if args:
+            raise ConfigError(f"policy: got {show(spec)}, sarathi-slo takes no arguments")
+        return cls.fit(scenario)
 
     @classmethod
     def fit(cls, scenario, workload=None, max_budget: int = 65536,
@@ -159,18 +219,32 @@ class SarathiSLOPolicy(StaticPolicy):
                           "pass_s": pass_time(best)})
 
 
+FRACTION = Param("fraction", float, 0.9, 0.0, 2.0, "FRACTION of the ITL target")
+TOP = Param("top", float, 4.0, 1.0, 16.0, "TOP multiple of the ITL target")
+
+
 class TimeBudgetPolicy(BudgetPolicy):
     """Each pass, the largest budget whose priced duration stays within ``fraction`` of
     the ITL target: the cost model prices this pass's decodes (their contexts) and one
     chunk after the head request's prefilled prefix, and the chunk grows until the pass
-    would take longer (:func:`envs.cost.chunk_within`). Sarathi-Serve's SLO-derived
+    would take longer (:func:`envs.pricing.chunk_within`). Sarathi-Serve's SLO-derived
     budget, worked out per pass instead of once. With nothing decoding no one's ITL is
     at stake and chunking only delays the prompt, so it uses the cap."""
+
+    spec, params, acts_in_time = "time-budget", (FRACTION,), True
+    summary = ("each pass, the largest budget priced within FRACTION of the ITL target "
+               "(0.9; FRACTION in (0, 2])")
+    exact: bool = True
+    """Whether a lookup table holds this rule exactly (:meth:`exact_table`): its fraction is
+    chosen by thresholds on quantities an engine has, never moved continuously."""
 
     def __init__(self, itl_s: float, fraction: float = 0.9, cap: int = 16384):
         self.itl_s, self.fraction, self.cap = float(itl_s), float(fraction), int(cap)
         self.target_s = self.fraction * self.itl_s
-        self.name = "time-budget" if fraction == 0.9 else f"time-budget:{fraction:g}"
+
+    @classmethod
+    def from_spec(cls, spec, args, scenario, options):
+        return cls(scenario.slo_itl_s, *cls.parse_params(spec, args))
 
     def chunk(self, state) -> int:
         """Prompt tokens this pass may carry within the target (the cap with no decodes)."""
@@ -179,6 +253,14 @@ class TimeBudgetPolicy(BudgetPolicy):
     def budget(self, state) -> int:
         return time_budget(state.cost, state.running_decodes, state.decode_context_tokens,
                            state.head_prefilled_tokens, self.target_s, self.cap)
+
+    def exact_table(self) -> tuple[list[dict], list[float]] | None:
+        """(features, fractions) of a lookup table that makes this rule's budget at every
+        pass, or None where no table holds it exactly (its fraction moves continuously)."""
+        return [{"name": "running_decodes", "edges": []}], [self.fraction]
+
+    def observed_fractions(self, observations: np.ndarray, max_num_seqs: int = 256) -> np.ndarray:
+        return np.full(len(observations), self.fraction)
 
 
 class TimeBudgetKVPolicy(TimeBudgetPolicy):
@@ -190,11 +272,13 @@ class TimeBudgetKVPolicy(TimeBudgetPolicy):
     h100-sxm + llama-3-8b with a third of the KV cache: 5.56 req/s against 4.83 for the
     unthrottled rule and 5.31 for the best static budget."""
 
+    spec, exact = "time-budget-kv", False
+    summary = "the same, its fraction shrinking as the KV cache fills"
+
     def __init__(self, itl_s: float, fraction: float = 0.9, kv_low: float = 0.6,
                  kv_high: float = 0.95, floor: float = 0.25, cap: int = 16384):
         super().__init__(itl_s, fraction, cap)
         self.kv_low, self.kv_high, self.floor = float(kv_low), float(kv_high), float(floor)
-        self.name = "time-budget-kv" if fraction == 0.9 else f"time-budget-kv:{fraction:g}"
 
     def fraction_at(self, kv_usage: float) -> float:
         room = min(max((self.kv_high - kv_usage) / (self.kv_high - self.kv_low), 0.0), 1.0)
@@ -204,6 +288,12 @@ class TimeBudgetKVPolicy(TimeBudgetPolicy):
         seconds = self.fraction_at(state.kv_usage) * self.itl_s
         return time_budget(state.cost, state.running_decodes, state.decode_context_tokens,
                            state.head_prefilled_tokens, seconds, self.cap)
+
+    def exact_table(self):
+        return None
+
+    def observed_fractions(self, observations, max_num_seqs=256):
+        return np.array([self.fraction_at(float(kv)) for kv in observations[:, 3]])
 
 
 class TimeBudgetFewPolicy(TimeBudgetPolicy):
@@ -216,11 +306,13 @@ class TimeBudgetFewPolicy(TimeBudgetPolicy):
     0.33 for the best static budget (6,889); on the M5 Max laptop part it loses 80%, so it
     is one of the teachers a training run chooses among, not a default."""
 
+    spec, exact = "time-budget-few", False
+    summary = "the same, its fraction growing when few decodes run"
+
     def __init__(self, itl_s: float, fraction: float = 0.9, decodes: int = 4, top: float = 8.0,
                  cap: int = 16384):
         super().__init__(itl_s, fraction, cap)
         self.decodes, self.top = int(decodes), float(top)
-        self.name = "time-budget-few" if fraction == 0.9 else f"time-budget-few:{fraction:g}"
 
     def fraction_at(self, num_decodes: int) -> float:
         if not num_decodes:
@@ -231,6 +323,12 @@ class TimeBudgetFewPolicy(TimeBudgetPolicy):
         seconds = self.fraction_at(state.running_decodes) * self.itl_s
         return time_budget(state.cost, state.running_decodes, state.decode_context_tokens,
                            state.head_prefilled_tokens, seconds, self.cap)
+
+    def exact_table(self):
+        return None
+
+    def observed_fractions(self, observations, max_num_seqs=256):
+        return np.array([self.fraction_at(int(round(n * max_num_seqs))) for n in observations[:, 0]])
 
 
 class TimeBudgetSlackPolicy(TimeBudgetPolicy):
@@ -243,19 +341,17 @@ class TimeBudgetSlackPolicy(TimeBudgetPolicy):
     few long passes (a 16K prompt on an A100 with ten 600-token decodes: 1.65 s in 17
     passes at 100 ms, 1.55 s in 3 passes of 6,889 tokens, against a 2 s TTFT target). Only
     the slow tokens the engine actually produced are counted: passes over the target with
-    nothing decoding cost nothing.
+    nothing decoding cost nothing."""
 
-    ``kv_aware``: the base fraction shrinks as the KV cache fills (the time-budget-kv
-    rule), and the slack is spent only below its ``kv_low`` usage: under KV pressure,
-    admitting a long prompt sooner only buys preemptions."""
+    spec, params = "time-budget-slack", (TOP,)
+    summary = ("the same at fraction 1, up to TOP times the ITL target (4; TOP in (1, 16]) "
+               "while under 0.8% of decode tokens run over it (spends the p99 slack)")
+    kv = None
+    """The KV throttle of the base fraction (the KV-aware forms'), or None."""
 
-    def __init__(self, itl_s: float, top: float = 4.0, fraction: float = 1.0, cap: int = 16384,
-                 kv_aware: bool = False):
+    def __init__(self, itl_s: float, top: float = 4.0, fraction: float = 1.0, cap: int = 16384):
         super().__init__(itl_s, fraction, cap)
         self.top = float(top)
-        self.kv = TimeBudgetKVPolicy(itl_s, fraction, cap=cap) if kv_aware else None
-        name = "time-budget-slack-kv" if kv_aware else "time-budget-slack"
-        self.name = name if top == 4.0 else f"{name}:{top:g}"
 
     def spend(self, state) -> bool:
         """Whether this pass may spend the slack beyond what :meth:`fraction_at` checks
@@ -279,6 +375,38 @@ class TimeBudgetSlackPolicy(TimeBudgetPolicy):
         fraction = self.fraction_at(n, slack, state.kv_usage if self.kv is not None else 0.0)
         return time_budget(state.cost, n, state.decode_context_tokens, state.head_prefilled_tokens,
                            fraction * self.itl_s, self.cap)
+
+    def exact_table(self):
+        return [{"name": "itl_slack_passes", "edges": [1.0]}], [self.fraction, self.top]
+
+    def spend_observed(self, observations: np.ndarray) -> np.ndarray:
+        """Per raw observation, whether :meth:`spend` holds (always, for this rule)."""
+        return np.ones(len(observations), dtype=bool)
+
+    def observed_fractions(self, observations, max_num_seqs=256):
+        # The observation rounds to float32: one pass of slack is 1 +- 1e-7; KV usage too
+        # (blocks used over blocks in all lands within its rounding of a KVSteps edge on
+        # no cache size the presets have).
+        passes = np.where(observations[:, SLACK_INDEX] >= SLACK_ONE_PASS * (1 - 1e-6), 1.0, 0.0)
+        passes = np.where(self.spend_observed(observations), passes, 0.0)
+        return np.array([self.fraction_at(int(n > 0), p, float(kv))
+                         for n, p, kv in zip(observations[:, 0], passes, observations[:, 3])])
+
+
+class TimeBudgetSlackKVPolicy(TimeBudgetSlackPolicy):
+    """The slack rule over the KV-aware base (:class:`TimeBudgetKVPolicy` at fraction 1),
+    spending the slack only below its ``kv_low`` usage: under KV pressure, admitting a
+    long prompt sooner only buys preemptions."""
+
+    spec, exact = "time-budget-slack-kv", False
+    summary = "the same over time-budget-kv:1, spending only below 60% KV usage"
+
+    def __init__(self, itl_s: float, top: float = 4.0, fraction: float = 1.0, cap: int = 16384):
+        super().__init__(itl_s, top, fraction, cap)
+        self.kv = TimeBudgetKVPolicy(itl_s, fraction, cap=cap)
+
+    def exact_table(self):
+        return None
 
 
 DEADLINE_MARGIN = 0.8
@@ -305,8 +433,6 @@ class KVSteps:
     floor: float = KV_STEP_FLOOR
 
     def __post_init__(self) -> None:
-        from envs.errors import require
-
         require(0 <= self.kv_low < self.kv_high <= 1, "kv_high", self.kv_high,
                 f"must lie in (kv_low {self.kv_low:g}, 1], with kv_low >= 0")
         require(0 < self.floor <= self.fraction, "floor", self.floor,
@@ -315,8 +441,6 @@ class KVSteps:
     @cached_property
     def fractions(self) -> tuple[float, ...]:
         """The base fraction, then each rung of the ladder below it down to the floor."""
-        from envs.actions import FRACTION_LADDER
-
         rungs = sorted((r for r in FRACTION_LADDER if self.floor <= r < self.fraction), reverse=True)
         return (self.fraction, *rungs)
 
@@ -338,27 +462,68 @@ class TimeBudgetDeadlinePolicy(TimeBudgetSlackPolicy):
     beyond the base fraction (up to ``top`` times the ITL target, while the slack lasts)
     only when the prefill queue is due late: the oldest waiting request's wait plus the
     time passes of the base fraction take to prefill every waiting prompt token exceeds
-    ``margin`` of the TTFT target (:func:`envs.cost.prefill_due_s`). The plain slack rule
+    ``margin`` of the TTFT target (:func:`envs.pricing.prefill_due_s`). The plain slack rule
     spends the slack on every long prompt, also on a lone one that makes its deadline
     anyway, and has none left when two long prompts arrive together. Measured on the
     suite (5 streams): within 2% of the best static budget on 22 of 23 scenarios, where
     the slack rule is within 2% on 17; the margin was chosen on a100-mixed alone (0.7,
-    0.8 and 0.9 within 1% of each other there).
+    0.8 and 0.9 within 1% of each other there)."""
 
-    ``kv_aware``: the base fraction steps down the action ladder as the KV cache fills
-    (:class:`KVSteps`, from 75% usage), and the slack is spent only below 75%: under KV
-    pressure a prompt admitted sooner only buys preemptions (recomputation)."""
+    spec = "time-budget-deadline"
+    summary = ("time-budget-slack spending the slack only while the prefill queue would be "
+               "done later than 0.8 of the TTFT target at fraction 1")
 
     def __init__(self, itl_s: float, ttft_s: float, top: float = 4.0, fraction: float = 1.0,
-                 margin: float = DEADLINE_MARGIN, cap: int = 16384, kv_aware: bool = False):
+                 margin: float = DEADLINE_MARGIN, cap: int = 16384):
         super().__init__(itl_s, top, fraction, cap)
         self.ttft_s, self.margin = float(ttft_s), float(margin)
-        self.kv = KVSteps(self.fraction) if kv_aware else None
-        name = "time-budget-deadline-kv" if kv_aware else "time-budget-deadline"
-        self.name = name if top == 4.0 else f"{name}:{top:g}"
+
+    @classmethod
+    def from_spec(cls, spec, args, scenario, options):
+        return cls(scenario.slo_itl_s, scenario.slo_ttft_s, *cls.parse_params(spec, args))
 
     def spend(self, state) -> bool:
         """Whether the prefill queue is due later than ``margin`` of the TTFT target."""
         return prefill_due_s(state.cost, state.running_decodes, state.decode_context_tokens,
                              state.head_prefilled_tokens, state.waiting_prefill_tokens,
                              state.oldest_wait_s, self.fraction * self.itl_s) > self.margin * self.ttft_s
+
+    def spend_observed(self, observations):
+        return observations[:, DUE_INDEX] > self.margin * DUE_SCALE
+
+    def exact_table(self):
+        """The slack (one pass over the target or more) and the prefill queue's due time
+        past ``margin`` of the TTFT target (the rule's strict comparison, as an edge one
+        float above the threshold)."""
+        if self.fraction != 1.0:
+            return None
+        due = math.nextafter(self.margin * self.ttft_s, math.inf)
+        return ([{"name": "itl_slack_passes", "edges": [1.0]}, {"name": "prefill_due_s", "edges": [due]}],
+                [self.fraction] * 3 + [self.top])
+
+
+class TimeBudgetDeadlineKVPolicy(TimeBudgetDeadlinePolicy):
+    """The deadline rule whose base fraction steps down the action ladder as the KV cache
+    fills (:class:`KVSteps`, from 75% usage), spending the slack only below 75%: under KV
+    pressure a prompt admitted sooner only buys preemptions (recomputation)."""
+
+    spec = "time-budget-deadline-kv"
+    summary = ("the same, stepping its fraction down the action ladder from 75% KV usage and "
+               "spending the slack only below it")
+
+    def __init__(self, itl_s: float, ttft_s: float, top: float = 4.0, fraction: float = 1.0,
+                 margin: float = DEADLINE_MARGIN, cap: int = 16384):
+        super().__init__(itl_s, ttft_s, top, fraction, margin, cap)
+        self.kv = KVSteps(self.fraction)
+
+    def exact_table(self):
+        """The deadline rule's table and KV usage at the throttle's own steps; the slack is
+        spent only in the bucket below ``kv_low``."""
+        base = super().exact_table()
+        if base is None:
+            return None
+        kv = self.kv
+        steps = [kv.fractions[0], *kv.fractions]
+        cells = [self.top if spend and k == 0 else f
+                 for spend in (False, False, False, True) for k, f in enumerate(steps)]
+        return base[0] + [{"name": "kv_usage", "edges": [kv.kv_low, *kv.edges]}], cells

@@ -1,23 +1,47 @@
-"""A trained stable-baselines3 model as a budget policy.
+"""A trained stable-baselines3 model as a budget policy, and the train.py run directory
+it is read from (``model:RUN_DIR``).
 
 The model sees what the environment shows it: :func:`envs.observation.observe`,
 normalised with the training run's ``VecNormalize`` statistics. For actor-critic models
 (PPO, A2C) with discrete actions the deterministic action is computed with a numpy copy
 of the policy network (a few microseconds, no torch call per pass); other models go
-through ``model.predict``.
+through ``model.predict``. stable-baselines3 (and torch) are imported only to load a
+model from its file: this module needs neither otherwise.
 """
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from envs import ENV_ID
 from envs.actions import FRACTION_LADDER, action_value, pass_budget
+from envs.episodes import EpisodeSampler
+from envs.errors import ConfigError
+from envs.files import load_json
 from envs.metrics import SLO
-from envs.observation import observe, slo_features
+from envs.observation import EARLIER_WIDTHS, OBSERVATION_FIELDS, observe, slo_features
 from policies.base import BudgetPolicy
+
+ALGORITHMS = ("ppo", "dqn", "a2c", "sac")
+"""The stable-baselines3 algorithms a run may train with."""
+
+
+def algorithm_class(algo: str):
+    """The stable-baselines3 class of ``algo``."""
+    if algo not in ALGORITHMS:
+        raise ConfigError(f"algo: got {algo!r}, must be one of {', '.join(ALGORITHMS)}")
+    import stable_baselines3  # heavy and optional: only loading or training a model needs it
+
+    return getattr(stable_baselines3, algo.upper())
+
+
+def load_model(algo: str, path: str | Path, env=None):
+    return algorithm_class(algo).load(str(path), env=env)
 
 
 @dataclass(frozen=True)
@@ -94,7 +118,18 @@ class ModelPolicy(BudgetPolicy):
     ``action_type`` must match the training environment's.
     """
 
-    kind = "learned"
+    spec, kind = "model", "learned"
+    summary = "a model trained by train.py"
+
+    @classmethod
+    def usage(cls) -> str:
+        return "model:RUN_DIR"
+
+    @classmethod
+    def from_spec(cls, spec, args, scenario, options):
+        if not args or not ":".join(args):
+            raise ConfigError(f"policy: got {spec!r}, model takes model:RUN_DIR")
+        return load_run(":".join(args), scenario.slo(), name=spec)
 
     def __init__(self, model, slo: SLO, ladder: Sequence[float] = FRACTION_LADDER,
                  action_type: str = "discrete", name: str = "learned", actions: str = "time",
@@ -139,3 +174,76 @@ class ModelPolicy(BudgetPolicy):
         if d.get("_actor") is not None:
             d["model"] = None
         return d
+
+
+# --- train.py run directories --------------------------------------------------------------
+
+def read_config(run_dir: str | Path, field: str = "run_dir") -> dict:
+    """A train.py run directory's config.json."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{field}: {str(run_dir)!r} is not a train.py run directory (no config.json)")
+    config = load_json(f"{field} config.json", path, max_bytes=64 * 2**20)
+    for key in ("args", "scenario", "ladder", "action_type"):
+        if not isinstance(config, dict) or key not in config:
+            raise ConfigError(f"{field}: {str(path)!r} has no {key!r}; not a train.py run "
+                              "directory, or one written by another version")
+    conditions = config.get("conditions", [])
+    for key, ok in (("args", isinstance(config["args"], dict)),
+                    ("scenario", isinstance(config["scenario"], dict)),
+                    ("conditions", isinstance(conditions, list)
+                     and all(isinstance(c, dict) for c in conditions))):
+        if not ok:
+            raise ConfigError(f"{field}: {str(path)!r}: {key} must be "
+                              f"{'a list of objects' if key == 'conditions' else 'an object'}; "
+                              "the file was edited or cut")
+    return config
+
+
+def load_obs_norm(path: Path) -> ObsNorm | None:
+    """The observation statistics a VecNormalize pickle holds (None if it has none)."""
+    if not path.exists():
+        return None
+    with open(path, "rb") as fh:
+        return ObsNorm.of(pickle.load(fh))
+
+
+def check_observations(model, run: Path, resuming: bool = False) -> None:
+    """A model trained on another version's observation vector is refused in one line. An
+    earlier vector that is a prefix of this one serves (the model reads its prefix), but
+    training goes on only with the vector it started with."""
+    got = model.observation_space.shape[0] if model.observation_space.shape else 0
+    if got != len(OBSERVATION_FIELDS) and (resuming or got not in EARLIER_WIDTHS):
+        raise ConfigError(f"model: {str(run)!r} was trained on {got} observations, {ENV_ID} has "
+                          f"{len(OBSERVATION_FIELDS)}; train it again with this version")
+
+
+def load_run(run_dir: str | Path, slo=None, name: str | None = None) -> ModelPolicy:
+    """The policy of a train.py run directory: its best model when it kept one (with the
+    observation statistics saved with it), else its final model."""
+    run = Path(run_dir)
+    config = read_config(run, "model")
+    best = run / "best_model.zip"
+    model_path, norm = (best, run / "best_vecnormalize.pkl") if best.exists() else (
+        run / "model.zip", run / "vecnormalize.pkl")
+    if not model_path.exists():
+        raise ConfigError(f"model: no model.zip in {str(run)!r}; is training finished?")
+    if slo is None:
+        sc = config["scenario"]
+        slo = SLO(sc["slo_ttft_s"], sc["slo_itl_s"])
+    model = load_model(config["args"]["algo"], model_path)
+    check_observations(model, run)
+    policy = ModelPolicy(model, slo, tuple(config["ladder"]),
+                         config["action_type"], name=name or f"model:{run}",
+                         actions=config.get("actions", "tokens"), obs_norm=load_obs_norm(norm))
+    policy.config = config
+    return policy
+
+
+def run_sampler(run_args, conditions, stream_seed_base: int = 0) -> EpisodeSampler:
+    """A run's episode sampler: its conditions, loaded at ``load_low``-``load_high`` times
+    their capacity for ``episode_s`` seconds (``run_args``: train.py's Args, or the dict a
+    run's config.json holds of them)."""
+    get = run_args.get if isinstance(run_args, dict) else (lambda k: getattr(run_args, k))
+    return EpisodeSampler(load_range=(get("load_low"), get("load_high")), episode_s=get("episode_s"),
+                          conditions=tuple(conditions), stream_seed_base=stream_seed_base)

@@ -19,19 +19,31 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from envs.actions import clamp_budget
-from envs.errors import require
+from envs.actions import FINE_LADDER, clamp_budget
+from envs.engine import check_static_budget
+from envs.errors import MAX_TOKENS, ConfigError, require, show
 from envs.reward import RewardMeter
-from policies.base import BudgetPolicy
+from envs.workload import MAX_SECONDS
+from policies.base import BudgetPolicy, Param
+from policies.baselines import (StaticPolicy, TimeBudgetFewPolicy, TimeBudgetKVPolicy,
+                                TimeBudgetPolicy)
 
 
 class ReferencePolicy(BudgetPolicy):
-    kind = "reference"
+    """The MPC reference (the module docstring): a diagnostic, not a policy to serve."""
+
+    spec, kind, diagnostic = "reference", "reference", True
+    params = (Param("budget", int, None, 0, MAX_TOKENS, "BUDGET tokens"),
+              Param("horizon_s", float, None, 0.0, MAX_SECONDS, "HORIZON_S seconds"),
+              Param("replan_s", float, None, 0.0, MAX_SECONDS, "REPLAN_S seconds"))
+    summary = ("the MPC reference over static BUDGET (not deployable: sees the future), "
+               "horizon H s (2x TTFT), re-plan every R s")
 
     def __init__(self, slo, base: BudgetPolicy, candidates: Sequence[BudgetPolicy],
                  horizon_s: float | None = None, replan_s: float | None = None,
-                 mean_output: float | None = None, name: str = "reference (MPC)"):
-        self.slo, self.base, self.name = slo, base, name
+                 mean_output: float | None = None, name: str | None = None):
+        self.slo, self.base = slo, base
+        self.name = name or f"reference over {base.name}"
         self.candidates = [c for c in candidates if c.name != base.name]
         self.horizon_s = 2 * slo.ttft_s if horizon_s is None else float(horizon_s)
         self.replan_s = slo.ttft_s / 4 if replan_s is None else float(replan_s)
@@ -75,18 +87,30 @@ class ReferencePolicy(BudgetPolicy):
         return self._choice(state)
 
 
+    @classmethod
+    def usage(cls) -> str:
+        return "reference:BUDGET[:HORIZON_S[:REPLAN_S]]"
+
+    @classmethod
+    def from_spec(cls, spec, args, scenario, options):
+        if not 1 <= len(args) <= 3:
+            raise ConfigError(f"policy: got {show(spec)}, wrong number of arguments: {cls.usage()}")
+        budget = cls.params[0].parse(spec, args[0])
+        check_static_budget(budget, scenario.engine_config())
+        times = [p.parse(spec, a) for p, a in zip(cls.params[1:], args[1:])]
+        return reference_for(scenario, budget, *times)
+
+
 def reference_for(scenario, base_budget: int, horizon_s: float | None = None,
                   replan_s: float | None = None) -> ReferencePolicy:
     """The reference over a scenario's hindsight-best static budget: candidates are the
-    fine ladder's rungs within an octave of it and the per-pass time-budget rules."""
-    from eval.capacity import FINE_LADDER
-    from policies.baselines import (StaticPolicy, TimeBudgetFewPolicy, TimeBudgetKVPolicy,
-                                    TimeBudgetPolicy)
-
+    fine ladder's rungs within an octave of it and the per-pass time-budget rules. Its
+    name is its spec: ``reference:BUDGET`` (with the times where they were given)."""
     k = FINE_LADDER.index(base_budget) if base_budget in FINE_LADDER else None
     rungs = FINE_LADDER[max(k - 4, 0):k + 5] if k is not None else ()
     statics = [StaticPolicy(b) for b in rungs if b >= scenario.max_num_seqs]
     itl = scenario.slo_itl_s
     rules = [TimeBudgetPolicy(itl, 1.0), TimeBudgetKVPolicy(itl, 1.0), TimeBudgetFewPolicy(itl, 1.0)]
+    given = [f"{t:g}" for t in (horizon_s, replan_s) if t is not None]
     return ReferencePolicy(scenario.slo(), StaticPolicy(base_budget), statics + rules, horizon_s,
-                           replan_s, name=f"reference (MPC over static:{base_budget})")
+                           replan_s, name=":".join(["reference", str(base_budget), *given]))

@@ -46,7 +46,7 @@ def _multiprocess_value_class():
     front end does, for --api-server-count > 1) inherits in-memory values, which no
     other process can read; this process's own metrics then never reach /metrics.
     """
-    from prometheus_client import values
+    from prometheus_client import values  # imported late: it picks its value class once, at import
 
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR") and values.ValueClass is values.MutexValue:
         values.ValueClass = values.MultiProcessValue()
@@ -65,7 +65,7 @@ class Metrics:
         return cls._instance
 
     def __init__(self):
-        from prometheus_client import Counter, Gauge, Histogram
+        from prometheus_client import Counter, Gauge, Histogram  # late, as above: after the folder is set
 
         _multiprocess_value_class()
         labels = ("model_name", "engine")

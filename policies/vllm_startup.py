@@ -167,7 +167,7 @@ def served_model(vllm_config) -> dict:
 def served_hardware() -> dict:
     """The device as a provenance ``hardware`` block: its name mapped to the presets'
     (``device_hardware_name``) and its memory; ``cpu`` on vLLM's CPU backend."""
-    from vllm.platforms import current_platform
+    from vllm.platforms import current_platform  # vLLM: only in its processes
 
     if current_platform.is_cpu():
         # Host memory is not the model's budget there (VLLM_CPU_KVCACHE_SPACE is).
@@ -210,7 +210,7 @@ def check_table(table: BudgetTable, vllm_config, settings: Settings,
 
 
 def check_scheduler_mode(scheduler_cls: type, vllm_config) -> None:
-    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # vLLM: only in its processes
 
     if vllm_config.scheduler_config.async_scheduling and not issubclass(scheduler_cls,
                                                                         AsyncScheduler):
@@ -272,7 +272,7 @@ def register() -> None:
         return
     _registered = True
     try:
-        from vllm.engine.arg_utils import EngineArgs
+        from vllm.engine.arg_utils import EngineArgs  # vLLM: absent where this is no vLLM process
     except ImportError:  # not a vLLM process after all
         return
     original = EngineArgs.create_engine_config

@@ -243,7 +243,7 @@ def test_reward_ranks_two_statics_as_their_slo_outcomes(tmp_path):
     sc = Scenario(hardware=str(hw), model=str(model), rate=20.0, num_requests=80,
                   prompt="fixed:3000", output="fixed:40", slo_ttft_s=3.0, slo_itl_s=0.0095,
                   max_num_seqs=64, num_kv_blocks=4000)
-    w = sc.workload(1)
+    w = sc.arrivals(1)
     assert episode_cost(sc, w, StaticPolicy(362)) < episode_cost(sc, w, StaticPolicy(512))
 
 

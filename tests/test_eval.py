@@ -22,6 +22,10 @@ def test_every_policy_sees_identical_arrivals():
     seen = {}
 
     class Spy(StaticPolicy):
+        def __init__(self, tokens, name):
+            super().__init__(tokens)
+            self.name = name
+
         def budget(self, state):
             sim = state.simulator
             seen.setdefault(self.name, set()).add(
@@ -46,7 +50,7 @@ def test_workloads_are_disjoint_from_training_seeds():
     from envs.chunk_budget_env import ChunkBudgetEnv, EpisodeSampler
     from envs.seeds import EVAL_SEED_BASE
     a = workloads_for(TINY, 1, None)[0]
-    b = TINY.workload(EVAL_SEED_BASE)
+    b = TINY.arrivals(EVAL_SEED_BASE)
     assert np.array_equal(a.arrival_s, b.arrival_s)
     env = ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=20))
     env.reset(seed=0)
@@ -143,12 +147,15 @@ def test_a_table_against_its_flattened_twin_by_hand(tmp_path):
     from eval.compare import capacity_report
     from eval.suite import flat_counts
 
-    def res(name, *per):
-        return CapacityResult(name, "table", per, ())
+    def res(name, *per, flattens=None):
+        return CapacityResult(name, "table", per, (), flattens=flattens)
 
-    pols = {"table:T": res("a", 1.1, 1.2, 1.0), "table-flat:T": res("b", 1.0, 1.0, 1.0),
-            "table:U": res("c", 1.1, 1.1, 1.1), "table-flat:0.5:U": res("d", 1.0, 1.0, 1.0),
-            "table-flat:V": res("e", 2.0, 2.0, 2.0), "static:512": res("f", 0.5, 0.5, 0.5)}
+    # The pairs come from what each flat twin says it flattens, not from its name.
+    pols = {"table:T": res("a", 1.1, 1.2, 1.0), "table-flat:T": res("b", 1.0, 1.0, 1.0, flattens="table:T"),
+            "table:U": res("c", 1.1, 1.1, 1.1),
+            "table-flat:0.5:U": res("d", 1.0, 1.0, 1.0, flattens="table:U"),
+            "table-flat:V": res("e", 2.0, 2.0, 2.0, flattens="table:V"),
+            "static:512": res("f", 0.5, 0.5, 0.5)}
     study = CapacityStudy(Scenario(), pols, {1000: CapacityResult("s", "static", (1.0, 1.0, 1.0), ())})
     found = [(t, f, v.kind, round(v.rel, 4), round(v.half, 4)) for t, f, v in study.flat_verdicts()]
     assert found == [("table:T", "table-flat:T", "ties", 0.1, 0.2484),
@@ -161,7 +168,8 @@ def test_a_table_against_its_flattened_twin_by_hand(tmp_path):
     assert data["table:T"]["against_flat"] == {"table-flat:T": "ties (+10.0% ± 24.8%)"}
     assert data["table:U"]["against_flat"] == {"table-flat:0.5:U": "beats (+10.0% ± 0.0%)"}
     assert "table-flat:V" not in json.dumps({k: v for k, v in data.items() if k != "table-flat:V"})
-    other = CapacityStudy(Scenario(), {"table:T": res("a", 0.9, 0.9, 0.9), "table-flat:T": res("b", 1.0, 1.0, 1.0)},
+    other = CapacityStudy(Scenario(), {"table:T": res("a", 0.9, 0.9, 0.9),
+                                       "table-flat:T": res("b", 1.0, 1.0, 1.0, flattens="table:T")},
                           study.rungs)
     assert flat_counts(["s1", "s2"], [study, other]) == [
         "- table:T against table-flat:T (what its cells' dependence on state is worth): ties in 1 "
@@ -178,7 +186,8 @@ def test_trained_trace_overlap_is_said():
     class Learned(StaticPolicy):
         config = {"args": {"trace": "azure_conv_2023"}}
 
-    p = Learned(2048, "model:x")
+    p = Learned(2048)
+    p.name = "model:x"
     early = Scenario(trace="azure_conv_2023", window_start_s=100.0)
     late = Scenario(trace="azure_conv_2023", window_start_s=3000.0)
     assert "overlaps its training arrivals" in training_overlap(p, early)

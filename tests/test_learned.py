@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from envs.pricing import chunk_within
-from eval.export import build_table, scenario_provenance
+from eval.export.cells import build_table, scenario_provenance
 from policies import table as runtime
 from policies.table import BudgetTable
 
@@ -70,7 +70,8 @@ def test_export_builds_a_table_that_reproduces_a_state_dependent_policy():
     """A policy that shrinks its time budget as the KV cache fills: the exported table
     finds the feature and agrees with it on held-out decisions."""
     from envs.scenario import Scenario
-    from eval.export import action_spec, agreement, feature_values, pick_features
+    from eval.export.cells import action_spec, agreement
+    from eval.export.features import feature_values, pick_features
 
     rng = np.random.default_rng(0)
 
@@ -146,7 +147,7 @@ def test_export_report_says_when_the_policy_is_constant(capsys, tmp_path):
     from types import SimpleNamespace
 
     from envs.scenario import Scenario
-    from eval.export import report
+    from eval.export.report import report
 
     for cells, constant in (([1.0, 1.0, 1.0], True), ([1.0, 0.5, 0.25], False)):
         path = str(tmp_path / "t.json")
@@ -165,7 +166,7 @@ def test_export_report_warns_of_goodput_lost_only_where_the_model_serves(capsys,
     from types import SimpleNamespace
 
     from envs.scenario import Scenario
-    from eval.export import report
+    from eval.export.report import report
 
     for model_goodput, warned in ((0.5, True), (0.05, False)):
         path = str(tmp_path / "t.json")
@@ -189,7 +190,7 @@ def test_export_report_warns_of_capacity_lost_and_says_when_noise_cannot_tell(ca
     from types import SimpleNamespace
 
     from envs.scenario import Scenario
-    from eval.export import report
+    from eval.export.report import report
 
     def capacity(loss, ci, verdict):
         return {"model_capacity_rps": 1.0, "table_capacity_rps": 1 - loss, "loss": loss,
@@ -229,7 +230,9 @@ def test_export_measures_a_table_against_its_flat_twin(capsys, tmp_path):
     from envs.scenario import Scenario
     from envs.seeds import CAPACITY_SEEDS
     from eval.capacity import capacity_sweep
-    from eval.export import flat_check, report, rule_table
+    from eval.export.fidelity import flat_check
+    from eval.export.report import report
+    from eval.export.rules import rule_table
     from eval.harness import paired_verdict
     from policies.specs import make_policy
     from policies.table_policy import TablePolicy
@@ -349,11 +352,12 @@ def test_engine_slack_count_by_hand():
     assert (m.slow, m.tokens) == pytest.approx((2 * keep, 5 * keep))
 
 
-@pytest.mark.parametrize("teacher", ["g4", "h4"])
+@pytest.mark.parametrize("teacher", ["time-budget-slack", "time-budget-slack-kv"])
 def test_observation_and_teacher_read_the_slack(teacher):
     """The observation's itl_slack entry is the count's passes on a log scale, and the
-    slack teachers' clone targets equal their rules' choices in every state (h4 also
-    reads the KV usage: with a small cache it keeps from spending as the cache fills)."""
+    slack teachers' clone targets equal their rules' choices in every state (the KV-aware
+    one also reads the KV usage: with a small cache it keeps from spending as the cache
+    fills)."""
     import math
 
     from agents.setup import teacher_actions
@@ -361,13 +365,13 @@ def test_observation_and_teacher_read_the_slack(teacher):
     from envs.metrics import SLO
     from envs.observation import SLACK_INDEX, observe
     from envs.slack import SLACK_PASSES_TOP
-    from policies.baselines import TimeBudgetSlackPolicy
+    from policies.baselines import TimeBudgetSlackKVPolicy, TimeBudgetSlackPolicy
     from tests.conftest import make_sim
 
-    kv_aware = teacher == "h4"
+    kv_aware = teacher.endswith("-kv")
     sim = make_sim(SLACK_REQUESTS, budget_blocks=2000 if kv_aware else None,
                    hardware="a100-80g", model="llama-3-8b")
-    rule = TimeBudgetSlackPolicy(0.1, top=4.0, kv_aware=kv_aware)
+    rule = (TimeBudgetSlackKVPolicy if kv_aware else TimeBudgetSlackPolicy)(0.1, top=4.0)
     spent = kept = held_by_kv = 0
     while sim.advance():
         n, kv = sim.state().running_decodes, sim.state().kv_usage
@@ -385,7 +389,7 @@ def test_observation_and_teacher_read_the_slack(teacher):
     assert bool(held_by_kv) == kv_aware
 
 
-@pytest.mark.parametrize("teacher", ["t4", "u4"])
+@pytest.mark.parametrize("teacher", ["time-budget-deadline", "time-budget-deadline-kv"])
 def test_observation_and_teacher_read_when_the_queue_is_due(teacher):
     """The observation's prefill_due_vs_ttft entry is the deadline rule's projection over
     four TTFT targets, and the t4 teacher's clone targets equal the rule's choices in every
@@ -397,15 +401,15 @@ def test_observation_and_teacher_read_when_the_queue_is_due(teacher):
     from envs.pricing import prefill_due_s
     from envs.metrics import SLO
     from envs.observation import DUE_INDEX, observe
-    from policies.baselines import TimeBudgetDeadlinePolicy
+    from policies.baselines import TimeBudgetDeadlineKVPolicy, TimeBudgetDeadlinePolicy
     from tests.conftest import make_sim
 
-    kv_aware = teacher == "u4"
+    kv_aware = teacher.endswith("-kv")
     lone = [(3.0 * i, 6000, 20) for i in range(1, 10)]  # each due within 0.5 s
     pairs = [(30.0 + 5.0 * i, 12000, 20) for i in range(4) for _ in range(2)]  # due after 1.6 s
     sim = make_sim([(0.0, 60, 3000)] * 6 + lone + pairs, budget_blocks=2400 if kv_aware else None,
                    hardware="a100-80g", model="llama-3-8b")
-    rule = TimeBudgetDeadlinePolicy(0.1, 2.0, top=4.0, kv_aware=kv_aware)
+    rule = (TimeBudgetDeadlineKVPolicy if kv_aware else TimeBudgetDeadlinePolicy)(0.1, 2.0, top=4.0)
     spent = held = throttled = 0
     while sim.advance():
         state = sim.state()
@@ -461,7 +465,7 @@ def test_a_rule_table_is_the_rule_at_every_pass(spec, features, cells):
     simulator; its due-time edge sits one float above the threshold, as the rule compares
     strictly."""
     from envs.scenario import Scenario
-    from eval.export import rule_table
+    from eval.export.rules import rule_table
     from policies.specs import make_policy
     from policies.table_policy import TablePolicy
     from tests.conftest import make_sim
@@ -501,9 +505,9 @@ def test_a_flattened_table_is_the_time_budget_rule_at_every_pass(tmp_path):
     fraction outside (0, 16], an empty fraction or no path are refused naming the field."""
     from envs.errors import ConfigError
     from envs.scenario import Scenario
-    from eval.export import rule_table
-    from policies.specs import flat_twin, load_table_policy, make_policy
-    from policies.table_policy import TablePolicy
+    from eval.export.rules import rule_table
+    from policies.specs import make_policy
+    from policies.table_policy import TablePolicy, load_table_policy
     from tests.conftest import make_sim
 
     sc = Scenario(hardware="a100-80g", model="llama-3-8b")
@@ -519,11 +523,12 @@ def test_a_flattened_table_is_the_time_budget_rule_at_every_pass(tmp_path):
     assert list(BudgetTable.load(str(path)).action.cells) == [1.0, 1.0, 1.0, 4.0]
     assert "every cell at 1 of the ITL target" in flat.table.provenance["rule"]
     assert flat.table.fidelity == {} and all(flat.table.visited)
-    assert flat.name == f"table-flat:{path}" and flat_twin(flat.name) == f"table:{path}"
-    assert flat_twin(half.name) == f"table:{path}" and flat_twin(f"table:{path}") is None
-    assert flat_twin("table-flat:auto") == "table:auto" and flat_twin("table-flat:0.25:auto") == "table:auto"
-    assert flat_twin(odd.name) == f"table:{tmp_path}/2:t.json"
-    assert flat_twin("table-flat:0:x") == "table:x" and flat_twin("table-flat:2") == "table:2"  # unchecked
+    # A flat twin says which table it flattens (what a report pairs it with); a table does not.
+    assert flat.name == f"table-flat:{path}" and flat.flattens == f"table:{path}"
+    assert half.flattens == f"table:{path}" and not hasattr(make_policy(f"table:{path}", sc), "flattens")
+    assert odd.flattens == f"table:{tmp_path}/2:t.json" and flat.diagnostic and half.kind == "table"
+    auto = make_policy("table-flat:0.25:auto", Scenario())
+    assert auto.flattens == "table:auto" and set(auto.table.action.cells) == {0.25}
     assert load_table_policy(str(path), sc, flat=0.5).name == f"table-flat:0.5:{path}"
     rule, table = make_policy("time-budget:1", sc), TablePolicy(made)
     at_half = make_policy("time-budget:0.5", sc)
@@ -563,7 +568,7 @@ def test_the_kv_aware_deadline_rule_is_a_table_at_every_pass():
     every pass of a run on a cache that pairs of 12K-token prompts fill, which neither its
     export's check stream nor the rule's spending saw alone."""
     from envs.scenario import Scenario
-    from eval.export import rule_table
+    from eval.export.rules import rule_table
     from policies.baselines import KVSteps
     from policies.specs import make_policy
     from policies.table_policy import TablePolicy
@@ -602,7 +607,7 @@ def test_export_measures_what_a_table_does_at_capacity():
     from envs.scenario import Scenario
     from envs.seeds import CAPACITY_SEEDS
     from eval.capacity import probe_stream
-    from eval.export import rule_table
+    from eval.export.rules import rule_table
     from eval.table_use import _trace_task, table_use
 
     sc = Scenario(hardware="h100-sxm", model="llama-3-8b", rate=6.0, num_kv_blocks=6000)
@@ -693,7 +698,8 @@ def test_export_picks_the_slack_feature_a_rare_long_pass_hangs_on():
     decisions with slack for a pass: the rare long pass decides capacity, so the export
     picks the slack first (agreement alone would pick KV usage, which moves more cells)."""
     from envs.scenario import Scenario
-    from eval.export import action_spec, pick_features
+    from eval.export.cells import action_spec
+    from eval.export.features import pick_features
     from envs.slack import slack_passes
 
     rng = np.random.default_rng(1)
@@ -727,7 +733,8 @@ def test_export_adds_two_features_that_matter_only_together():
     import itertools
 
     from envs.scenario import Scenario
-    from eval.export import action_spec, pick_features
+    from eval.export.cells import action_spec
+    from eval.export.features import pick_features
 
     def states(repeat):  # every combination equally often: no feature helps by chance
         grid = np.array(list(itertools.product([0.2, 0.8], [0.5, 2.5], [0.02, 0.08])) * repeat)
@@ -759,12 +766,12 @@ def test_export_checks_the_table_at_the_serving_load(monkeypatch, capsys, tmp_pa
     one stream is not judged."""
     from types import SimpleNamespace
 
-    import eval.export as export
+    from eval.export import fidelity, report, select
     from envs.scenario import Scenario
     from policies.baselines import TimeBudgetPolicy
 
     sc = Scenario(rate=12.0, num_requests=80)
-    monkeypatch.setattr(export, "policy_for", lambda model, s: TimeBudgetPolicy(s.slo_itl_s, 1.0))
+    monkeypatch.setattr(select, "policy_for", lambda model, s: TimeBudgetPolicy(s.slo_itl_s, 1.0))
     args = SimpleNamespace(fidelity_seeds=6, fidelity_requests=80, workers=1, out=str(tmp_path / "t.json"))
 
     def reported(cells, fid):
@@ -772,17 +779,17 @@ def test_export_checks_the_table_at_the_serving_load(monkeypatch, capsys, tmp_pa
         data["fidelity"] = {"build_decisions": 100, "held_out_decisions": 50, "agreement": 1.0,
                             "goodput": fid}
         BudgetTable(data).save(args.out)
-        export.report(BudgetTable.load(args.out), 1.0, args)
+        report.report(BudgetTable.load(args.out), 1.0, args)
         return capsys.readouterr()
 
-    same = export.load_fidelity(None, time_table([1.0, 1.0, 1.0], sc), sc, args)
+    same = fidelity.load_fidelity(None, time_table([1.0, 1.0, 1.0], sc), sc, args)
     assert set(same) == {"serving", "+3 ms per pass", "tight KV cache"}
     for f in same.values():
         assert f["rate_rps"] == 12.0 and f["streams"] == 6 and f["verdict"] == "ties"
         assert f["model_goodput"] == f["table_goodput"] and f["loss"] == 0.0
     out = reported([1.0, 1.0, 1.0], same)
     assert "goodput on serving at 12 req/s: model" in out.out and "WARNING" not in out.err
-    low = export.load_fidelity(None, time_table([0.25, 0.25, 0.25], sc), sc, args)
+    low = fidelity.load_fidelity(None, time_table([0.25, 0.25, 0.25], sc), sc, args)
     for f in low.values():
         assert f["table_goodput"] < f["model_goodput"] and f["verdict"] == "falls short"
         assert f["loss"] == pytest.approx(1 - f["table_goodput"] / f["model_goodput"])
@@ -791,12 +798,12 @@ def test_export_checks_the_table_at_the_serving_load(monkeypatch, capsys, tmp_pa
     assert (f"goodput on serving at 12 req/s: model {f['model_goodput']:.3f}, table "
             f"{f['table_goodput']:.3f} ({-f['loss']:+.1%}") in out.out
     assert "WARNING: at the serving load the table falls short of the model's goodput" in out.err
-    one = export.load_fidelity(None, time_table([0.25, 0.25, 0.25], sc), sc,
+    one = fidelity.load_fidelity(None, time_table([0.25, 0.25, 0.25], sc), sc,
                                SimpleNamespace(fidelity_seeds=1, fidelity_requests=80, workers=1))
     assert all(f["verdict"] == "not judged" and f["loss"] is None for f in one.values())
     out = reported([0.25, 0.25, 0.25], one)
     assert "not judged" in out.out and "goodput" not in out.err
-    assert export.load_fidelity(None, None, sc, SimpleNamespace(fidelity_seeds=0)) == {}
+    assert fidelity.load_fidelity(None, None, sc, SimpleNamespace(fidelity_seeds=0)) == {}
 
 
 def test_export_aggregates_the_states_its_table_leads_to(monkeypatch):
@@ -807,7 +814,7 @@ def test_export_aggregates_the_states_its_table_leads_to(monkeypatch):
     model's decisions alone."""
     from types import SimpleNamespace
 
-    import eval.export as export
+    from eval.export import cells, dagger, record
     from envs.actions import pass_budget
     from envs.scenario import Scenario
 
@@ -828,16 +835,16 @@ def test_export_aggregates_the_states_its_table_leads_to(monkeypatch):
         def budget_for_value(self, state, v):
             return pass_budget(state, "time", v, self.slo.itl_s)
 
-    monkeypatch.setattr(export, "policy_for", lambda model, s: Rule(s))
+    monkeypatch.setattr(record, "policy_for", lambda model, s: Rule(s))
     sc = Scenario(rate=10.0, num_requests=120)
     episodes = ([(sc, sc.stream(0, 1, 5))], [(sc, sc.stream(0, 1, 6))])
-    own = tuple(export.collect(None, eps) for eps in episodes)
-    action = export.action_spec(SimpleNamespace(actions="time"), sc)
+    own = tuple(record.collect(None, eps) for eps in episodes)
+    action = cells.action_spec(SimpleNamespace(actions="time"), sc)
     prov = scenario_provenance(sc)
 
     def run(rounds):
         args = SimpleNamespace(dagger_rounds=rounds, buckets=4)
-        return export.dagger_rounds(None, episodes, own, ["running_decodes"], args, prov, action)
+        return dagger.dagger_rounds(None, episodes, own, ["running_decodes"], args, prov, action)
 
     (only,) = run(0)
     assert only.features == ["running_decodes"] and only.build[1].tolist() == own[0][1].tolist()
@@ -866,14 +873,14 @@ def test_export_keeps_the_round_that_keeps_most_of_its_model(monkeypatch):
     where the model serves nothing are left out."""
     from types import SimpleNamespace
 
-    import eval.export as export
+    from eval.export import select
     from envs.scenario import Scenario
 
     def choose(goodput, capacity):
-        monkeypatch.setattr(export, "goodput_runs", lambda *a, **k: np.asarray(goodput, dtype=float))
+        monkeypatch.setattr(select, "goodput_runs", lambda *a, **k: np.asarray(goodput, dtype=float))
         rps = np.asarray(capacity, dtype=float)
-        monkeypatch.setattr(export, "capacity_runs", lambda *a, **k: export.CapacityRuns(rps, rps / 2))
-        return export.select_round(None, [None] * (len(goodput[0][0]) - 1), Scenario(),
+        monkeypatch.setattr(select, "capacity_runs", lambda *a, **k: select.CapacityRuns(rps, rps / 2))
+        return select.select_round(None, [None] * (len(goodput[0][0]) - 1), Scenario(),
                                    SimpleNamespace(fidelity_requests=80, workers=1, select_streams=3))
 
     same = [[[2.0, 2.0, 2.0, 2.0]] * 3]
@@ -900,13 +907,13 @@ def test_export_keeps_the_round_that_keeps_most_of_its_model(monkeypatch):
     got = choose(found, [[[1.0, 1.0, 1.0]] * 4])
     assert got["chosen"] == 0 and got["streams"] == 4 and got["goodput_kept"][1] < 0.7
     assert choose([[[math.nan, 0.5, 0.9]]], [[[0.0, 0.5, 0.9]]]) == {"chosen": 0, "streams": 0}
-    assert export.select_round(None, [None], Scenario(), None) == {"chosen": 0}
+    assert select.select_round(None, [None], Scenario(), None) == {"chosen": 0}
     # --select-streams: that many streams per scenario for both measures.
     asked = []
-    monkeypatch.setattr(export, "goodput_runs", lambda *a, **k: asked.append(a[3]) or np.ones((3, 7, 3)))
-    monkeypatch.setattr(export, "capacity_runs",
-                        lambda *a, **k: asked.append(a[3]) or export.CapacityRuns(*[np.ones((3, 7, 3))] * 2))
-    got = export.select_round(None, [None] * 2, Scenario(),
+    monkeypatch.setattr(select, "goodput_runs", lambda *a, **k: asked.append(a[3]) or np.ones((3, 7, 3)))
+    monkeypatch.setattr(select, "capacity_runs",
+                        lambda *a, **k: asked.append(a[3]) or select.CapacityRuns(*[np.ones((3, 7, 3))] * 2))
+    got = select.select_round(None, [None] * 2, Scenario(),
                               SimpleNamespace(fidelity_requests=80, workers=1, select_streams=7))
     assert asked == [7, 7] and got["streams"] == 21
 
@@ -916,7 +923,7 @@ def test_export_lays_out_capacities_by_scenario_stream_and_policy(monkeypatch):
     order the sweep runs its pairs in, capacities and load factors alike, and passes its
     seed base to the sweep."""
     import eval.capacity as capacity
-    import eval.export as export
+    from eval.export import select
     from eval.capacity import CapacityResult
 
     seen = {}
@@ -928,10 +935,10 @@ def test_export_lays_out_capacities_by_scenario_stream_and_policy(monkeypatch):
                                tuple(-(100 * (k // 3) + 10 * (k % 3) + i) for i in range(seeds)))
                 for k in range(len(pairs))]
 
-    monkeypatch.setattr(capacity, "capacity_sweep", sweep)
-    monkeypatch.setattr(export, "policy_for", lambda model, sc: "model")
-    monkeypatch.setattr(export, "TablePolicy", lambda t, name: t)
-    got = export.capacity_runs(None, ["t1", "t2"], {"a": "A", "b": "B"}, 4, 123, 50, 1, "x")
+    monkeypatch.setattr(select, "capacity_sweep", sweep)
+    monkeypatch.setattr(select, "policy_for", lambda model, sc: "model")
+    monkeypatch.setattr(select, "TablePolicy", lambda t, name: t)
+    got = select.capacity_runs(None, ["t1", "t2"], {"a": "A", "b": "B"}, 4, 123, 50, 1, "x")
     assert got.rps.shape == got.factors.shape == (2, 4, 3) and seen["seed_base"] == 123
     for s in range(2):
         for i in range(4):
@@ -966,7 +973,7 @@ def test_capacity_streams_come_from_the_seed_base_asked_for(monkeypatch):
 def test_export_report_names_the_round_kept(capsys, tmp_path):
     from types import SimpleNamespace
 
-    import eval.export as export
+    from eval.export import report
     from envs.scenario import Scenario
 
     data = time_table([1.0, 0.5, 0.25], Scenario()).to_dict()
@@ -990,7 +997,7 @@ def test_export_report_names_the_round_kept(capsys, tmp_path):
                          ({"rounds": 0, "chosen": 0}, None)]:
         data["provenance"] = {**data["provenance"], "dagger": dagger}
         BudgetTable(data).save(tmp_path / "t.json")
-        export.report(BudgetTable.load(tmp_path / "t.json"), 1.0, SimpleNamespace(out="t.json"))
+        report.report(BudgetTable.load(tmp_path / "t.json"), 1.0, SimpleNamespace(out="t.json"))
         out = capsys.readouterr().out
         assert (line in out) if line else "kept:" not in out
 
@@ -998,7 +1005,7 @@ def test_export_report_names_the_round_kept(capsys, tmp_path):
 def test_export_finds_cells_as_the_runtime_looks_them_up():
     """The export's vectorised cell index and votes agree with the runtime's one-decision
     lookup (bisect) and with a count by hand, on values at, between and beyond the edges."""
-    from eval.export import cell_modes, cells_of
+    from eval.export.cells import cell_modes, cells_of
 
     rng = np.random.default_rng(3)
     from envs.scenario import Scenario
@@ -1025,7 +1032,7 @@ def test_export_features_may_carry_their_own_edges():
     """``--features name:e1:e2`` fixes that feature's edges; a name alone takes the edges
     where the model's choice changes; bad names and edges are one-line errors."""
     from envs.errors import ConfigError
-    from eval.export import feature_specs
+    from eval.export.features import feature_specs
 
     assert feature_specs("itl_slack_passes:1:2.5, prefill_due_s:6:8:10,last_step_s") == (
         ["itl_slack_passes", "prefill_due_s", "last_step_s"],
@@ -1052,7 +1059,7 @@ def test_export_refines_cells_where_closed_loop_capacity_says(monkeypatch):
     from types import SimpleNamespace
 
     import eval.capacity as capacity
-    import eval.export as export
+    from eval.export import cells, dagger, refine
     from envs.scenario import Scenario
     from eval.capacity import CapacityResult
 
@@ -1087,32 +1094,32 @@ def test_export_refines_cells_where_closed_loop_capacity_says(monkeypatch):
 
     values = np.array([1.0] * 895 + [16.0] * 100 + [4.0] * 5)
     at_capacity = {"running_decodes": np.array([1.0, 2.0, 30.0, 40.0]), "budget": np.ones(4)}
-    monkeypatch.setattr(capacity, "capacity_sweep", sweep)
-    monkeypatch.setattr(export, "cells_looked_up", looked_up)
-    monkeypatch.setattr(export, "policy_for", lambda model, sc: "model")
-    monkeypatch.setattr(export, "collect",
+    monkeypatch.setattr(refine, "capacity_sweep", sweep)
+    monkeypatch.setattr(refine, "cells_looked_up", looked_up)
+    monkeypatch.setattr(refine, "policy_for", lambda model, sc: "model")
+    monkeypatch.setattr(refine, "collect",
                         lambda model, eps: (at_capacity, np.array([1.0, 1.0, 16.0, 16.0])))
     sc = Scenario()
     prov = {**scenario_provenance(sc), "rule": "r"}
-    action = export.time_action(sc)
+    action = cells.time_action(sc)
 
     def round_(cells):
         data = {"schema_version": runtime.SCHEMA_VERSION, "kind": runtime.KIND, "action": action,
                 "features": [{"name": "running_decodes", "edges": [4.0, 16.0]}],
                 "fractions": cells, "default_budget": 512, "provenance": prov}
-        return export.Round(BudgetTable(data), ["running_decodes"], ({}, values), ({}, values))
+        return dagger.Round(BudgetTable(data), ["running_decodes"], ({}, values), ({}, values))
 
     rounds = [round_([16.0, 1.0, 1.0]), round_([1.0, 1.0, 1.0])]
     args = SimpleNamespace(refine_streams=3, fidelity_requests=80, workers=1, buckets=4,
                            refine_on="serving", run_dir=None)
-    got = export.refine(None, rounds, sc, args, prov, action)  # the model serves nothing
+    got = refine.refine_table(None, rounds, sc, args, prov, action)  # the model serves nothing
     assert list(got.table.action.cells) == [1.0, 1.0, 16.0]
     assert ("from round 1's table (cells also from the states the tables of the first 1 DAgger "
             "round(s) led to), 1 cell(s) changed") in got.table.provenance["rule"]
     assert got.table.provenance["refined_cells"] == [2]
-    assert set(seen) == {export.TABLE_REFINE_SEEDS}
+    assert set(seen) == {refine.TABLE_REFINE_SEEDS}
     model_factor[0] = 1.0  # its decisions at capacity: 1 in cells 0-1, 16 in cell 2, kept as is
-    got = export.refine(None, rounds, sc, args, prov, action)
+    got = refine.refine_table(None, rounds, sc, args, prov, action)
     assert list(got.table.action.cells) == [1.0, 1.0, 16.0]
     assert ("from the model's decisions at its capacity, 0 cell(s) changed"
             in got.table.provenance["rule"])
@@ -1121,7 +1128,7 @@ def test_export_refines_cells_where_closed_loop_capacity_says(monkeypatch):
     tokens = {k: v for k, v in round_([1.0, 1.0, 1.0]).table.to_dict().items() if k != "fractions"}
     tokens = {**tokens, "action": {"kind": "tokens"}, "budgets": [1, 1, 1]}
     token_values = np.array([1] * 900 + [16] * 100)
-    got = export.refine(None, [export.Round(BudgetTable(tokens), ["running_decodes"],
+    got = refine.refine_table(None, [dagger.Round(BudgetTable(tokens), ["running_decodes"],
                                             ({}, token_values), ({}, token_values))],
                         sc, args, prov, None)
     assert got.table.action.kind == "tokens" and list(got.table.action.cells) == [1, 1, 16]
@@ -1131,10 +1138,10 @@ def test_export_refines_cells_where_closed_loop_capacity_says(monkeypatch):
     # on the third, so it stays; the model's decisions at capacity come from all three.
     scenarios.clear()
     probed = []
-    monkeypatch.setattr(capacity, "probe_stream",
+    monkeypatch.setattr(refine, "probe_stream",
                         lambda sc, i, n, r, f, seed_base: probed.append(sc) or (sc, None))
     model_factor[0] = 1.0
-    got = export.refine(None, rounds, sc, SimpleNamespace(**{**vars(args), "refine_on": "final"}),
+    got = refine.refine_table(None, rounds, sc, SimpleNamespace(**{**vars(args), "refine_on": "final"}),
                         prov, action)
     assert list(got.table.action.cells) == [1.0, 1.0, 1.0]
     assert set(map(len, scenarios)) == {3} and all(len(set(s)) == 3 for s in scenarios)
@@ -1147,7 +1154,7 @@ def test_a_killed_cell_search_resumes_where_it_stopped(tmp_path):
     on the same cells, values and streams it goes on from there and ends where an unbroken
     search ends, with fewer sweeps; a place saved for other cells, or a corrupt file, is
     ignored; the file goes when the search ends."""
-    import eval.export as export
+    from eval.export import cells, refine
 
     def search(progress, kill_at=None, reads=False):
         calls = []
@@ -1163,7 +1170,7 @@ def test_a_killed_cell_search_resumes_where_it_stopped(tmp_path):
             return [set(range(4))] * 4, np.full(4, 1.0 + 0.05 * cells.count(16.0) - 0.02 * cells.count(4.0))
 
         cells = [1.0, 1.0, 4.0, 1.0]
-        changed = export.search_cells(cells, [1.0, 4.0, 16.0], np.ones(4), capacities, 4,
+        changed = refine.search_cells(cells, [1.0, 4.0, 16.0], np.ones(4), capacities, 4,
                                       lambda c: list(c), progress, looked_up if reads else None)
         return cells, changed, calls
 
@@ -1191,7 +1198,7 @@ def test_a_cell_a_table_does_not_read_on_a_stream_cannot_change_its_capacity_the
     cache reaches high KV usage), a value changed in a cell leaves the capacity of every
     stream that does not read it as it was (the simulator is deterministic), and the
     refinement's measure on some streams is the full sweep's on those."""
-    import eval.export as export
+    from eval.export import refine
     from agents.summary import final_scenarios
     from envs.scenario import Scenario
     from eval.capacity import capacity_sweep
@@ -1211,7 +1218,7 @@ def test_a_cell_a_table_does_not_read_on_a_stream_cannot_change_its_capacity_the
         return np.asarray([c for r in found for c in r.per_stream])
 
     base = caps([1.0] * 12)
-    seen, found = export.cells_looked_up(make([1.0] * 12), scs, 1, 80, 4242)
+    seen, found = refine.cells_looked_up(make([1.0] * 12), scs, 1, 80, 4242)
     assert len(seen) == 3 and len({frozenset(c) for c in seen}) > 1 and np.array_equal(found, base)
     changed = 0
     for cell in range(12):
@@ -1220,7 +1227,7 @@ def test_a_cell_a_table_does_not_read_on_a_stream_cannot_change_its_capacity_the
         assert np.array_equal(other[unread], base[unread]), cell
         changed += not np.array_equal(other, base)
     assert changed  # a cell it reads does change it
-    runs = export.RefineStreams(scs, 2, 80, LocalExecutor())  # streams numbered scenario by scenario
+    runs = refine.RefineStreams(scs, 2, 80, LocalExecutor())  # streams numbered scenario by scenario
     full = runs.capacities([make([16.0] * 12)], "x")
     assert np.array_equal(runs.capacities([make([16.0] * 12)], "x", [1, 2, 5]), full[:, [1, 2, 5]])
 
@@ -1230,7 +1237,7 @@ def test_the_cell_search_measures_a_cell_only_where_the_table_reads_it():
     where no stream reads it, takes the sets again after a change, and checks their
     capacities against the current ones: a mismatch measures every cell on every
     stream."""
-    import eval.export as export
+    from eval.export import refine
 
     measured, visits = [], []
 
@@ -1243,14 +1250,14 @@ def test_the_cell_search_measures_a_cell_only_where_the_table_reads_it():
         return [{0}, {0, 1}], np.asarray([1.0, 1.2 if cells[1] == 4.0 else 1.0])
 
     cells = [1.0, 1.0, 1.0]
-    assert export.search_cells(cells, [1.0, 4.0], np.ones(2), capacities, 2, list,
+    assert refine.search_cells(cells, [1.0, 4.0], np.ones(2), capacities, 2, list,
                                looked_up=looked_up) == [1]
     assert cells == [1.0, 4.0, 1.0]  # +20% on the one stream that reads it: +10% in the mean
     assert measured == [("1", [0, 1]), ("2", [1]), ("1", [0, 1]), ("2", [1])]
     assert visits == [[1.0, 1.0, 1.0], [1.0, 4.0, 1.0]]
     measured.clear()
     cells = [1.0, 1.0, 1.0]
-    export.search_cells(cells, [1.0, 4.0], np.full(2, 1.1), capacities, 2, list,
+    refine.search_cells(cells, [1.0, 4.0], np.full(2, 1.1), capacities, 2, list,
                         looked_up=looked_up)  # capacities that do not match: everything measured
     assert measured == [("1", [0, 1]), ("2", [0, 1]), ("3", [0, 1])]
 
@@ -1259,18 +1266,18 @@ def test_refined_table_not_kept_is_written_to_the_run_directory(tmp_path):
     """A refinement's table is written to the run directory when the choice keeps another
     (not beside --out: the presets' is tables/), with the choice's figures, and loads with
     the same cells."""
-    import eval.export as export
+    from eval.export import cells, refine
     from envs.scenario import Scenario
 
-    assert export.refined_path("runs/x") == str(Path("runs/x/refined_table.json"))
+    assert refine.refined_path("runs/x") == str(Path("runs/x/refined_table.json"))
     sc = Scenario()
-    action = export.time_action(sc)
+    action = cells.time_action(sc)
     data = {"schema_version": runtime.SCHEMA_VERSION, "kind": runtime.KIND, "action": action,
             "features": [{"name": "running_decodes", "edges": [4.0, 16.0]}],
             "fractions": [1.0, 4.0, 16.0], "default_budget": 512,
             "provenance": {**scenario_provenance(sc), "rule": "r", "refined_cells": [1]}}
     dagger = {"candidates": ["round 0", "refined", "time-budget-deadline-kv:4"], "chosen": 2}
-    path = export.save_refined(BudgetTable(data), dagger, str(tmp_path))
+    path = refine.save_refined(BudgetTable(data), dagger, str(tmp_path))
     assert path == str(tmp_path / "refined_table.json")
     back = BudgetTable.load(path)
     assert list(back.action.cells) == [1.0, 4.0, 16.0]

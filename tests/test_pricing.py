@@ -181,7 +181,7 @@ def test_the_table_runtime_converts_with_the_contract_after_a_json_round_trip():
     import json
 
     from envs.scenario import Scenario
-    from eval.export import scenario_provenance
+    from eval.export.cells import scenario_provenance
     from policies.table import BudgetTable
 
     sc = Scenario(hardware="a100-80g")

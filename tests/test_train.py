@@ -48,7 +48,8 @@ def test_smoke_run_writes_a_complete_run_directory(tmp_path, algo):
     assert set(summary["capacity"]) == {"serving", "+3 ms per pass", "tight KV cache"}
     for study in summary["capacity"].values():
         assert study["_hindsight_static"]["budget"] > 0
-        assert {f"learned ({algo})", "time-budget"} <= set(study)
+        assert {f"model:{run}", "time-budget"} <= set(study)  # the learned policy, by its spec
+        assert study[f"model:{run}"]["kind"] == "learned"
     assert "Job 1" in (run / "summary.md").read_text()
     config = json.loads((run / "config.json").read_text())
     assert config["args"]["algo"] == algo and config["scenario"]["hardware"] == "h100-sxm"
@@ -123,7 +124,7 @@ def test_resume_skips_a_checkpoint_whose_statistics_are_missing_or_cut_short(tmp
     import gymnasium as gym
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-    import agents.setup
+    import agents.training
     from agents.training import resumable_checkpoint
     from envs.errors import ConfigError
 
@@ -135,7 +136,7 @@ def test_resume_skips_a_checkpoint_whose_statistics_are_missing_or_cut_short(tmp
     stats.save(str(folder / "ckpt_vecnormalize_128_steps.pkl"))
     (folder / "ckpt_vecnormalize_256_steps.pkl").write_bytes(pickle.dumps({"obs_rms": None}))
     (folder / "ckpt_vecnormalize_512_steps.pkl").write_bytes(b"")
-    monkeypatch.setattr(agents.setup, "load_model", lambda algo, path: f"model from {path.name}")
+    monkeypatch.setattr(agents.training, "load_model", lambda algo, path: f"model from {path.name}")
     ckpt, model, found = resumable_checkpoint(tmp_path, "ppo")
     assert ckpt.name == "ckpt_128_steps.zip" and model == "model from ckpt_128_steps.zip"
     assert isinstance(found, VecNormalize) and found.clip_obs == stats.clip_obs
@@ -187,8 +188,8 @@ def test_resume_keeps_the_run_s_own_values_and_refuses_any_flag_that_differs(tmp
     del old["args"]["teacher"]
     (tmp_path / "config.json").write_text(json.dumps(old))
     assert resumed().teacher is None
-    with pytest.raises(ConfigError, match="^teacher: got 't4', but the run being resumed was trained without --teacher;"):
-        resumed("--teacher", "t4")
+    with pytest.raises(ConfigError, match="^teacher: got 'time-budget-deadline', but the run being resumed was trained without --teacher;"):
+        resumed("--teacher", "time-budget-deadline")
     # A config.json that parses but was edited or cut is one line, not a traceback.
     good = json.loads((tmp_path / "config.json").read_text())
     for change, needle in (({"args": {k: v for k, v in saved.items() if k != "n_envs"}},
@@ -206,10 +207,10 @@ def test_dropped_training_conditions_are_said(monkeypatch, capsys):
 
     args = train.Args(conditions=3)
     drawn = agents.conditions.draw_conditions(args.scenario(), 3, args.seed)
-    monkeypatch.setattr(agents.conditions, "with_capacities", lambda sc, conds, **kw: conds[:1])
+    monkeypatch.setattr(train, "with_capacities", lambda sc, conds, **kw: conds[:1])
     assert train.draw_training_conditions(args, args.scenario(), None) == drawn[:1]
     assert "dropped 2 of 3 conditions: under" in capsys.readouterr().out
-    monkeypatch.setattr(agents.conditions, "with_capacities", lambda sc, conds, **kw: [])
+    monkeypatch.setattr(train, "with_capacities", lambda sc, conds, **kw: [])
     assert train.draw_training_conditions(args, args.scenario(), None) == []
     assert "dropped 3 of 3 conditions" in (out := capsys.readouterr().out)
     assert "training on the scenario alone, at its own load" in out
@@ -225,7 +226,7 @@ def test_a_resume_from_an_older_checkpoint_evaluates_the_steps_it_learns_again(t
     (tmp_path / "best.json").write_text(json.dumps({"cost": 1.5, "last_eval": 1024, "history": history}))
     monkeypatch.setattr(agents.checks, "draw_episodes", lambda *a, **k: [])
     monkeypatch.setattr(agents.checks, "constant_costs", lambda eps, names, **k: {names[0]: np.zeros(1)})
-    config = {"conditions": [], "checks": {"best_constant": "f1"}, "ladder": [1.0], "actions": "time",
+    config = {"conditions": [], "checks": {"best_constant": "time-budget:1"}, "ladder": [1.0], "actions": "time",
               "action_type": "discrete"}
     args = train.Args()
     back = train.evaluator(args, config, args.scenario(), tmp_path, timesteps=768)
@@ -390,8 +391,9 @@ def test_bad_options_are_one_line_errors(tmp_path):
         (["--learning-rate", "nan"], "learning_rate: got nan"),
         (["--load-low", "2", "--load-high", "1"], "load_high: got 1.0"),
         (["--conditions", "5000"], "conditions: got 5000"),
-        (["--teacher", "x9"], "teacher: got 'x9', must be one of f0.25,"),
-        (["--teacher", "t4", "--actions", "tokens"], "teacher: got 't4', needs --actions time"),
+        (["--teacher", "x9"], "teacher: got 'x9', must be one of time-budget:0.25,"),
+        (["--teacher", "t4"], "teacher: got 't4', must be one of time-budget:0.25,"),
+        (["--teacher", "time-budget-deadline", "--actions", "tokens"], "teacher: got 'time-budget-deadline', needs --actions time"),
     ]:
         out = cli("train.py", *args, "--run-dir", str(tmp_path / "x"))
         assert out.returncode == 2, (args, out.stderr)
@@ -443,20 +445,20 @@ def test_teacher_is_the_best_measured_capacity_among_cost_ties():
     rng = np.random.default_rng(0)
     base = rng.uniform(0, 2, 24)
     wobble = np.tile([0.35, -0.25], 12)  # mean +0.05 (about 5%), spread 0.3: within the interval
-    costs = {"k1": base, "h16": base + wobble, "f0.5": base + 5.0}
-    ranking = {"rows": [{"policy": "k1", "relative_capacity": 0.91},
-                        {"policy": "h16", "relative_capacity": 0.96},
-                        {"policy": "f0.5", "relative_capacity": 0.99}]}
-    assert teacher_choice(costs) == "k1"  # no ranking: the lowest cost
-    assert teacher_choice(costs, ranking) == "h16"  # f0.5 serves more but costs clearly more
-    costs["h16"] = base + 1.0  # no longer a tie
-    assert teacher_choice(costs, ranking) == "k1"
+    costs = {"time-budget-kv:1": base, "time-budget-slack-kv:16": base + wobble, "time-budget:0.5": base + 5.0}
+    ranking = {"rows": [{"policy": "time-budget-kv:1", "relative_capacity": 0.91},
+                        {"policy": "time-budget-slack-kv:16", "relative_capacity": 0.96},
+                        {"policy": "time-budget:0.5", "relative_capacity": 0.99}]}
+    assert teacher_choice(costs) == "time-budget-kv:1"  # no ranking: the lowest cost
+    assert teacher_choice(costs, ranking) == "time-budget-slack-kv:16"  # f0.5 serves more but costs clearly more
+    costs["time-budget-slack-kv:16"] = base + 1.0  # no longer a tie
+    assert teacher_choice(costs, ranking) == "time-budget-kv:1"
 
 
 def test_a_model_of_another_observation_version_is_refused_in_one_line(tmp_path):
     from types import SimpleNamespace
 
-    from agents.runs import check_observations
+    from policies.learned import check_observations
     from envs.errors import ConfigError
     from envs.observation import OBSERVATION_FIELDS
 
@@ -486,7 +488,7 @@ def test_each_condition_keeps_its_own_best_fixed_choice():
     light = dict(prompt="short-long", output="lognormal:128:0.8:1024", arrival="poisson",
                  slo_ttft_s=10.0, slo_itl_s=0.2, capacity_rps=0.5)
     sampler = EpisodeSampler(load_range=(1.1, 1.3), episode_s=60.0, conditions=(tight, light))
-    assert condition_teachers(base, sampler, ["g4"], "k1", per_condition=3, seed=5) == ["g4", "k1"]
+    assert condition_teachers(base, sampler, ["time-budget-slack"], "time-budget-kv:1", per_condition=3, seed=5) == ["time-budget-slack", "time-budget-kv:1"]
 
 
 def test_imitation_follows_each_environments_condition():
@@ -508,12 +510,12 @@ def test_imitation_follows_each_environments_condition():
     raw = np.zeros((3, len(OBSERVATION_FIELDS)), dtype=np.float32)
     raw[:, 3] = 0.9  # a nearly full cache: k1 shrinks the time budget
     venv = SimpleNamespace(get_attr=lambda name: scs if name == "episode_scenario" else None)
-    got = _teacher_actions_by_env(venv, raw, "f0.5", FRACTION_LADDER, ["k1", "f1"], conds)
-    want = [teacher_actions(n, FRACTION_LADDER, raw[i:i + 1])[0] for i, n in enumerate(["k1", "f1", "f0.5"])]
+    got = _teacher_actions_by_env(venv, raw, "time-budget:0.5", FRACTION_LADDER, ["time-budget-kv:1", "time-budget:1"], conds)
+    want = [teacher_actions(n, FRACTION_LADDER, raw[i:i + 1])[0] for i, n in enumerate(["time-budget-kv:1", "time-budget:1", "time-budget:0.5"])]
     assert got.tolist() == want
     assert FRACTION_LADDER[got[0]] < 1.0 == FRACTION_LADDER[got[1]]
-    assert _teacher_actions_by_env(venv, raw, "f0.5", FRACTION_LADDER, None, conds).tolist() == \
-        teacher_actions("f0.5", FRACTION_LADDER, raw).tolist()
+    assert _teacher_actions_by_env(venv, raw, "time-budget:0.5", FRACTION_LADDER, None, conds).tolist() == \
+        teacher_actions("time-budget:0.5", FRACTION_LADDER, raw).tolist()
 
 
 def test_a_given_teacher_is_kept_over_the_checks_pick(monkeypatch, capsys):
@@ -521,36 +523,38 @@ def test_a_given_teacher_is_kept_over_the_checks_pick(monkeypatch, capsys):
     ranking, but neither replaces it, and each condition's teacher is picked against it."""
     import numpy as np
 
-    import agents.checks as checks
+    import train as checks  # the checks' functions as train.py holds them
     import train
 
     names_seen = {}
     monkeypatch.setattr(checks, "draw_episodes", lambda *a, **k: list(range(6)))
     monkeypatch.setattr(checks, "constant_costs", lambda episodes, names, **_: {
-        n: np.full(len(episodes), 0.5 if n == "u4" else 3.0) for n in names})
+        n: np.full(len(episodes), 0.5 if n == "time-budget-deadline-kv" else 3.0) for n in names})
     monkeypatch.setattr(checks, "ranking_check", lambda *a, **k: {
-        "spearman": 0.9, "conditions": 5, "rows": [{"policy": "u4", "relative_capacity": 1.0}]})
+        "spearman": 0.9, "conditions": 5, "rows": [{"policy": "time-budget-deadline-kv", "relative_capacity": 1.0}]})
     monkeypatch.setattr(checks, "condition_teachers", lambda base, sampler, names, teacher, *a, **k:
                         names_seen.setdefault("teacher", teacher) and [teacher])
     monkeypatch.setattr(checks, "room_check",
                         lambda *a, **k: {"gain": 0.0, "gain_ci95": 0.0, "episodes": 6})
     conditions = [{"capacity_rps": 1.0}]
-    for teacher, want in ((None, "u4"), ("t4", "t4")):
+    for teacher, want in ((None, "time-budget-deadline-kv"), ("time-budget-deadline", "time-budget-deadline")):
         args = train.Args(teacher=teacher, conditions=1, workers=1)
         args.validate()
         names_seen.clear()
         out = train.pretraining_checks(args, args.scenario(), conditions, None)
         assert out["best_constant"] == want and names_seen["teacher"] == want
-        assert out["lowest_cost"] == "u4" and out.get("teacher_given", False) == (teacher is not None)
+        assert out["lowest_cost"] == "time-budget-deadline-kv" and out.get("teacher_given", False) == (teacher is not None)
     train.print_checks(out)
     printed = capsys.readouterr().out
-    assert "teacher as given (--teacher): t4 (cost 3.00" in printed and "the checks' pick: u4" in printed
-    assert out["checks_pick"] == "u4"
+    assert ("teacher as given (--teacher): time-budget-deadline (cost 3.00" in printed
+            and "the checks' pick: time-budget-deadline-kv" in printed)
+    assert out["checks_pick"] == "time-budget-deadline-kv"
     from agents.summary import teacher_line
 
-    assert teacher_line(out) == "- teacher: t4, given (--teacher); the checks' pick: u4"
-    args = train.Args(teacher="t4", checks=False)  # without the checks it is still the teacher
-    assert train.pretraining_checks(args, args.scenario(), conditions, None)["best_constant"] == "t4"
+    assert teacher_line(out) == ("- teacher: time-budget-deadline, given (--teacher); the checks' pick: "
+                                 "time-budget-deadline-kv")
+    args = train.Args(teacher="time-budget-deadline", checks=False)  # without the checks it is still the teacher
+    assert train.pretraining_checks(args, args.scenario(), conditions, None)["best_constant"] == "time-budget-deadline"
 
 
 def test_a_condition_teacher_keeps_the_overall_teachers_top_among_ties(monkeypatch):
@@ -564,9 +568,9 @@ def test_a_condition_teacher_keeps_the_overall_teachers_top_among_ties(monkeypat
 
     per = 4
     table = {  # condition -> name -> costs of its episodes
-        0: {"g4": [8, 9, 7, 8], "k0.917": [0, 0, 0, 0], "h4": [0, 0, 0, 0], "f1": [9, 9, 9, 9]},
-        1: {"g4": [3, 0, 2, 1], "k0.917": [9, 9, 8, 9], "h4": [3, 0, 2, 1], "f1": [3, 1, 2, 1]},
-        2: {"g4": [9, 8, 9, 9], "k0.917": [1, 0, 1, 0], "h4": [5, 4, 6, 5], "f1": [9, 9, 9, 9]},
+        0: {"time-budget-slack": [8, 9, 7, 8], "time-budget-kv:0.917": [0, 0, 0, 0], "time-budget-slack-kv": [0, 0, 0, 0], "time-budget:1": [9, 9, 9, 9]},
+        1: {"time-budget-slack": [3, 0, 2, 1], "time-budget-kv:0.917": [9, 9, 8, 9], "time-budget-slack-kv": [3, 0, 2, 1], "time-budget:1": [3, 1, 2, 1]},
+        2: {"time-budget-slack": [9, 8, 9, 9], "time-budget-kv:0.917": [1, 0, 1, 0], "time-budget-slack-kv": [5, 4, 6, 5], "time-budget:1": [9, 9, 9, 9]},
     }
     monkeypatch.setattr(checks, "draw_episodes", lambda base, one, n, seed: [one.conditions[0]] * n)
 
@@ -576,31 +580,34 @@ def test_a_condition_teacher_keeps_the_overall_teachers_top_among_ties(monkeypat
 
     monkeypatch.setattr(checks, "constant_costs", costs)
     sampler = EpisodeSampler(conditions=tuple({"i": i} for i in range(3)))
-    picks = checks.condition_teachers(Scenario(), sampler, ["k0.917", "h4", "f1"], "g4",
+    picks = checks.condition_teachers(Scenario(), sampler, ["time-budget-kv:0.917", "time-budget-slack-kv", "time-budget:1"], "time-budget-slack",
                                       per_condition=per)
-    assert picks == ["h4", "g4", "k0.917"]
+    assert picks == ["time-budget-slack-kv", "time-budget-slack", "time-budget-kv:0.917"]
 
 
 def test_presets_pass_a_preset_flags_and_the_final_streams(monkeypatch, tmp_path):
     """`python -m agents.presets --only NAME` trains that preset with its scenario's flags and
     8 held-out streams, then exports its table next to the others; an unknown name is a
     one-line error naming the known ones."""
-    import train
     from agents import presets
     from envs.errors import ConfigError
-    import eval.export
 
     calls = []
-    monkeypatch.setattr(train, "main", lambda argv: calls.append(("train", argv)) or 0)
-    monkeypatch.setattr(eval.export, "main", lambda argv: calls.append(("export", argv)) or 0)
+
+    def run_step(argv):  # each step is its own process: -m train, then -m eval export
+        calls.append(("train" if argv[:2] == ["-m", "train"] else "export", argv[2:]))
+        assert argv[:2] == ["-m", "train"] or argv[:3] == ["-m", "eval", "export"]
+        return 0
+
+    monkeypatch.setattr(presets, "run_step", run_step)
     assert presets.main(["--only", "l40s__llama-3-8b", "--runs", str(tmp_path), "--workers", "1"]) == 0
     (_, targs), (_, eargs) = calls
     flag = lambda argv, name: argv[argv.index(name) + 1]
     assert flag(targs, "--hardware") == "l40s" and flag(targs, "--rate") == "1.5"
-    assert flag(targs, "--teacher") == "t4"  # the checks' own pick there clones worse
+    assert flag(targs, "--teacher") == "time-budget-deadline"  # the checks' own pick there clones worse
     assert flag(targs, "--final-seeds") == "8" and flag(targs, "--workers") == "1"
     assert flag(targs, "--run-dir") == f"{tmp_path}/l40s__llama-3-8b"
-    assert eargs[0] == f"{tmp_path}/l40s__llama-3-8b" and flag(eargs, "--out") == "tables/l40s__llama-3-8b.json"
+    assert eargs[1] == f"{tmp_path}/l40s__llama-3-8b" and flag(eargs, "--out") == "tables/l40s__llama-3-8b.json"
     with pytest.raises(ConfigError, match="only: unknown nope; known: h100-sxm__llama-3-8b"):
         presets.main(["--only", "nope"])
     for empty in ("", " ", "l40s__llama-3-8b,"):  # an empty name is not "all of them"
@@ -623,7 +630,7 @@ def test_action_histogram_counts_budgets_in_quarter_octaves_and_by_running_decod
     """Hand-computed: 1,000 tokens falls in the bin from 861 (64 * 2^(15/4)), 1,100 in the
     one from 1,024, 20 tokens under the ladder and 20,000 in the last bin; the share over
     the target counts fractions above 1 only when the values are time fractions."""
-    from agents.checks import action_histogram
+    from eval.usage import action_histogram
     from agents.summary import budget_lines
 
     h = action_histogram([1, 1, 16, 1, 0.5, 0.25], [0.25, 0.5, 1, 16],

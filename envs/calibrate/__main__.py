@@ -50,6 +50,9 @@ import numpy as np
 
 from envs.calibrate.fit import (PART_COLUMNS, Fit, ape, error_line, fit_passes, held_out, shape_parts,
                                 unit_roofline)
+from envs.calibrate.steps import fit_steps, read_steps
+from envs.calibrate.vidur import fit_layers, fitted_profile, read_tables
+from envs.calibrate.vidur_report import Errors, plot_vidur, report_lines
 from envs.cli import parse
 from envs.cost import PassShape
 from envs.errors import ConfigError, integer, number, require, run_cli
@@ -162,8 +165,6 @@ def write_profile(out: Path, header: str, profile) -> None:
 
 
 def calibrate_steps(args: CalibrateArgs) -> int:
-    from envs.calibrate.steps import fit_steps, read_steps
-
     model = get_model(args.model)
     steps = read_steps(args.steps)
     base = get_hardware(args.hardware) if args.hardware else None
@@ -193,7 +194,7 @@ def check_torch_args(args: CalibrateArgs):
     """Validate the torch options before anything is built; (torch, dtype, dtype name)."""
     full = get_model(args.model)
     integer("layers", args.layers, 1, full.layers, f"the layers {full.name} has")
-    import torch
+    import torch  # heavy and optional: only --torch measures passes with it
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device: got 'cuda', but torch sees no CUDA device here")
@@ -236,10 +237,10 @@ def write_measurements_csv(path: str, rows, fit: Fit, plain: Fit, parts, held) -
 
 
 def plot_fit(path: str, args, name: str, fit: Fit, plain: Fit, parts, seconds, held) -> None:
-    import matplotlib
+    import matplotlib  # heavy: only --plot draws
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after the backend is chosen
 
     pred = fit.predict(parts)
     fig, ax = plt.subplots(figsize=(5, 5))
@@ -262,7 +263,7 @@ def plot_fit(path: str, args, name: str, fit: Fit, plain: Fit, parts, seconds, h
 
 
 def calibrate_torch(args: CalibrateArgs) -> int:
-    from envs.calibrate.torch_passes import measure_grid, total_memory_bytes
+    from envs.calibrate.torch_passes import measure_grid, total_memory_bytes  # torch: heavy, optional
 
     torch, dtype, dname = check_torch_args(args)
     full = get_model(args.model)
@@ -332,9 +333,6 @@ def vidur_command(args: CalibrateArgs) -> str:
 
 
 def check_vidur(args: CalibrateArgs) -> int:
-    from envs.calibrate.vidur import read_tables
-    from envs.calibrate.vidur_report import Errors
-
     require(args.hardware is not None, "hardware", None, "--check needs --hardware, the profile to check")
     hw = get_hardware(args.hardware)
     tables = read_tables(args.vidur + args.held_out, args.tp)
@@ -349,9 +347,6 @@ def check_vidur(args: CalibrateArgs) -> int:
 
 
 def calibrate_vidur(args: CalibrateArgs) -> int:
-    from envs.calibrate.vidur import fit_layers, fitted_profile, read_tables
-    from envs.calibrate.vidur_report import Errors, plot_vidur, report_lines
-
     if args.check:
         return check_vidur(args)
     fit_tables = read_tables(args.vidur, args.tp)

@@ -145,10 +145,10 @@ def plot_vidur(path: str, tables: list[VidurTable], held: set[str], fitted: Hard
                datasheet: HardwareProfile) -> None:
     """Per-layer time against tokens, log-log, one panel a file: measured rows at tp 1 and
     at the largest tp, the fitted profile's price as a line, the datasheet's dashed."""
-    import matplotlib
+    import matplotlib  # heavy: only the report's figures need it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after the backend is chosen
 
     cols = min(3, len(tables))
     rows = -(-len(tables) // cols)

@@ -1,0 +1,95 @@
+"""What an export is told: a run's table (:class:`ExportArgs`) or a rule's
+(:class:`RuleExportArgs`); ``eval.export.cli`` turns them into flags and checks them
+before any simulation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from envs.scenario import ScenarioArgs
+
+MAX_EPISODES = 1000
+"""Most build or held-out episodes."""
+
+
+@dataclass(frozen=True)
+class ExportArgs:
+    """Export a train.py run's policy as a bucketed lookup table (a rule as a table: python -m
+    eval export --rule RULE --help)."""
+
+    run_dir: str = ""
+    """The train.py run directory (also accepted as the first positional argument)."""
+    out: str = "tables/policy.json"
+    """Where to write the table (JSON, written atomically)."""
+    csv: str | None = None
+    """Also write the table as CSV for people and spreadsheets."""
+    buckets: int = 8
+    """Buckets per feature (fewer when a feature takes fewer distinct values)."""
+    max_features: int = 4
+    """Features picked at most (greedily, by the held-out log error against the model)."""
+    features: str | None = None
+    """Comma-separated features to use instead of picking them, each with its own edges if
+    given (``prefill_due_s:6:8:10``: buckets below 6, 6-8, 8-10 and from 10 on), else
+    edges where the model's choice changes."""
+    slo_ttft_s: float | None = None
+    """The SLO the table serves (default: the run's serving SLO)."""
+    slo_itl_s: float | None = None
+    """The SLO the table serves (default: the run's serving SLO)."""
+    build_episodes: int = 24
+    """Episodes of the training conditions whose decisions build the table."""
+    held_episodes: int = 8
+    """Held-out episodes for the agreement figure."""
+    dagger_rounds: int = 2
+    """Rounds of dataset aggregation (DAgger): the table drives the build and held-out
+    episodes, the model labels every state it leads to, and features and cells are made
+    again from all the decisions so far; the round whose table keeps most of the model's
+    capacity and goodput at load on streams of its own is kept (0: the model's own
+    decisions only)."""
+    rules: str = ("time-budget-deadline:4,time-budget-deadline:16,time-budget-deadline-kv:4,"
+                  "time-budget-deadline-kv:16,time-budget-slack:7")
+    """Rules whose exact tables (as ``--rule`` writes them) compete with the DAgger rounds'
+    tables on the same streams and measures; a rule's table is written where it keeps more
+    of the model's capacity and goodput than every round's (comma-separated specs; "none":
+    the rounds only). Only for runs acting in time."""
+    select_streams: int = 3
+    """Streams per final scenario (the serving one and its variants) on which the export
+    chooses among the rounds', the rules' and the refined table, each seeded apart. Tables
+    a few percent apart need more where each stream's capacity is jagged
+    (docs/learning.md); each stream adds a capacity search and a run per table and
+    scenario."""
+    refine_streams: int = 0
+    """Refine a table cell by cell in closed loop on this many streams of the serving
+    scenario of their own (0: not at all): from the best there of the rounds' tables and
+    one built from the model's decisions at its capacity, each cell tries the values the
+    model takes in at least 1% of its decisions, and a value is kept where it raises the
+    mean capacity under the SLO by more than 0.8%; two sweeps. The refined table then
+    competes with the rounds and the rules on the choice's streams, like them (minutes to
+    an hour: docs/learning.md gives the presets' times). Where the choice keeps another
+    table the refined one is written to the run directory as refined_table.json; the
+    search keeps its place there (refine_progress.json), and an export killed during it
+    and started again with the same flags goes on from the last cell done."""
+    refine_on: str = field(default="serving", metadata={"choices": ["serving", "final"]})
+    """Where --refine-streams refines: the serving scenario, or "final": it and its variants
+    (+3 ms per pass, a tight KV cache), each on that many streams, as the choice and the
+    fidelity check judge."""
+    fidelity_seeds: int = 5
+    """Streams per capacity in the fidelity check (0: skip it)."""
+    fidelity_requests: int = 600
+    """Requests per stream of the fidelity check."""
+    workers: int | None = None
+    """The fidelity check's and the round choice's runs on a local Ray instance (default: all cores)."""
+
+
+@dataclass(frozen=True)
+class RuleExportArgs(ScenarioArgs):
+    """Write a time-budget rule as a lookup table for a scenario's hardware, model and SLO;
+    the table is checked against the rule at every pass of the scenario's stream
+    (--num-requests, --seed, or a trace's window)."""
+
+    rule: str = "time-budget-deadline"
+    """The rule: time-budget[:FRACTION], time-budget-slack[:TOP], time-budget-deadline[:TOP] or
+    time-budget-deadline-kv[:TOP]."""
+    out: str = "rule-table.json"
+    """Where to write the table (JSON, written atomically)."""
+    csv: str | None = None
+    """Also write the table as CSV for people and spreadsheets."""

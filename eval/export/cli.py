@@ -1,0 +1,124 @@
+"""``python -m eval export``: the command line over the table pipeline (``eval.export``):
+flags checked before any simulation, the run loaded, the table exported, written and
+reported."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from envs.cli import parse
+from envs.errors import ConfigError, integer, number, require, show
+from envs.files import check_distinct, check_output
+from envs.scenario import Scenario
+from envs.workload import check_num_requests
+from eval.export import export_run
+from eval.export.args import MAX_EPISODES, ExportArgs, RuleExportArgs
+from eval.export.cells import action_spec
+from eval.export.features import MAX_BUCKETS, feature_specs
+from eval.export.refine import progress_path, refined_path
+from eval.export.report import report, serve_line
+from eval.export.rules import parse_rule, rule_specs, rule_table
+from policies.learned import load_run
+from policies.table import DERIVED, write_atomic
+
+
+def parse_args(argv: list[str]) -> ExportArgs:
+    """RUN_DIR may come first, as a positional argument."""
+    positional = [a for a in argv[:1] if not a.startswith("-")]
+    args = parse(ExportArgs, argv[len(positional):], prog="python -m eval export RUN_DIR")
+    if positional:
+        args = ExportArgs(**{**args.__dict__, "run_dir": positional[0]})
+    if not args.run_dir:
+        raise ConfigError("run_dir: missing; usage: python -m eval export RUN_DIR --out PATH")
+    integer("buckets", args.buckets, 2, MAX_BUCKETS, f"{MAX_BUCKETS}^4 cells is a million")
+    integer("max_features", args.max_features, 1, 6)
+    integer("dagger_rounds", args.dagger_rounds, 0, 10)
+    for f in ("build_episodes", "held_episodes"):
+        integer(f, getattr(args, f), 1, MAX_EPISODES)
+    seen = {}
+    for spec in rule_specs(args.rules):
+        name = parse_rule(spec, Scenario(), "rules")[0].name
+        require(name not in seen, "rules", args.rules, f"names {name} twice ({seen.get(name)}, {spec})")
+        seen[name] = spec
+    integer("fidelity_seeds", args.fidelity_seeds, 0, 50)
+    integer("refine_streams", args.refine_streams, 0, 100)
+    integer("select_streams", args.select_streams, 1, 100)
+    require(args.refine_on == "serving" or args.refine_streams, "refine_on", args.refine_on,
+            "needs --refine-streams N")
+    if args.features is not None:
+        feature_specs(args.features)
+    check_num_requests("fidelity_requests", args.fidelity_requests)
+    for f in ("slo_ttft_s", "slo_itl_s"):
+        if getattr(args, f) is not None:
+            number(f, getattr(args, f), 0, 3600, low_open=True)
+    # The outputs before the run: an export is minutes of simulation.
+    check_output("out", args.out)
+    if args.csv is not None:
+        check_output("csv", args.csv)
+    check_distinct(out=args.out, csv=args.csv)
+    run = Path(args.run_dir)
+    if not run.is_dir() or not (run / "config.json").is_file():
+        what = "does not exist" if not run.exists() else (
+            "is not a folder" if not run.is_dir() else "holds no config.json")
+        raise ConfigError(f"run_dir: {show(args.run_dir, 200)} {what}; must be a train.py run directory")
+    if args.refine_streams:  # where a refined table the choice does not keep goes
+        check_output("refined_table", refined_path(args.run_dir))
+        check_output("refine_progress", progress_path(args.run_dir))
+        check_distinct(out=args.out, csv=args.csv, refined_table=refined_path(args.run_dir))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--rule" or a.startswith("--rule=") for a in argv):
+        return rule_main(argv)
+    args = parse_args(argv)
+    model = load_run(args.run_dir)
+    serving = Scenario(**model.config["scenario"])
+    serving = serving.with_fields(slo_ttft_s=args.slo_ttft_s or serving.slo_ttft_s,
+                                  slo_itl_s=args.slo_itl_s or serving.slo_itl_s)
+    if args.features:
+        bad = [n for n in feature_specs(args.features)[0]
+               if n in DERIVED and not action_spec(model, serving)]
+        require(not bad, "features", args.features, f"{bad[0] if bad else ''} needs a run acting in time")
+    require(not (args.refine_streams and serving.trace), "refine_streams", args.refine_streams,
+            "needs a synthetic serving scenario: a trace's parts are those the choice replays")
+    t0 = time.perf_counter()
+    table = export_run(model, serving, args)
+    table.save(args.out)
+    if args.csv:
+        write_atomic(args.csv, table.to_csv())
+    report(table, time.perf_counter() - t0, args)
+    return 0
+
+
+def rule_main(argv: list[str]) -> int:
+    args = parse(RuleExportArgs, argv, prog="python -m eval export --rule RULE")
+    scenario = args.scenario().check()
+    check_output("out", args.out)
+    if args.csv is not None:
+        check_output("csv", args.csv)
+    check_distinct(out=args.out, csv=args.csv)
+    t0 = time.perf_counter()
+    table = rule_table(args.rule, scenario, scenario.arrivals())
+    check = table.fidelity["rule_check"]
+    table.save(args.out)
+    if args.csv:
+        write_atomic(args.csv, table.to_csv())
+    cells = ", ".join(f"{f:g}" for f in table.action.cells)
+    n = table.cells
+    print(f"table: {args.out} ({n} cell{'s' * (n > 1)} over {', '.join(table.features)}; "
+          f"fractions {cells}; made in {time.perf_counter() - t0:.1f} s)")
+    per = check["passes_per_cell"]
+    passes = "the one pass" if check["passes"] == 1 else f"all {check['passes']:,} passes"
+    print(f"the same budget as {args.rule} at {passes} of the scenario's "
+          f"{check['requests']:,}-request stream; passes with decodes running, per cell: "
+          f"{', '.join(str(c) for c in per)}; fallback budget {table.default_budget}")
+    if not all(per):
+        print(f"NOTE: {per.count(0)} of {n} cell{'s' * (n > 1)} never reached on this stream: "
+              "checked by the rule's thresholds alone there (a longer or busier stream, "
+              "--num-requests or --rate, reaches more)")
+    print(serve_line(table))
+    return 0

@@ -1,0 +1,120 @@
+"""The export's report: what it printed about the table it wrote (from the table alone:
+its cells, provenance and fidelity record), and the warnings a serving engineer must see."""
+
+from __future__ import annotations
+
+import sys
+
+from eval.export.args import ExportArgs
+from eval.export.dagger import round_labels
+from eval.export.fidelity import LOUD_CAPACITY_LOSS, LOUD_GOODPUT_LOSS, flat_verdict
+from eval.export.select import MIN_MODEL_GOODPUT
+from eval.harness import NOT_JUDGED
+from eval.table_use import use_line
+from policies.table import BudgetTable
+
+
+def capacity_judged(f: dict) -> str:
+    """A fidelity capacity record's difference and verdict, table against model."""
+    if f["verdict"] == NOT_JUDGED:
+        return f"{-f['loss']:+.1%}, one stream: not judged"
+    return f"{-f['loss']:+.1%} ± {f['loss_ci95']:.1%}, table {f['verdict']} model"
+
+
+def capacity_warning(name: str, f: dict, streams: int | None) -> str:
+    """The warning for a fidelity capacity loss above LOUD_CAPACITY_LOSS on scenario
+    ``name``: a loss beyond the interval is the table's; one within an interval wider than
+    the loss is not told from noise on these streams (the L40S's: -13.2% ± 26.3% on 5),
+    and more streams would tell it."""
+    head = (f"WARNING: the table loses {f['loss']:.1%} of the model's capacity on {name} (more "
+            f"than {LOUD_CAPACITY_LOSS:.0%}")
+    if f["verdict"] == NOT_JUDGED:
+        return head + " on one stream, not judged); --fidelity-seeds N measures on more"
+    if f["verdict"] == "falls short" or not f.get("loss_ci95"):
+        return head + "); use more buckets or features, or serve the model"
+    on = f"{streams} streams" if streams else "these streams"
+    return (head + f", but ± {f['loss_ci95']:.1%}: {on} cannot tell it from noise); "
+            "--fidelity-seeds N measures on more, and if the loss holds, use more buckets or "
+            "features, or serve the model")
+
+
+def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
+    fid = table.fidelity
+    kind = table.action.kind
+    values = sorted(set(table.action.cells))
+    dagger = table.provenance.get("dagger") or {}
+    labels = dagger.get("candidates") or round_labels(dagger.get("rounds", 0))
+    source = labels[dagger.get("chosen", 0)]
+    built = (f"{sum(table.visited)} visited; {kind} {values[0]:g}-{values[-1]:g}; built from "
+             f"{fid['build_decisions']:,} decisions"
+             + ("; refined in closed loop" if source == "refined" else "")
+             if source.startswith("round") or source == "refined" else
+             f"the {source} rule's, exactly: {kind} {', '.join(f'{v:g}' for v in table.action.cells)}")
+    print(f"table: {args.out} ({table.cells} cells over {', '.join(table.features)}; {built}; "
+          f"made in {seconds:.0f} s)")
+    print(f"agreement with the model on {fid['held_out_decisions']:,} held-out decisions: "
+          f"{fid['agreement']:.1%}")
+    if len(labels) > 1:
+        kept = "; ".join(f"{what} {', '.join(f'{v:.1%}' for v in dagger[key])}"
+                         for what, key in (("capacity", "capacity_kept"), ("goodput at load", "goodput_kept"))
+                         if dagger.get(key))
+        if kept and not dagger.get("goodput_kept"):
+            kept += (f"; goodput at load not judged: the model serves at most {MIN_MODEL_GOODPUT:.0%} "
+                     "of requests within the SLO there")
+        which = "the refined table" if source == "refined" else f"the table of {source}"
+        print(f"kept: {which} among {', '.join(labels)}" + (
+            f" (the model's figures each keeps, in that order, on {dagger['streams']} streams of "
+            f"their own: {kept}; kept: the highest mean of the shares, the earliest on a tie)" if kept
+            else " (no stream where the model meets the SLO at any load: not compared)"))
+    for name, f in fid.get("capacity", {}).items():
+        print(f"capacity on {name}: model {f['model_capacity_rps']:.3f}, table "
+              f"{f['table_capacity_rps']:.3f} req/s ({capacity_judged(f)})")
+    low = 0.0
+    for name, f in fid.get("goodput", {}).items():
+        if f["verdict"] == "falls short" and (f["model_goodput"] or 0.0) > MIN_MODEL_GOODPUT:
+            low = max(low, f["loss"])  # where the model serves a few in a hundred, not a loss
+        load = (f" at {f['rate_rps']:g} req/s" if f.get("rate_rps") else
+                f" at {f['trace_speed']:g}x the trace" if f.get("trace_speed") else "")
+        judged = (f"{-f['loss']:+.1%} ± {f['loss_ci95']:.1%}, table {f['verdict']} model"
+                  if f["verdict"] != "not judged" else "not judged: fewer than two streams with "
+                  "a goodput, or none for the model")
+        both = ("model {:.3f}, table {:.3f}".format(f["model_goodput"], f["table_goodput"])
+                if f["model_goodput"] is not None else "nothing finished")
+        print(f"goodput on {name}{load}: {both} ({judged})")
+    use = fid.get("at_capacity")
+    if use and use.get("passes"):
+        print(use_line(use, kind))
+    flat = fid.get("against_flat")
+    if flat:
+        f = flat["fraction"]
+        rule = f"time-budget:{f:g}" if f <= 2 else f"table-flat:{f:g}:TABLE"
+        found = "; ".join(f"{name} {g['table_capacity_rps']:.3f} against {g['flat_capacity_rps']:.3f} "
+                          f"req/s ({flat_verdict(g).cell})"
+                          for name, g in flat["scenarios"].items())
+        print(f"what its cells are worth: against itself with {f:g} of the ITL target, the fraction "
+              f"it takes most, in every cell ({rule}): {found}")
+        if all(g["verdict"] != "beats" for g in flat["scenarios"].values()):
+            print(f"NOTE: nowhere does the table serve more than its flat twin beyond the interval: "
+                  f"on these streams its dependence on state shows no gain over {rule}")
+    if len(values) == 1:
+        same = (f"the time-budget rule at {values[0]:g} (time-budget:{values[0]:g})"
+                if kind == "time_fraction" else f"a static budget (static:{values[0]:g})")
+        print(f"NOTE: every cell holds {values[0]:g}: the policy does not depend on the state "
+              f"here; it is {same}, which serves the same budgets without a table")
+    for name, f in fid.get("capacity", {}).items():
+        if f["loss"] > LOUD_CAPACITY_LOSS:
+            print(capacity_warning(name, f, getattr(args, "fidelity_seeds", None)), file=sys.stderr)
+    if low > LOUD_GOODPUT_LOSS:
+        print(f"WARNING: at the serving load the table falls short of the model's goodput by "
+              f"{low:.1%} somewhere (beyond the interval, and more than {LOUD_GOODPUT_LOSS:.0%}): "
+              "past capacity it drives the engine into states its model does not; use other "
+              "features, or serve the model", file=sys.stderr)
+    print(serve_line(table))
+
+
+def serve_line(table: BudgetTable) -> str:
+    if table.max_budget is None:
+        return (f"serve it in vLLM with --max-num-batched-tokens {table.action.cap} (its budgets' "
+                "cap; a lower ceiling clamps them); see docs/serving.md")
+    return (f"serve it in vLLM with --max-num-batched-tokens {table.max_budget} (the table's "
+            "largest budget); see docs/serving.md")

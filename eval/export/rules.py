@@ -1,0 +1,123 @@
+"""A rule as a table: the exact table of a time-budget rule (its class says whether one
+holds it: ``exact``, ``exact_table``), checked against the rule at every pass of a stream.
+
+In: a rule's spec and a scenario (its hardware, model and SLO; a stream to check on).
+Out: the table, whose fidelity records the passes checked and how many differ (none,
+unless the runtime and the simulator part ways); and, for a run's export, the rules'
+tables that compete with its rounds (``--rules``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from envs.errors import ConfigError, require, show
+from envs.scenario import Scenario
+from envs.seeds import TABLE_FIDELITY_SEEDS
+from eval.export.cells import default_budget, scenario_provenance, time_action
+from policies.specs import BY_SPEC, POLICIES, make_policy
+from policies.table import KIND, SCHEMA_VERSION, BudgetTable
+from policies.table_policy import TablePolicy
+
+
+RULES = tuple(cls.usage() for cls in POLICIES if getattr(cls, "exact", False))
+"""The rules a table holds exactly (``exact``): each is a time fraction chosen by thresholds
+on quantities an engine has."""
+CONTINUOUS = tuple(cls.spec for cls in POLICIES if getattr(cls, "exact", True) is False)
+"""The rules that move their fraction continuously: no table holds them exactly."""
+
+
+def rule_candidates(specs: str, serving: Scenario, action: dict | None) -> list[tuple[str, BudgetTable]]:
+    """(spec, exact table) of each rule in ``specs`` for the serving scenario; none for a
+    run acting in tokens."""
+    names = rule_specs(specs)
+    if action is None or not names:
+        return []
+    out = []
+    for spec in names:
+        out.append((spec, rule_table(spec, serving, serving.stream(
+            0, 1, TABLE_FIDELITY_SEEDS, RULE_CHECK_REQUESTS), field="rules")))
+    return out
+
+
+def rule_specs(specs: str) -> list[str]:
+    """The rule specs of ``--rules``: none for "none" (alone)."""
+    if specs.strip() == "none":
+        return []
+    names = [s.strip() for s in specs.split(",")]
+    require(all(names), "rules", specs, 'must be comma-separated rule specs, or "none"')
+    return names
+
+
+RULE_CHECK_REQUESTS = 600
+"""Requests of the stream on which a rule's table is checked against the rule."""
+
+
+class RuleCheck:
+    """Drives the simulator with a rule; counts the passes where a table's budget differs,
+    and the passes that looked a cell up (with decodes running), per cell."""
+
+    def __init__(self, rule, table: BudgetTable):
+        self.rule, self.table = rule, TablePolicy(table)
+        self.name, self.budgets, self.differ = rule.name, [], 0
+        self.cells = [0] * table.cells
+
+    def reset(self) -> None:
+        self.rule.reset()
+        self.table.reset()
+
+    def __call__(self, state) -> int:
+        want = self.rule(state)
+        self.differ += self.table(state) != want
+        self.budgets.append(want)
+        if state.running_decodes:
+            self.cells[self.table.cell(state)] += 1
+        return want
+
+
+def not_a_table(spec: str, field: str) -> str:
+    """The one-line refusal of a rule no table holds exactly."""
+    return (f"{field}: got {show(spec)}, a table holds exactly only {', '.join(RULES)}"
+            + (' (or "none" alone)' if field == "rules" else "")
+            + f"; {', '.join(CONTINUOUS)} move their fraction continuously with KV usage or "
+            "the decodes")
+
+
+def parse_rule(spec: str, scenario: Scenario, field: str = "rule") -> tuple:
+    """(the rule a spec names, its table's features, its fractions); refused in one line
+    unless a table holds it exactly (its class says so: ``exact``)."""
+    cls = BY_SPEC.get(spec.strip().partition(":")[0])
+    if not getattr(cls, "exact", False):
+        raise ConfigError(not_a_table(spec, field))
+    try:
+        rule = make_policy(spec, scenario)
+    except ConfigError as err:
+        raise ConfigError(f"{field}: " + str(err).removeprefix("policy: ")) from None
+    cells = rule.exact_table()
+    if cells is None:
+        raise ConfigError(not_a_table(spec, field))
+    return (rule, *cells)
+
+
+def rule_table(spec: str, scenario: Scenario, workload, field: str = "rule") -> BudgetTable:
+    """A table that is the rule ``spec`` for ``scenario``'s hardware, model and SLO,
+    checked against the rule pass by pass on ``workload`` (its fidelity records the
+    passes, how many differ, which is none unless the runtime and the simulator part
+    ways, and the passes that looked each cell up; ``visited`` marks the cells reached)."""
+    rule, features, fractions = parse_rule(spec, scenario, field)
+    data = {"schema_version": SCHEMA_VERSION, "kind": KIND, "action": time_action(scenario),
+            "features": features, "fractions": fractions, "default_budget": 2048,
+            "provenance": {**scenario_provenance(scenario), "exported": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                           "rule": f"the {rule.name} rule (policies/baselines.py), cell for cell",
+                           "rule_spec": rule.name}}
+    check = RuleCheck(rule, BudgetTable(data))
+    scenario.simulator(workload).run(check)
+    data["default_budget"] = default_budget(np.asarray(check.budgets))
+    data["visited"] = [int(c > 0) for c in check.cells]
+    require(not check.differ, field, spec, f"its table differs from the rule at {check.differ} of "
+            f"{len(check.budgets)} passes; nothing written")
+    data["fidelity"] = {"rule_check": {"passes": len(check.budgets), "differ": int(check.differ),
+                                       "requests": len(workload), "passes_per_cell": check.cells}}
+    return BudgetTable(data)

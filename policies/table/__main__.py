@@ -1,0 +1,85 @@
+"""``python -m policies.table``: check a budget table against hardware, a model and an SLO,
+or show it in one line (see the table runtime, ``policies/table/__init__.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+from envs.cli import close_flags
+from envs.errors import ConfigError
+from envs.profiles import get_hardware, get_model
+from policies.table import (BudgetTable, TableError, _is_positive, hardware_provenance,
+                            model_provenance)
+
+
+def _served(args) -> tuple[dict | None, dict | None, dict | None]:
+    """The provenance blocks that the command line describes (presets or profile files)."""
+    hardware = model = None
+    if args.hardware or args.model:
+        try:
+            hardware = hardware_provenance(get_hardware(args.hardware)) if args.hardware else None
+            model = model_provenance(get_model(args.model)) if args.model else None
+        except ConfigError as err:
+            raise TableError(str(err)) from None
+    slo = None
+    if args.slo_ttft_s is not None or args.slo_itl_s is not None:
+        for flag, v in (("--slo-ttft-s", args.slo_ttft_s), ("--slo-itl-s", args.slo_itl_s)):
+            if v is not None and not _is_positive(v):
+                raise TableError(f"{flag}: got {v!r}, must be a number > 0")
+        slo = {"ttft_s": args.slo_ttft_s, "itl_s": args.slo_itl_s}
+    return hardware, model, slo
+
+
+def main(argv: list[str] | None = None) -> int:
+    class _Parser(argparse.ArgumentParser):
+        def __init__(self, *args, **kwargs):  # flags whole: --slo-i is no --slo-itl-s
+            super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+        def error(self, message):  # one line naming the field and exit 2, as every chunkpilot command
+            m = re.match(r"argument (--[\w-]+)(?:/[^:]*)?: (.*)", message, re.S)
+            if m:
+                message = f"{m[1][2:].replace('-', '_')}: {m[2]}"
+            print(f"error: {' '.join(message.split())} (see {self.prog} --help)", file=sys.stderr)
+            sys.exit(2)
+
+    ap = _Parser(prog="python -m policies.table",
+                 description="Check a budget table against hardware, a model and an SLO.")
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    check = sub.add_parser("check", help="exit 0 if TABLE fits, else 2 with the reason")
+    check.add_argument("table")
+    check.add_argument("--hardware", help="preset name or .toml/.json profile (envs/profiles.py)")
+    check.add_argument("--model", help="preset name or .toml/.json profile")
+    check.add_argument("--slo-ttft-s", type=float, help="TTFT target, seconds")
+    check.add_argument("--slo-itl-s", type=float, help="ITL target, seconds")
+    show = sub.add_parser("show", help="one line: provenance, budgets, features")
+    show.add_argument("table")
+    args, extra = ap.parse_known_args(argv)
+    if extra:  # named against the subcommand's own flags, which its --help lists
+        sp = sub.choices[args.command]
+        near = close_flags(extra, [o for a in sp._actions for o in a.option_strings])
+        sp.error(f"unrecognized arguments: {' '.join(extra)}"
+                 + (f"; did you mean {near}?" if near else ""))
+    try:
+        table = BudgetTable.load(args.table)
+        if args.command == "show":
+            print(table.describe())
+            return 0
+        reason = table.mismatch(*_served(args))
+    except TableError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if reason:
+        print(f"mismatch: {reason}", file=sys.stderr)
+        return 2
+    compared = [x for x, given in (("hardware " + str(args.hardware), args.hardware),
+                                   ("model " + str(args.model), args.model),
+                                   ("SLO", args.slo_ttft_s or args.slo_itl_s)) if given]
+    print(f"ok: {args.table} fits " + (", ".join(compared) if compared else "(nothing compared; "
+                                       "the table is valid)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
