@@ -493,7 +493,7 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
     _, _, actions = evaluate_model(learned.model, learned.obs_norm, callback.episodes,
                                    learned.ladder, learned.actions, learned.action_type)
     desc = (f"{scenario.hardware} + {scenario.model}; serving {args.trace or args.workload}"
-            f"{'' if args.rate is None else f' at {args.rate} req/s'}, SLO TTFT {scenario.slo_ttft_s:g} s "
+            f"{'' if scenario.trace else f' at {scenario.rate:g} req/s'}, SLO TTFT {scenario.slo_ttft_s:g} s "
             f"/ ITL {scenario.slo_itl_s * 1e3:g} ms; trained on {len(config['conditions'])} conditions")
     checks = config["checks"]
     speed = training_speed(model.num_timesteps, learned_steps, train_s, args.total_timesteps)
