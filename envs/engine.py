@@ -67,6 +67,7 @@ if TYPE_CHECKING:  # imported lazily at run time: metrics imports nothing from h
     from envs.metrics import SLO, SimResult
 
 INF = math.inf
+_new_tuple = tuple.__new__
 MAX_KV_BLOCKS = 2**40
 """Largest KV cache in blocks (16 PiB of 16-token blocks at 1 KiB a token): far above any
 device, and small enough that block counts and their token totals stay int64."""
@@ -274,6 +275,19 @@ class SchedulerState:
 
 
 Policy = Callable[[SchedulerState], int]
+
+
+def _passes_to_reach(A: float, B: float, K: int, D: float) -> int:
+    """The fewest passes k in [1, K] of an arithmetic sequence of durations A + B*i whose
+    total k*(A + B*(k-1)/2) reaches D (K when none before does): the quadratic's root,
+    then corrected by whole passes for rounding."""
+    h = A - B / 2
+    k = max(1, min(K, math.ceil((-h + math.sqrt(h * h + 2 * B * D)) / B)))
+    while k > 1 and (k - 1) * (A + B * (k - 2) / 2) >= D:
+        k -= 1
+    while k < K and k * (A + B * (k - 1) / 2) < D:
+        k += 1
+    return k
 
 
 class Simulator:
@@ -500,9 +514,14 @@ class Simulator:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            state = self._view
-            while self.advance():
-                self.step(policy(state))
+            state, advance, schedule, execute = self._view, self.advance, self._schedule, self._execute
+            while advance():
+                budget = policy(state)
+                if budget.__class__ is int and 0 < budget <= MAX_TOKENS and budget >= self._num_decodes:
+                    self._pending_decision = False  # step(budget), its checks passed
+                    execute(schedule(budget))
+                else:
+                    self.step(budget)  # converts a numpy integer, or refuses the budget
             return self.result()
         finally:
             if collecting:
@@ -516,21 +535,23 @@ class Simulator:
         False when everything has finished (or the clock passed ``until_s``)."""
         if len(self.log.runs) > FLUSH_VALUES:  # between decisions, a stretch adds a few runs
             self._file_away()
+        arrivals, n_arrivals = self._arrival_s, len(self._arrival_s)
+        max_seqs = self.config.max_num_seqs
         while True:
-            if self._next_arrival < len(self._arrival_s) and self._arrival_s[self._next_arrival] <= self.now:
+            if self._next_arrival < n_arrivals and arrivals[self._next_arrival] <= self.now:
                 self._admit_arrivals()
-            if self._decision_needed():
-                self._pending_decision = True
+            if self.prefilling or (self.waiting and self._num_decodes < max_seqs):
+                self._pending_decision = True  # (_decision_needed, inlined)
                 return True
             if self.now >= until_s:
                 return False
             if self._num_decodes == 0:
-                if self._next_arrival >= len(self._arrival_s):
+                if self._next_arrival >= n_arrivals:
                     return False  # nothing running, waiting or still to arrive
-                gap = self._arrival_s[self._next_arrival] - self.now
+                gap = arrivals[self._next_arrival] - self.now
                 if gap > 0:
                     self.log.idle += (self.pass_index, gap)
-                    self.now = self._arrival_s[self._next_arrival]
+                    self.now = arrivals[self._next_arrival]
                 continue
             if not self._decode_stretch(until_s):
                 self._execute(self._schedule(self._num_decodes))  # the next decode pass must preempt
@@ -587,10 +608,17 @@ class Simulator:
         unless something was preempted, admit waiting requests in arrival order."""
         p = self.pass_index
         victims: list[Request] = []
-        self._allocate_decode_slots(p, victims)
+        need = self._by_residue[-p % self._block_size]
+        if self._kv_used + need <= self.total_blocks:  # the decodes' slots fit: nobody is preempted
+            self._kv_used += need
+            self._decode_alloc_pass = p
+        else:
+            self._allocate_decode_slots(p, victims)
         chunks: list[tuple[Request, int, int]] = []
-        left = self._schedule_partials(budget - self._num_decodes, chunks, victims)
-        if not victims:
+        left = budget - self._num_decodes
+        if self.prefilling:
+            left = self._schedule_partials(left, chunks, victims)
+        if not victims and self.waiting:
             self._admit_waiting(left, chunks)
         n = self._num_decodes
         pre_tokens = pre_prefix = pairs = 0
@@ -598,8 +626,10 @@ class Simulator:
             pre_tokens += x
             pre_prefix += q
             pairs += x * q + x * (x + 1) // 2  # == chunk_attention_pairs(x, q)
-        shape = PassShape(n, self._offset_sum + n * p, pre_tokens, pre_prefix, pairs)
-        return PassPlan(p, budget, shape, tuple(chunks), tuple(victims))
+        # PassShape(...) and PassPlan(...), built as the tuples they are (twice as fast as
+        # a named tuple's own constructor, once for every pass that carries prefill)
+        shape = _new_tuple(PassShape, (n, self._offset_sum + n * p, pre_tokens, pre_prefix, pairs))
+        return _new_tuple(PassPlan, (p, budget, shape, tuple(chunks), tuple(victims)))
 
     def _allocate_decode_slots(self, p: int, victims: list[Request]) -> None:
         """Every decode's token of pass ``p`` needs a KV slot; those at a block boundary
@@ -666,29 +696,29 @@ class Simulator:
         """Run a scheduled pass: price it, advance the clock, apply its tokens (vLLM's
         ``update_from_output``), and record it."""
         p, shape = plan.index, plan.shape
-        n, ctx = shape.num_decodes, shape.decode_context_tokens
+        n, ctx, prefill, prefix, pairs = shape
         # envs.pricing.pass_price(self.cost, *shape), unrolled
-        cost = self.cost
-        tokens = n + shape.prefill_tokens
-        m = cost.weights_s + cost.kv_s_per_token * (ctx + shape.prefill_prefix_tokens + tokens)
-        c = cost.token_s * tokens + cost.pair_s * (ctx + n + shape.prefill_attention_pairs)
-        outside = cost.fixed_s + cost.serial_s_per_token * tokens
-        dt = (m + cost.exposed * c if m > c else c + cost.exposed * m) + outside
+        weights_s, kv_s, token_s, pair_s, e, fixed_s, serial_s = self.cost
+        tokens = n + prefill
+        m = weights_s + kv_s * (ctx + prefix + tokens)
+        c = token_s * tokens + pair_s * (ctx + n + pairs)
+        dt = (m + e * c if m > c else c + e * m) + (fixed_s + serial_s * tokens)
         now = self.now + dt
         self.now = now
         self.last_pass_s = dt
-        self.log.runs += (1, dt, 0.0, n)
+        log = self.log
+        log.runs += (1, dt, 0.0, n)
         if self._shapes is not None:
             self._shapes.append(shape)
         self.pass_index = p + 1
-        self.waiting_prefill_tokens -= shape.prefill_tokens
+        self.waiting_prefill_tokens -= prefill
         for r, x, _ in plan.chunks:
             r.computed += x
             if r.computed == r.prompt + r.generated:
                 self._complete_prefill(r, p, now)
         if p in self._finish_at:
             self._finish_decodes(p)
-        self.log.prefill += (p, shape.prefill_tokens, plan.budget, len(plan.chunks), self._kv_used)
+        log.prefill += (p, prefill, plan.budget, len(plan.chunks), self._kv_used)
 
     def _complete_prefill(self, r: Request, p: int, now: float) -> None:
         """r's whole prompt (or recomputation) is in the cache: it samples a token."""
@@ -728,10 +758,16 @@ class Simulator:
             if used + self._by_residue[-p % bs] > total:
                 return False
             limit = p + 1
-        nf = self._next_finish()
+        heap, finish_at = self._finish_heap, self._finish_at
+        while heap and heap[0] not in finish_at:  # (_next_finish, inlined)
+            heapq.heappop(heap)
+        nf = heap[0] if heap else INF
         if nf < limit:
             limit = nf + 1  # stop after the pass in which decodes finish
-        stop = min(self._arrival_s[self._next_arrival] if self._next_arrival < len(self._arrival_s) else INF, until_s)
+        i = self._next_arrival
+        stop = self._arrival_s[i] if i < len(self._arrival_s) else INF
+        if until_s < stop:
+            stop = until_s
         # envs.pricing.pass_price(self.cost, n, context) of pass q, whose decodes' context is
         # offset_sum + n * q: memory and compute are each linear in q.
         weights_s, kv_s, token_s, pair_s, e, fixed_s, serial_s = self.cost
@@ -749,16 +785,10 @@ class Simulator:
                 A, B = m0 + e * c0 + outside, (kv_s + e * pair_s) * n
             else:
                 A, B = c0 + e * m0 + outside, (pair_s + e * kv_s) * n
-            K = limit - p
-            k = K
-            if stop < INF:
-                D = stop - now
-                h = A - B / 2
-                k = max(1, min(K, math.ceil((-h + math.sqrt(h * h + 2 * B * D)) / B)))
-                while k > 1 and (k - 1) * (A + B * (k - 2) / 2) >= D:
-                    k -= 1
-                while k < K and k * (A + B * (k - 1) / 2) < D:
-                    k += 1
+            k = K = limit - p
+            D = stop - now
+            if D < INF and K * (A + B * (K - 1) / 2) >= D:  # the arrival comes within the stretch
+                k = _passes_to_reach(A, B, K, D)
             now += k * (A + B * (k - 1) / 2)
             dt = A + B * (k - 1)
             p += k
@@ -776,8 +806,17 @@ class Simulator:
                 p += 1
                 if now >= stop:
                     break
-        # Blocks allocated in passes [p0, p): decodes whose context hit a block boundary.
-        self._kv_used = used + self._decode_blocks(p) - self._decode_blocks(p0)
+        # Blocks allocated in passes [p0, p): in pass q, the decodes whose offset is -q modulo
+        # the block size (their context reaches a block boundary); every decode once per
+        # block size of passes. (_decode_blocks(p) - _decode_blocks(p0), without the sums.)
+        full, rest = divmod(p - p0, bs)
+        grown = n * full
+        if rest:
+            by_residue, j = self._by_residue, -p0 % bs
+            lo = j - rest + 1
+            grown += sum(by_residue[lo:j + 1]) if lo >= 0 else (sum(by_residue[:j + 1])
+                                                                + sum(by_residue[bs + lo:]))
+        self._kv_used = used + grown
         self.pass_index, self.now, self.last_pass_s = p, now, dt
         if self._shapes is not None:
             for q in range(p0, p):
@@ -844,12 +883,15 @@ class Simulator:
             r.segments.append((r.decode_start, end_pass))
 
     def _finish_decodes(self, p: int) -> None:
-        for r in self._finish_at.pop(p):
+        now, finish = self.now, self.requests.finish
+        done = self._finish_at.pop(p)
+        for r in done:
             self._stop_decode(r, p + 1)
-            r.finish_s = r.last_token_s = self.now
-            self._release(r, r.blocks)
-            self.finished += 1
-            self.requests.finish(r)
+            r.finish_s = r.last_token_s = now
+            self._kv_used -= r.blocks  # (_release)
+            r.blocks, r.admit_seq = 0, -1
+            finish(r)
+        self.finished += len(done)
 
     def _release(self, r: Request, blocks: int) -> None:
         self._kv_used -= blocks
