@@ -382,7 +382,7 @@ class Simulator:
                      if self.config.num_kv_blocks is not None else
                      f"the whole cache of {self.model.name} on {self.hardware.name}")
             raise ConfigError(
-                f"prompt_tokens+output_tokens: request {i} needs "
+                f"prompt_tokens+output_tokens of request {i}: got "
                 f"{int(w.prompt_tokens[i] + w.output_tokens[i])} tokens of KV cache, must be <= "
                 f"{self.total_blocks * bs} ({cache})")
 

@@ -45,8 +45,8 @@ class SLO:
     itl_s: float = 0.1
 
     def __post_init__(self) -> None:
-        positive("slo ttft_s", self.ttft_s)
-        positive("slo itl_s", self.itl_s)
+        positive("slo_ttft_s", self.ttft_s)
+        positive("slo_itl_s", self.itl_s)
 
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, q) -> np.ndarray | float:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,16 @@ class Case:
     """A piece of the one-line error: the field, flag or file it must name."""
     files: tuple[tuple[str, object], ...] = field(default=())
     """(name, bytes | FIFO | FOLDER | LOOP) written into the case's folder first."""
+
+    def named_in(self, line: str, tmp: str) -> bool:
+        """Whether the error ``line`` names what the case expects. A field or flag name
+        must stand as a name there (``tp`` in ``tp: got ...``, not inside ``output``);
+        anything else (a file and what is wrong in it) must appear as written."""
+        expect = self.expect.replace("{tmp}", tmp)
+        if re.fullmatch(r"[a-z][a-z0-9_]*", expect):  # as a field, a flag or a quoted word
+            flag = "--" + expect.replace("_", "-")
+            return re.search(rf"((?<![\w.-]){expect}|{flag})(?=[:\s='),]|$)", line) is not None
+        return expect in line
 
     @property
     def id(self) -> str:
@@ -110,19 +121,32 @@ def _toml_with(base: str, line: str) -> bytes:
     return ("\n".join(kept) + "\n" + line + "\n").encode()
 
 
-def hardware_files() -> list[tuple[str, object]]:
-    """(file name, content) of malformed hardware profiles."""
-    out: list[tuple[str, object]] = [
-        ("bin.toml", _binary()), ("latin1.toml", HW_TOML.replace('"fz"', '"f\xe9"').encode("latin-1")),
-        ("utf16.toml", HW_TOML.encode("utf-16")), ("empty.toml", b""), ("broken.toml", b"[hardware\nname="),
-        ("list.json", b"[1, 2]"), ("deep.json", b"[" * 100000 + b"]" * 100000),
-        ("deep.toml", b"a = " + b"[" * 3000 + b"]" * 3000 + b"\n"),
-        ("nan.json", b'{"name": "x", "hbm_bytes_per_s": NaN, "peak_flops_per_s": 1e14, "memory_bytes": 1e10}'),
+def hardware_files() -> list[tuple[str, object, str]]:
+    """(file name, content, what the refusal says after ``hardware: ``) of malformed
+    hardware profiles."""
+    def at(name: str, says: str) -> str:
+        return f"'{{tmp}}/{name}'{says}"
+
+    out: list[tuple[str, object, str]] = [
+        ("bin.toml", _binary(), at("bin.toml", " line 2: not UTF-8 text")),
+        ("latin1.toml", HW_TOML.replace('"fz"', '"f\xe9"').encode("latin-1"), at("latin1.toml", " line 2: not UTF-8 text")),
+        ("utf16.toml", HW_TOML.encode("utf-16"), at("utf16.toml", " line 1: not UTF-8 text")),
+        ("empty.toml", b"", "missing field(s) hbm_bytes_per_s, memory_bytes, peak_flops_per_s in '{tmp}/empty.toml'"),
+        ("broken.toml", b"[hardware\nname=", at("broken.toml", ": not valid TOML")),
+        ("list.json", b"[1, 2]", at("list.json", " must hold a table of fields")),
+        ("deep.json", b"[" * 100000 + b"]" * 100000, at("deep.json", " nests lists or tables more than 32 deep")),
+        ("deep.toml", b"a = " + b"[" * 3000 + b"]" * 3000 + b"\n", at("deep.toml", " nests lists or tables more than 32 deep")),
+        ("nan.json", b'{"name": "x", "hbm_bytes_per_s": NaN, "peak_flops_per_s": 1e14, "memory_bytes": 1e10}',
+         at("nan.json", ": not valid JSON ('NaN")),
         ("bigint.json", b'{"name": "x", "hbm_bytes_per_s": ' + b"9" * 5000 + b', "peak_flops_per_s": 1e14, '
-                        b'"memory_bytes": 1e10}'),
-        ("bigint.toml", _toml_with(HW_TOML, "hbm_bytes_per_s = " + "9" * 5000)),
-        ("huge.toml", b"#" * (2 << 20)), ("section.toml", b"hardware = 5\n"),
-        ("yaml.yaml", HW_TOML.encode()), ("dir.toml", FOLDER), ("fifo.toml", FIFO), ("loop.toml", LOOP),
+                        b'"memory_bytes": 1e10}', at("bigint.json", ": not valid JSON (an integer of over")),
+        ("bigint.toml", _toml_with(HW_TOML, "hbm_bytes_per_s = " + "9" * 5000),
+         at("bigint.toml", ": not valid TOML (an integer of over")),
+        ("huge.toml", b"#" * (2 << 20), at("huge.toml", " holds 2,097,152 bytes, must be <= 1,048,576")),
+        ("section.toml", b"hardware = 5\n", "[hardware] in '{tmp}/section.toml' must be a table"),
+        ("yaml.yaml", HW_TOML.encode(), "unknown preset "),  # the path itself is shortened
+        ("dir.toml", FOLDER, at("dir.toml", " is a folder")), ("fifo.toml", FIFO, at("fifo.toml", " is not a regular file")),
+        ("loop.toml", LOOP, "cannot read '{tmp}/loop.toml' (Too many levels of symbolic links)"),
     ]
     lines = ["hbm_bytes_per_s = " + "1" * 401, "bandwidth_fraction = true", "hbm_bytes_per_s = inf",
              "hbm_bytes_per_s = nan", "hbm_bytes_per_s = -1.0", "hbm_bytes_per_s = 0", "hbm_bytes_per_s = 1e400",
@@ -131,8 +155,13 @@ def hardware_files() -> list[tuple[str, object]]:
              'name = "a\\nb"', "memory_bytes = 1e300", "memory_bytes = true",
              "peak_flops_per_s = 1e-300", "attention_bandwidth_ratio = 0", "elementwise_bytes_per_s = -5.0",
              "allreduce_latency_s = inf", "hbm_bytes_per_s = [1, 2]"]
-    out += [(f"hw{i}.toml", _toml_with(HW_TOML, line)) for i, line in enumerate(lines)]
-    out.append(("missing.toml", b'[hardware]\nname = "x"\nhbm_bytes_per_s = 1e12\n'))
+    for i, line in enumerate(lines):
+        name, field = f"hw{i}.toml", line.split(" = ")[0]
+        says = (f"unknown field(s) '{field}' in '{{tmp}}/{name}'" if field == "bogus_field"
+                else at(name, f": hardware.{field}: got "))
+        out.append((name, _toml_with(HW_TOML, line), says))
+    out.append(("missing.toml", b'[hardware]\nname = "x"\nhbm_bytes_per_s = 1e12\n',
+                "missing field(s) memory_bytes, peak_flops_per_s in '{tmp}/missing.toml'"))
     return out
 
 
@@ -237,8 +266,10 @@ def vidur_files() -> list[tuple[str, object]]:
 TABLE_OK = ROOT / "tables/h100-sxm__llama-3-8b.json"
 
 
-def table_files() -> list[tuple[str, object]]:
-    """Broken variants of the shipped table (time fractions) and of its token twin."""
+def table_files() -> list[tuple[str, object, str]]:
+    """Broken variants of the shipped table (time fractions) and of its token twin: (file
+    name, content, what the refusal must say after the file name: the field it names, or
+    what is wrong with the file as a whole)."""
     good = json.loads(TABLE_OK.read_text())
     cells = len(good["fractions"])
     tokens = {k: v for k, v in good.items() if k not in ("fractions", "action")}
@@ -252,23 +283,33 @@ def table_files() -> list[tuple[str, object]]:
         fn(data)
         return json.dumps(data).encode()
 
-    def setter(*path_and_value):
+    def setter(*path_and_value, says: str | None = None):
+        """An edit setting one field, and the field as the refusal names it
+        (``features[0].edges``), unless ``says`` is given."""
         *path, value = path_and_value
 
         def fn(d):
             for k in path[:-1]:
                 d = d[k]
             d[path[-1]] = value
-        return fn
+        named = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in path).lstrip(".")
+        return fn, says or f"{named}: "
 
-    out: list[tuple[str, object]] = [
-        ("bin.json", _binary()), ("utf16.json", TABLE_OK.read_text().encode("utf-16")),
-        ("latin1.json", TABLE_OK.read_text().replace('"kind"', '"k\xefnd"').encode("latin-1")),
-        ("empty.json", b""), ("list.json", b"[]"), ("deep.json", b"[" * 200000 + b"]" * 200000),
-        ("nan.json", TABLE_OK.read_text().replace('"default_budget": ', '"default_budget": NaN, "x": ').encode()),
-        ("bigint.json", TABLE_OK.read_text().replace('"default_budget": ', '"default_budget": ' + "9" * 5000 + ', "x": ').encode()),
-        ("huge.json", b" " * (17 << 20) + b"{}"), ("dir.json", FOLDER), ("fifo.json", FIFO),
+    out: list[tuple[str, object, str]] = [
+        ("bin.json", _binary(), "line 2: not UTF-8 text"),
+        ("utf16.json", TABLE_OK.read_text().encode("utf-16"), "line 1: not UTF-8 text"),
+        ("latin1.json", TABLE_OK.read_text().replace('"kind"', '"k\xefnd"').encode("latin-1"),
+         "line 3: not UTF-8 text"),
+        ("empty.json", b"", "line 1: not valid JSON"), ("list.json", b"[]", "not a JSON object"),
+        ("deep.json", b"[" * 200000 + b"]" * 200000, "nests lists or objects more than 32 deep"),
+        ("nan.json", TABLE_OK.read_text().replace('"default_budget": ', '"default_budget": NaN, "x": ').encode(),
+         "not valid JSON (NaN"),
+        ("bigint.json", TABLE_OK.read_text().replace('"default_budget": ', '"default_budget": ' + "9" * 5000 + ', "x": ').encode(),
+         "not valid JSON (an integer of over"),
+        ("huge.json", b" " * (17 << 20) + b"{}", "holds 17,825,794 bytes"),
+        ("dir.json", FOLDER, "cannot read: a folder"), ("fifo.json", FIFO, "cannot read: not a regular file"),
     ]
+    not_json = "not valid JSON (Infinity"  # json.dumps writes 1e400 as Infinity
     token_edits = [
         setter("budgets", [10**30] * cells), setter("budgets", [True] * cells), setter("budgets", [-1] * cells),
         setter("budgets", [1.5] * cells), setter("budgets", [2048] * (cells - 1)), setter("budgets", [2**31] * cells),
@@ -282,17 +323,20 @@ def table_files() -> list[tuple[str, object]]:
         setter("default_budget", True), setter("default_budget", 10**30), setter("default_budget", 0),
         setter("default_budget", "x"), setter("features", []), setter("features", 5),
         setter("features", 0, "edges", [True]), setter("features", 0, "edges", ["x"]),
-        setter("features", 0, "edges", [5.0, 1.0]), setter("features", 0, "edges", [1e400]),
-        setter("features", 0, "name", "gpu_temperature"), lambda d: d["features"][1].update(name=d["features"][0]["name"]),
-        setter("visited", [1]), setter("kind", "other"), setter("schema_version", 1), setter("schema_version", 3),
+        setter("features", 0, "edges", [5.0, 1.0]), setter("features", 0, "edges", [1e400], says=not_json),
+        setter("features", 0, "name", "gpu_temperature"),
+        (lambda d: d["features"][1].update(name=d["features"][0]["name"]), "features: names must be distinct"),
+        setter("visited", [1]), setter("kind", "other"), setter("schema_version", 1, says="schema_version 1 "),
+        setter("schema_version", 3),
         setter("provenance", None), setter("provenance", "hardware", "memory_bytes", -1),
-        setter("provenance", "hardware", "memory_bytes", 1e400), setter("provenance", "hardware", "memory_bytes", True),
+        setter("provenance", "hardware", "memory_bytes", 1e400, says=not_json),
+        setter("provenance", "hardware", "memory_bytes", True),
         setter("provenance", "model", "layers", 3.5), setter("provenance", "model", "layers", 10**30),
-        setter("provenance", "slo", "itl_s", 0), setter("action", {"kind": "magic"}),
-        setter("features", [{"name": "kv_usage", "edges": [0.1, 0.2]}] * 50),
+        setter("provenance", "slo", "itl_s", 0), setter("action", {"kind": "magic"}, says="action.kind: "),
+        setter("features", [{"name": "kv_usage", "edges": [0.1, 0.2]}] * 50, says="features: names must be distinct"),
     ]
-    out += [(f"k{i}.json", edit(tokens, fn)) for i, fn in enumerate(token_edits)]
-    out += [(f"t{i}.json", edit(good, fn)) for i, fn in enumerate(time_edits)]
+    out += [(f"k{i}.json", edit(tokens, fn), says) for i, (fn, says) in enumerate(token_edits)]
+    out += [(f"t{i}.json", edit(good, fn), says) for i, (fn, says) in enumerate(time_edits)]
     return out
 
 
@@ -321,7 +365,7 @@ def probe_cases() -> list[Case]:
     for flag, bad, expect in [
         ("--running", INT_JUNK + INT_HUGE + ["-1", "256", "300"], "running"),
         ("--context-tokens", TOKENS_BAD, "context_tokens"),
-        ("--prompt-tokens", TOKENS_BAD + ["900000"], "prompt_tokens"),
+        ("--prompt-tokens", TOKENS_BAD, "prompt_tokens"),
         ("--budget", TOKENS_BAD + ["255"], "budget"),
         ("--max-num-seqs", TOKENS_BAD, "max_num_seqs"),
         ("--per-pass-overhead-s", FLOAT_JUNK + ["-1", "1e300"], "per_pass_overhead_s"),
@@ -329,11 +373,12 @@ def probe_cases() -> list[Case]:
         ("--model", ["", "gpt-9", "{tmp}/none.json"], "model"),
     ]:
         out += _flag_cases(c, [], flag, bad, expect)
-    out += [Case(c, ("--hardware", f"{{tmp}}/{name}"), "hardware", ((name, content),))
-            for name, content in hardware_files()]
+    out += [Case(c, ("--hardware", f"{{tmp}}/{name}"), f"hardware: {says}", ((name, content),))
+            for name, content, says in hardware_files()]
     out += [Case(c, ("--model", f"{{tmp}}/{name}"), "model", ((name, content),)) for name, content in model_files()]
     out += [Case(c, ("--bogus",), "bogus"), Case(c, ("extra",), "extra"), Case(c, ("--budget",), "budget"),
-            Case(c, ("--json=maybe",), "json")]
+            Case(c, ("--json=maybe",), "json"),
+            Case(c, ("--prompt-tokens", "900000"), "prompt_tokens+output_tokens of request 0: got 900001")]
     return out
 
 
@@ -354,8 +399,8 @@ SCENARIO_FLAGS = [
     ("--long-prefill-token-threshold", INT_JUNK + INT_HUGE + ["-1", "2147483648"], "long_prefill_token_threshold"),
     ("--gpu-memory-utilization", FLOAT_JUNK + ["0", "1.5", "-1"], "gpu_memory_utilization"),
     ("--num-kv-blocks", INT_JUNK + INT_HUGE + ["0", "-1", "3"], "num_kv_blocks"),
-    ("--slo-ttft-s", FLOAT_JUNK + ["0", "-1"], "ttft_s"),
-    ("--slo-itl-s", FLOAT_JUNK + ["0", "-1"], "itl_s"),
+    ("--slo-ttft-s", FLOAT_JUNK + ["0", "-1"], "slo_ttft_s"),
+    ("--slo-itl-s", FLOAT_JUNK + ["0", "-1"], "slo_itl_s"),
 ]
 
 
@@ -372,8 +417,8 @@ def simulate_cases() -> list[Case]:
             for name, content in trace_files()]
     out += [Case(c, tuple(base + ["--prompt", f"empirical:{{tmp}}/{name}"]), "trace", ((name, content),))
             for name, content in trace_files()[:12]]
-    out += [Case(c, tuple(base + ["--hardware", f"{{tmp}}/{name}"]), "hardware", ((name, content),))
-            for name, content in hardware_files()[:10]]
+    out += [Case(c, tuple(base + ["--hardware", f"{{tmp}}/{name}"]), f"hardware: {says}", ((name, content),))
+            for name, content, says in hardware_files()[:10]]
     out += [Case(c, ("--trace", "azure_conv_2023", "--window-start-s", "10", "--window-end-s", "5"), "window_end_s"),
             Case(c, ("--trace", "azure_conv_2023", "--window-start-s", "1e9"), "window"),
             Case(c, ("--trace", "azure_conv_2023", "--rate-scale", "1e-300"), "rate_scale"),
@@ -413,8 +458,8 @@ def calibrate_cases() -> list[Case]:
         out.append(_steps_case(["--plot", value], "plot", files))
     out.append(_steps_case(["--csv", "{tmp}/out/p.toml"], "csv"))
     out.append(_steps_case(["--plot", "{tmp}/out/p.toml"], "plot"))
-    out += [_steps_case(["--hardware", f"{{tmp}}/{name}"], "hardware", ((name, content),))
-            for name, content in hardware_files()[:12]]
+    out += [_steps_case(["--hardware", f"{{tmp}}/{name}"], f"hardware: {says}", ((name, content),))
+            for name, content, says in hardware_files()[:12]]
     out += [_steps_case(["--name", v], "name") for v in ("", "x\ny", "n" * 1000, "\x1b[31m")]
     out += [_steps_case(["--form", v], "form") for v in ("bogus", "")]
     # Torch options are checked before torch is imported or anything is timed.
@@ -452,8 +497,11 @@ def eval_cases() -> list[Case]:
         for flag, bad, expect in [("--seeds", INT_JUNK + ["0", "-1", "10000000000000000000", "100000"], "seeds"),
                                   ("--requests", INT_JUNK + ["0", "-1", "1" + "0" * 30], "requests"),
                                   ("--workers", ["0", "-1", "abc", "100000", "9" * 30], "workers"),
-                                  ("--policies", POLICIES_BAD if sub == "compare" else POLICIES_BAD[::4], "polic")]:
-            out += [Case(c, tuple(_replace(base, flag, v)), expect) for v in bad]
+                                  ("--policies", POLICIES_BAD if sub == "compare" else POLICIES_BAD[::4], None)]:
+            # A list that names no policy, or one twice, is refused as "policies"; a list
+            # with a bad spec, by that "policy".
+            out += [Case(c, tuple(_replace(base, flag, v)), expect or (
+                "policies" if v in ("", ",", "static:2048,static:2048") else "policy")) for v in bad]
         bad_out = OUT_DIR_BAD
         out += [Case(c, tuple(_replace(base, "--out", v)), "out", files) for v, files in bad_out]
         out += [Case(c, tuple(base + ["--bogus"]), "bogus")]
@@ -464,8 +512,8 @@ def eval_cases() -> list[Case]:
             Case(c, tuple(EVAL_BASE["capacity"] + ["--seed", "7"]), "seed")]
     out += [Case(c, tuple(EVAL_BASE["compare"] + ["--trace", f"{{tmp}}/{name}"]), "trace", ((name, content),))
             for name, content in trace_files()[::3]]
-    out += [Case(c, tuple(_replace(EVAL_BASE["compare"], "--policies", f"table:{{tmp}}/{name}")), "table",
-                 ((name, content),)) for name, content in table_files()[::2]]
+    out += [Case(c, tuple(_replace(EVAL_BASE["compare"], "--policies", f"table:{{tmp}}/{name}")),
+                 f"{{tmp}}/{name}: {says}", ((name, content),)) for name, content, says in table_files()[::2]]
     out += [Case(c, tuple(_replace(EVAL_BASE["suite"], "--scenarios", v)), "scenarios") for v in ("", "bogus", "idle,bogus", ",")]
     exp = ["export", "{tmp}/run", "--out", "{tmp}/t.json"]
     run = (("run/config.json", b"{}"),)
@@ -482,7 +530,8 @@ def eval_cases() -> list[Case]:
             Case(c, ("export",), "run_dir"), Case(c, ("export", "{tmp}/nope", "--out", "{tmp}/t.json"), "run_dir"),
             Case(c, ("export", "{tmp}/afile", "--out", "{tmp}/t.json"), "run_dir", (UNDER_FILE,)),
             Case(c, ("export", "{tmp}/empty", "--out", "{tmp}/t.json"), "run_dir", (("empty", FOLDER),)),
-            Case(c, ("export", "{tmp}/run", "{tmp}/run2", "--out", "{tmp}/t.json"), "run2", run)]
+            Case(c, ("export", "{tmp}/run", "{tmp}/run2", "--out", "{tmp}/t.json"),
+                 "unrecognized arguments: {tmp}/run2", run)]
     out += [Case(c, tuple(_replace(exp, "--rules", v)), "rules", run)
             for v in ("time-budget-kv", "static:2048", "time-budget-slack:99", "x:y:z")]
     out += [Case(c, tuple(exp + ["--refine-on", v]), "refine_on", run) for v in ("bogus", "final")]
@@ -503,16 +552,16 @@ def eval_cases() -> list[Case]:
 def table_cases() -> list[Case]:
     c = "policies.table"
     out = []
-    for name, content in table_files():
+    for name, content, says in table_files():
         out.append(Case(c, ("check", f"{{tmp}}/{name}", "--hardware", "h100-sxm", "--model", "llama-3-8b"),
-                        name, ((name, content),)))
-    for name, content in table_files()[::3]:
-        out.append(Case(c, ("show", f"{{tmp}}/{name}"), name, ((name, content),)))
+                        f"{{tmp}}/{name}: {says}", ((name, content),)))
+    for name, content, says in table_files()[::3]:
+        out.append(Case(c, ("show", f"{{tmp}}/{name}"), f"{{tmp}}/{name}: {says}", ((name, content),)))
     ok = str(TABLE_OK)
-    out += [Case(c, ("check", ok, "--hardware", f"{{tmp}}/{name}"), name, ((name, content),))
-            for name, content in hardware_files()[::2]]
-    out += _flag_cases(c, ["check", ok], "--slo-ttft-s", FLOAT_JUNK + ["0", "-1"], "slo")
-    out += _flag_cases(c, ["check", ok], "--slo-itl-s", ["nan", "inf", "0", "-1", "abc"], "slo")
+    out += [Case(c, ("check", ok, "--hardware", f"{{tmp}}/{name}"), f"hardware: {says}", ((name, content),))
+            for name, content, says in hardware_files()[::2]]
+    out += _flag_cases(c, ["check", ok], "--slo-ttft-s", FLOAT_JUNK + ["0", "-1"], "slo_ttft_s")
+    out += _flag_cases(c, ["check", ok], "--slo-itl-s", ["nan", "inf", "0", "-1", "abc"], "slo_itl_s")
     out += [Case(c, (), "command"), Case(c, ("bogus",), "bogus"), Case(c, ("check",), "table"),
             Case(c, ("check", ok, "--bogus"), "bogus"), Case(c, ("check", "{tmp}/nope.json"), "nope.json"),
             Case(c, ("check", "/dev/zero"), "/dev/zero"), Case(c, ("check", ok, "--model", "gpt-9"), "model")]

@@ -90,12 +90,12 @@ def test_simulate_synthetic_flags():
     ("envs.probe", ["--running", "300"], "running: got 300, must be < max_num_seqs"),
     ("envs.probe", ["--budget", "64"], "budget: got 64, must be an integer >= max_num_seqs"),
     ("envs.probe", ["--prompt-tokens", "0"], "prompt_tokens: got 0"),
-    ("envs.probe", ["--prompt-tokens", "900000"], "request 0 needs"),
+    ("envs.probe", ["--prompt-tokens", "900000"], "prompt_tokens+output_tokens of request 0: got"),
     ("envs.simulate", ["--trace", "nope.csv"], "trace: cannot read 'nope.csv'"),
     ("envs.simulate", ["--rate", "-2"], "rate: got -2.0, must be a finite number > 0"),
     ("envs.simulate", ["--prompt", "fixed:abc"], "prompt: got 'fixed:abc'"),
     ("envs.simulate", ["--model", "qwen2.5-32b", "--hardware", "l40s"], "weights need"),
-    ("envs.simulate", ["--slo-itl-s", "0"], "slo itl_s: got 0.0"),
+    ("envs.simulate", ["--slo-itl-s", "0"], "slo_itl_s: got 0.0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(module, args, message):
     out = cli(module, *args)

@@ -91,12 +91,50 @@ def test_preemption_of_the_most_recent_request_and_recompute():
     assert a.generated == 40 and b.generated == 40
 
 
-def test_preempted_request_goes_to_the_front_and_blocks_admission_that_pass():
-    sim = make_sim([(0.0, 30, 40), (0.0, 30, 40), (0.02, 16, 2)], budget_blocks=5)
-    run_static(sim, 256)
-    c = sim.requests[2]
-    b = sim.requests[1]
-    assert c.first_token_s > b.first_token_s  # B's recompute goes before C
+def test_preempted_request_goes_to_the_front_of_the_queue():
+    # A and B (30-token prompts, 2 blocks each) run in a 5-block cache; C (17 tokens, 2
+    # blocks) arrives after them and waits for the one free block to become two. In pass 3
+    # A and B both need a third block: B, admitted last, is preempted and goes to the front
+    # of the queue, ahead of C, which arrived before the preemption.
+    sim = make_sim([(0.0, 30, 40), (0.0, 30, 40), (0.004, 17, 2)], budget_blocks=5)
+    preempting = None
+    while sim.advance():
+        before = sim.preemptions
+        sim.step(256)
+        if sim.preemptions > before and preempting is None:
+            preempting = sim.pass_index - 1
+            a, b, c = sim.requests
+            assert b.preemptions == 1 and b.computed == 0
+            assert list(sim.waiting) == [b, c]
+    assert preempting == 3
+    a, b, c = sim.requests
+    # Nothing is prefilled until A finishes and frees its blocks; then B's prompt and its 3
+    # tokens are recomputed and C admitted behind it, in one pass.
+    ends = sim.result().pass_end_s
+    recompute = next(i for i, s in enumerate(sim.shapes) if i > preempting and s.prefill_tokens)
+    assert ends[recompute - 1] == a.finish_s
+    assert sim.shapes[recompute].prefill_tokens == (30 + 3) + 17
+    assert c.first_token_s == ends[recompute] and len(b.resume_gaps) == 1
+
+
+def test_a_pass_that_preempted_admits_no_waiting_request():
+    # With 16-token chunks, the victim's first chunk needs one block and its preemption
+    # frees two or more: it would fit in the same pass, but vLLM admits nobody from the
+    # waiting queue in a pass that preempted (it retries in the next pass).
+    sim = make_sim([(0.0, 30, 40), (0.0, 30, 40)], budget_blocks=5,
+                   long_prefill_token_threshold=16)
+    preempting_passes = 0
+    while sim.advance():
+        before, waiting = sim.preemptions, set(map(id, sim.waiting))
+        sim.step(256)
+        if sim.preemptions > before:
+            preempting_passes += 1
+            victim = sim.waiting[0]
+            assert victim.computed == 0 and waiting <= set(map(id, sim.waiting))
+            assert sim.shapes[-1].prefill_tokens == 0  # nothing else was prefilling
+            assert sim.total_blocks - sim.state().kv_used_blocks >= 1  # its first chunk would fit
+    assert preempting_passes >= 3
+    assert all(r.generated == 40 for r in sim.requests)
 
 
 def test_kv_usage_never_exceeds_capacity_under_pressure():
@@ -134,7 +172,7 @@ def test_static_budget_below_max_num_seqs_is_refused():
 
 
 def test_prompt_that_can_never_fit_is_refused():
-    with pytest.raises(ConfigError, match=r"request 1 needs 2000 tokens of KV cache, must be <= 1600"):
+    with pytest.raises(ConfigError, match=r"prompt_tokens\+output_tokens of request 1: got 2000 tokens of KV cache, must be <= 1600"):
         make_sim([(0.0, 10, 5), (0.0, 1990, 10)], budget_blocks=100)
 
 

@@ -23,7 +23,21 @@ def test_fork_runs_ahead_without_touching_the_original():
     assert (sim.now, sim.pass_index, sim.state().kv_used_blocks, len(sim.waiting), sim.state().running_decodes,
             [r.computed for r in sim.prefilling]) == before
     sim.audit()
-    # The original still runs to the same end as a fresh run with the same budgets.
+    # The original still runs to the same end as a fresh run with the same budgets, and
+    # the fork to the same end as a fresh run that switched to 4096 where it was forked.
     while sim.advance():
         sim.step(1024)
     assert sim.done
+    # (A fork leaves the requests finished before it behind.)
+    forked_at = before[0]
+    for ran, switch in ((sim, 1024), (f, 4096)):
+        fresh = Simulator("h100-sxm", "llama-3-8b", w, EngineConfig(num_kv_blocks=2500, max_num_seqs=32))
+        decisions = 0
+        while fresh.advance():
+            fresh.step(1024 if decisions < 60 else switch)
+            decisions += 1
+        assert (fresh.now, fresh.pass_index, fresh.preemptions) == (ran.now, ran.pass_index, ran.preemptions)
+        kept = [r for r in fresh.requests if ran is sim or r.finish_s > forked_at]
+        assert len(kept) == len(ran.requests) > 150
+        assert ([(r.arrival, r.first_token_s, r.finish_s) for r in kept]
+                == [(r.arrival, r.first_token_s, r.finish_s) for r in ran.requests])

@@ -51,7 +51,7 @@ def test_malformed_input_gets_one_line_and_exit_2(case: Case, tmp_path):
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:], out.stdout[-500:])
     assert "Traceback" not in out.stderr
     assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-2000:]
-    assert case.expect.replace("{tmp}", str(tmp_path)) in lines[0], lines[0]
+    assert case.named_in(lines[0], str(tmp_path)), (case.expect, lines[0])
 
 
 @pytest.mark.parametrize("argv", [["envs.simulate", "--rate", "5e-324"],
@@ -62,3 +62,16 @@ def test_malformed_input_as_a_real_process(argv):
                          timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_an_expected_field_must_stand_as_a_name_in_the_error():
+    tp = Case("envs.calibrate", (), "tp")
+    assert tp.named_in("error: tp: got 'abc', must be an integer", "/t")
+    assert not tp.named_in("error: output: got 'abc', must be an integer", "/t")
+    assert not tp.named_in("error: tp_degree: got 'abc'", "/t")
+    slo = Case("eval", (), "slo_ttft_s")
+    assert slo.named_in("error: --slo-ttft-s: got inf, must be a number > 0", "/t")
+    assert not slo.named_in("error: slo ttft_s: got inf", "/t")
+    file = Case("policies.table", (), "{tmp}/t4.json: fractions: ")
+    assert file.named_in("error: /t/t4.json: fractions: must list 56 cells", "/t")
+    assert not file.named_in("error: /t/t4.json: not valid JSON", "/t")

@@ -82,7 +82,7 @@ def test_single_token_outputs_have_no_tpot():
 
 def test_slo_must_be_positive():
     from envs.errors import ConfigError
-    with pytest.raises(ConfigError, match="slo itl_s"):
+    with pytest.raises(ConfigError, match="slo_itl_s"):
         SLO(2.0, 0.0)
 
 
