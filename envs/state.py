@@ -167,3 +167,17 @@ def read_requests(running: Iterable, waiting, wall_now_s: float,
         state["head_remaining_tokens"] = (head.num_tokens - head.num_computed_tokens
                                           if head is not None else 0)
     return {k: v for k, v in state.items() if k in needs or k == "running_decodes"}
+
+
+def markdown(names: Iterable[str] = TABLE_INPUTS) -> str:
+    """A Markdown table of the quantities ``names`` (docs/serving.md's; regenerate it with
+    ``python -m envs.state``)."""
+    rows = ["| name | unit | meaning | how it is counted |", "|---|---|---|---|"]
+    for name in names:
+        q = BY_NAME[name]
+        rows.append(f"| `{q.name}` | {q.unit} | {q.meaning} | {q.counting} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown())

@@ -147,3 +147,12 @@ def test_oldest_wait_is_that_of_the_oldest_request_without_a_first_token():
             checked += 1
         sim.step(max(state.running_decodes, 1) + 64)
     assert checked and sim.preemptions
+
+
+def test_the_serving_guide_holds_the_vocabulary_as_defined():
+    """docs/serving.md's table of what the scheduler reads is envs.state's, regenerated."""
+    from pathlib import Path
+
+    from envs.state import markdown
+    guide = (Path(__file__).resolve().parent.parent / "docs/serving.md").read_text()
+    assert markdown() in guide
