@@ -201,14 +201,14 @@ class PassPlan(NamedTuple):
 
 class SchedulerState:
     """What a budget policy sees before a pass, in :mod:`envs.state`'s vocabulary: every
-    name of ``envs.state.QUANTITIES``, counted as it says (``tests/test_state.py`` checks
-    them against ``envs.state.read_requests`` over the same requests).
+    name of ``envs.state.QUANTITIES`` but the slack counts (``FIELDS``), counted as it says
+    (``tests/test_state.py`` checks them against ``envs.state.read_requests`` over the same
+    requests). The slack counts depend on an ITL target: :meth:`itl_slack` reads them.
 
     A live, read-only view of the simulator, valid until the next pass runs (so a policy
     that reads nothing costs nothing); ``state[name]`` reads a quantity by name and
     :meth:`as_dict` takes a snapshot. Beyond the quantities it offers the engine's cost
-    model (``cost``: what a time budget is priced with) and the slack counts at any ITL
-    target (:meth:`itl_slack`).
+    model (``cost``: what a time budget is priced with).
     """
 
     __slots__ = ("_sim",)

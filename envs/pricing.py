@@ -109,7 +109,8 @@ def decode_pass_s(c: Coefficients, num_decodes: int, decode_context_tokens: int)
 
 
 def _quadratic_root(a: float, b: float, c: float) -> float:
-    """The non-negative root of a*x^2 + b*x + c = 0 with a, b >= 0 (inf when none)."""
+    """The non-negative root of a*x^2 + b*x + c = 0 with a, b >= 0: 0 when c >= 0 (already
+    reached at 0), inf when the left side never grows (a = b = 0: no bound)."""
     if c >= 0:
         return 0.0
     if a <= 0:
@@ -154,8 +155,9 @@ def time_budget(c: Coefficients, num_decodes: int, decode_context_tokens: int, p
                 seconds: float, cap: int) -> int:
     """Tokens for a pass priced within ``seconds``: the running decodes plus the largest
     chunk after the head request's ``prefix_tokens`` that fits (:func:`chunk_within`),
-    within ``cap`` in all. With nothing decoding no one's ITL is at stake and chunking only
-    delays the prompt: the cap."""
+    within ``cap`` in all unless the decodes alone exceed it (they all run: then just
+    them). With nothing decoding no one's ITL is at stake and chunking only delays the
+    prompt: the cap."""
     n = num_decodes
     if n == 0:
         return cap

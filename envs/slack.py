@@ -1,4 +1,4 @@
-"""The p99 ITL slack: how many more decode tokens may run over the ITL target (pure).
+"""The p99 ITL slack: how many more decode tokens may run over the ITL target.
 
 A p99 ITL target tolerates 1% of decode tokens over it. A pass longer than the target
 makes every decode token in it slow, so the slow tokens an engine has produced, against
@@ -13,8 +13,8 @@ than the ITL target (every decode's gap was that pass); the passes completed sin
 last reading are dated at this reading (readings come every decision, a fraction of a
 second apart against a 300 s window), and both counts decay with :data:`SLACK_TAU_S`
 (:class:`ItlSlackMeter`). The simulator's :class:`SlackCounter` reads its passes from the
-pass log; a serving engine's :class:`StepSlack` is told of each step as it completes.
-Both count from their first reading on.
+pass log, from its first reading on; a serving engine's :class:`StepSlack` is told of
+each step as it completes, from its creation on (when a table is loaded).
 """
 
 from __future__ import annotations
@@ -107,6 +107,7 @@ class StepSlack:
         self._slow = self._tokens = 0
 
     def step_done(self, duration_s: float, decodes: int) -> None:
+        """A step completed in ``duration_s`` with ``decodes`` decode tokens."""
         self._tokens += decodes
         if duration_s > self.itl_s:
             self._slow += decodes

@@ -7,7 +7,11 @@ exactly how it is counted from a request's counters. The counters are vLLM V1's
 
 - ``prompt``: prompt tokens (vLLM ``num_prompt_tokens``); ``output``: tokens sampled so
   far (``num_output_tokens``); ``tokens = prompt + output`` (``num_tokens``); ``computed``:
-  tokens whose KV is in the cache (``num_computed_tokens``); ``arrival_s``.
+  tokens whose KV is in the cache (``num_computed_tokens``); ``arrival_s``. A step still
+  in flight counts as done (:func:`counters`: vLLM's async scheduler advances
+  ``num_computed_tokens`` when it schedules a step, and holds the tokens it will sample
+  as ``num_output_placeholders``), so a request whose last token a step in flight samples
+  has finished.
 - *waiting*: not admitted: new requests, and preempted ones (which restart with nothing
   computed and must recompute their prompt and output). vLLM's ``waiting`` queue.
 - *in prefill*: running, with its prefill or recomputation not yet complete: computed
@@ -22,7 +26,7 @@ exactly how it is counted from a request's counters. The counters are vLLM V1's
   in admission order (vLLM's ``running`` list keeps it), else the first waiting one.
 
 The simulator's :class:`~envs.engine.SchedulerState` offers every name below (its fast
-running sums); :func:`read_requests` counts the engine-side ones from vLLM's request
+running sums), the slack counts through ``itl_slack(itl_s)`` (they depend on a target); :func:`read_requests` counts the engine-side ones from vLLM's request
 objects, as the vLLM adapter does every step; ``policies.table`` buckets the names in
 :data:`TABLE_INPUTS` and :data:`DERIVED`. ``tests/test_state.py`` drives the simulator
 into preemptions, partial prefills and idle spells and checks that :func:`read_requests`
@@ -50,7 +54,8 @@ QUANTITIES: tuple[Quantity, ...] = (
              "running requests not in prefill"),
     Quantity("waiting_requests", "requests", "requests not admitted",
              "the waiting queue: new requests and preempted ones", "vllm:num_requests_waiting"),
-    Quantity("waiting_prefill_tokens", "tokens", "prompt tokens still to prefill",
+    Quantity("waiting_prefill_tokens", "tokens", "tokens still to prefill (prompts, and the "
+             "output a recomputation redoes)",
              "sum of tokens - computed over waiting and in-prefill requests (a recomputation's "
              "output tokens included)"),
     Quantity("kv_usage", "fraction", "share of the KV cache's blocks in use",
@@ -65,8 +70,9 @@ QUANTITIES: tuple[Quantity, ...] = (
              "now - arrival_s of the earliest-arrived waiting or in-prefill request with no "
              "output token (a preempted request has one: its TTFT is behind it); 0 without one"),
     Quantity("last_step_s", "seconds", "how long the last completed pass took",
-             "from its scheduling to its output; the time an idle engine waits between passes "
-             "is not in it; 0 before the first pass"),
+             "from its scheduling (or the previous pass's output, when it was scheduled "
+             "before that, as async scheduling does) to its output; the time an idle engine "
+             "waits between passes is not in it; 0 before the first pass"),
     Quantity("itl_slow_tokens", "tokens", "decode tokens whose gap exceeded the ITL target, lately",
              "each completed pass adds its decodes when it took longer than the ITL target; "
              "the passes completed since the last reading are dated at this reading, and the "
@@ -81,7 +87,7 @@ QUANTITIES: tuple[Quantity, ...] = (
     Quantity("max_num_seqs", "requests", "most requests running at once", "the engine's setting",
              "max_num_seqs"),
     Quantity("now_s", "seconds", "the engine's clock", "seconds since the engine started"),
-    Quantity("free_ride_tokens", "tokens", "the largest chunk that keeps this pass memory-bound",
+    Quantity("free_ride_tokens", "tokens", "about the largest chunk that keeps this pass memory-bound",
              "envs.pricing.free_ride_root over the decodes and the head's prefix, rounded down"),
 )
 BY_NAME = {q.name: q for q in QUANTITIES}
@@ -110,10 +116,23 @@ QUEUE_INPUTS = frozenset({"waiting_prefill_tokens", "oldest_wait_s"})
 requests every pass anyway: the decodes bound every budget from below)."""
 
 
+def counters(request) -> tuple[int, int, int]:
+    """(computed, tokens, output) of a vLLM request, its in-flight step counted as done.
+
+    vLLM's async scheduler schedules a step before the previous one's output arrives: it
+    adds the scheduled tokens to ``num_computed_tokens`` at once, and a placeholder
+    (``num_output_placeholders``) for each token the step will sample. Counting those
+    placeholders as sampled tokens gives the counters the next pass sees, as the
+    synchronous scheduler (whose placeholders are always 0) and the simulator have them."""
+    pending = getattr(request, "num_output_placeholders", 0)
+    return (request.num_computed_tokens, request.num_tokens + pending,
+            request.num_output_tokens + pending)
+
+
 def in_prefill(request) -> bool:
     """Whether a running vLLM request is in prefill (the module docstring's definition)."""
-    computed, tokens = request.num_computed_tokens, request.num_tokens
-    return (request.num_output_tokens == 0 or computed < tokens - 1
+    computed, tokens, output = counters(request)
+    return (output == 0 or computed < tokens - 1
             or bool(getattr(request, "is_prefill_chunk", False)))
 
 
@@ -134,15 +153,17 @@ def read_requests(running: Iterable, waiting, wall_now_s: float,
     head = None
     oldest = math.inf
     for r in running:
-        computed = r.num_computed_tokens
-        if not in_prefill(r):
-            decodes += 1
+        computed, tokens, output = counters(r)
+        if output >= getattr(r, "max_tokens", math.inf):
+            continue  # its last token is being sampled by a step in flight: it has finished
+        if not (output == 0 or computed < tokens - 1 or getattr(r, "is_prefill_chunk", False)):
+            decodes += 1  # (not in_prefill(r), inlined: this runs for every running request)
             context += computed
             continue
-        to_prefill += r.num_tokens - computed
+        to_prefill += tokens - computed
         if head is None:
             head = r
-        if r.num_output_tokens == 0 and r.arrival_time < oldest:
+        if output == 0 and r.arrival_time < oldest:
             oldest = r.arrival_time
     state = {"running_decodes": decodes}
     if "decode_context_tokens" in needs:
@@ -150,22 +171,19 @@ def read_requests(running: Iterable, waiting, wall_now_s: float,
     if "waiting_requests" in needs:
         state["waiting_requests"] = len(waiting)
     if needs & QUEUE_INPUTS:
-        first = None
         for r in waiting:
-            if first is None:
-                first = r
-            to_prefill += r.num_tokens - r.num_computed_tokens
-            if r.num_output_tokens == 0 and r.arrival_time < oldest:
+            computed, tokens, output = counters(r)
+            to_prefill += tokens - computed
+            if output == 0 and r.arrival_time < oldest:
                 oldest = r.arrival_time
-        head = head if head is not None else first
         state["waiting_prefill_tokens"] = to_prefill
         state["oldest_wait_s"] = wall_now_s - oldest if oldest < math.inf else 0.0
     if needs & HEAD_INPUTS:
-        if head is None and len(waiting):
+        if head is None and len(waiting):  # the request the scheduler takes next
             head = waiting.peek_request() if hasattr(waiting, "peek_request") else next(iter(waiting))
-        state["head_prefilled_tokens"] = head.num_computed_tokens if head is not None else 0
-        state["head_remaining_tokens"] = (head.num_tokens - head.num_computed_tokens
-                                          if head is not None else 0)
+        computed, tokens, _ = counters(head) if head is not None else (0, 0, 0)
+        state["head_prefilled_tokens"] = computed
+        state["head_remaining_tokens"] = tokens - computed
     return {k: v for k, v in state.items() if k in needs or k == "running_decodes"}
 
 

@@ -85,6 +85,10 @@ class BudgetPolicy:
     policy, which acts in time, can clone)."""
     diagnostic: ClassVar[bool] = False
     """A measuring device, not a policy to serve (a table's flat twin, the reference)."""
+    exact: ClassVar[bool | None] = None
+    """For a time rule, whether a lookup table holds it exactly (its ``exact_table()``): True
+    where its fraction is chosen by thresholds on quantities an engine has, False where it
+    moves continuously; None for a policy that is not a time rule."""
     ladder: Sequence[int] = DEFAULT_LADDER
     max_num_seqs = 256
 

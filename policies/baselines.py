@@ -234,9 +234,7 @@ class TimeBudgetPolicy(BudgetPolicy):
     spec, params, acts_in_time = "time-budget", (FRACTION,), True
     summary = ("each pass, the largest budget priced within FRACTION of the ITL target "
                "(0.9; FRACTION in (0, 2])")
-    exact: bool = True
-    """Whether a lookup table holds this rule exactly (:meth:`exact_table`): its fraction is
-    chosen by thresholds on quantities an engine has, never moved continuously."""
+    exact = True  # (BudgetPolicy.exact) its subclasses that move continuously say False
 
     def __init__(self, itl_s: float, fraction: float = 0.9, cap: int = 16384):
         self.itl_s, self.fraction, self.cap = float(itl_s), float(fraction), int(cap)

@@ -35,6 +35,7 @@ Before every ``schedule()`` the scheduler
 from __future__ import annotations
 
 import collections
+import math
 import multiprocessing
 import os
 import time
@@ -77,6 +78,7 @@ class TableBudget:
         self.chunkpilot_reloads = 0
         now = time.monotonic()
         self._cp_last_step_s = 0.0
+        self._cp_last_done = -math.inf  # when the last step's output arrived (monotonic)
         # (monotonic start, decodes) of each step scheduled and not yet completed (one at a
         # time synchronously; async scheduling schedules the next before this one's output).
         self._cp_steps: collections.deque = collections.deque()
@@ -227,7 +229,11 @@ class TableBudget:
     def update_from_output(self, scheduler_output, model_runner_output):
         if self._cp_steps:  # a step completes: its duration and its decodes' tokens
             start, decodes = self._cp_steps.popleft()
-            self._cp_last_step_s = duration = time.monotonic() - start
+            # A step runs from its scheduling, or from the previous step's output when it
+            # was scheduled before that (async scheduling overlaps the two), to its output.
+            now = time.monotonic()
+            self._cp_last_step_s = duration = now - max(start, self._cp_last_done)
+            self._cp_last_done = now
             if self._cp_slack is not None:
                 self._cp_slack.step_done(duration, decodes)
         return super().update_from_output(scheduler_output, model_runner_output)
@@ -238,11 +244,14 @@ def _decodes_in(scheduler, output) -> int:
     by a request that has sampled before. (A recomputation after a preemption whose last
     chunk is one token reads the same; it is priced as a decode, and counted as one.)"""
     requests = scheduler.requests
+    # The async scheduler has already added this step's own placeholder to each request
+    # it samples for; the others are tokens of steps still in flight, sampled before it.
+    own = 1 if isinstance(scheduler, AsyncScheduler) else 0
     decodes = 0
     for rid, tokens in output.num_scheduled_tokens.items():
         if tokens == 1:
             r = requests[rid]
-            if r.num_output_tokens and not r.is_prefill_chunk:
+            if not r.is_prefill_chunk and r.num_output_tokens + r.num_output_placeholders - own > 0:
                 decodes += 1
     return decodes
 

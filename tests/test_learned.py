@@ -264,7 +264,7 @@ def test_export_measures_a_table_against_its_flat_twin(capsys, tmp_path):
         report(BudgetTable.load(path), 1.0, SimpleNamespace(out=path, fidelity_seeds=2))
         out = capsys.readouterr().out
         assert ("what its cells are worth: against itself with 4 of the ITL target, the fraction "
-                "it takes most, in every cell (table-flat:4:TABLE): s0 1.100 against 1.000 req/s") in out
+                "it takes most, in every cell (table-flat:4:PATH): s0 1.100 against 1.000 req/s") in out
         assert ("NOTE: nowhere does the table serve more than its flat twin" in out) == note
 
 
@@ -1282,3 +1282,26 @@ def test_refined_table_not_kept_is_written_to_the_run_directory(tmp_path):
     back = BudgetTable.load(path)
     assert list(back.action.cells) == [1.0, 4.0, 16.0]
     assert back.provenance["dagger"] == dagger and back.provenance["refined_cells"] == [1]
+
+
+def test_the_kept_round_s_provenance_leaves_the_other_rounds_and_the_run_alone():
+    """Every round's table is built on the run's provenance; saying what the kept one is
+    must not rewrite theirs (nor the run's, which later tables are built on)."""
+    from types import SimpleNamespace
+
+    from eval.export.cells import build_table, scenario_provenance
+    from eval.export.select import kept_table
+    from envs.scenario import Scenario
+
+    said = "cells from the model's decisions"
+    prov = {**scenario_provenance(Scenario()), "rule": said}
+    feats = {"running_decodes": np.arange(50.0)}
+    rounds = [SimpleNamespace(table=build_table(feats, np.full(50, 1024), 2, provenance=prov),
+                              features=["running_decodes"], build=(None, list(range(50))))
+              for _ in range(3)]
+    data, names, built = kept_table(rounds, [], (["round 0", "round 1", "round 2"], ["round"] * 3),
+                                    {"chosen": 2}, SimpleNamespace(dagger_rounds=2), prov)
+    assert data["provenance"]["rule"].startswith(said + "; cells also from the states the tables "
+                                                 "of the first 2 DAgger round(s)")
+    assert names == ["running_decodes"] and built == 50
+    assert prov["rule"] == said and all(r.table.provenance["rule"] == said for r in rounds)

@@ -5,6 +5,7 @@ same first-token and finish times, and every pass the same duration and decodes.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -47,6 +48,13 @@ def test_a_hand_case_two_requests_share_one_pass():
     # prefills both, both sample their first token at its end, then decode together.
     sim, res, (first, finish, durations, decodes) = both([(0.0, 50, 2), (0.0, 100, 3)], 200, 4)
     assert decodes == [0, 2, 1]  # pass 0 prefills; pass 1 decodes both; pass 2 the longer
+    # The toy cost model: weights 2 ms, 2.56e-10 s per KV token read or written, 20 us per
+    # token, 5.12e-12 s per attention pair, no overlap, 1 ms fixed. Pass 0 is compute-bound:
+    # 150 tokens and 50*51/2 + 100*101/2 = 6325 pairs. Passes 1 and 2 are memory-bound,
+    # their decodes reading 50 + 100 and then 101 tokens of context.
+    assert durations == pytest.approx([150 * 2e-5 + 6325 * 5.12e-12 + 0.001,
+                                       0.002 + (150 + 2) * 2.56e-10 + 0.001,
+                                       0.002 + (101 + 1) * 2.56e-10 + 0.001], rel=1e-12)
     assert first[0] == first[1] == durations[0]
     assert finish[0] == durations[0] + durations[1]
     assert finish[1] == sum(durations)

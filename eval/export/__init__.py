@@ -54,18 +54,19 @@ def export_run(model, serving: Scenario, args: ExportArgs) -> BudgetTable:
     """A run's model as a table for ``serving`` (its SLO the table's), stage by stage."""
     action = action_spec(model, serving)
     rules = rule_candidates(args.rules, serving, action)
-    names, fixed = feature_specs(args.features) if args.features else (None, {})
+    asked, fixed = feature_specs(args.features) if args.features else (None, {})
     build_eps, held_eps = export_episodes(model, serving, args)
     build, held = collect(model, build_eps), collect(model, held_eps)
     prov = {**scenario_provenance(serving), **run_provenance(model, args)}
-    rounds = dagger_rounds(model, (build_eps, held_eps), (build, held), names, args, prov, action,
+    rounds = dagger_rounds(model, (build_eps, held_eps), (build, held), asked, args, prov, action,
                            fixed)
     refined = [refine_table(model, rounds, serving, args, prov, action)] if args.refine_streams else []
     labels = round_labels(args.dagger_rounds) + ["refined"] * len(refined) + [s for s, _ in rules]
+    kinds = ["round"] * len(rounds) + ["refined"] * len(refined) + ["rule"] * len(rules)
     rounds += refined
     selection = select_round(model, [r.table for r in rounds] + [t for _, t in rules], serving, args)
-    data, names, built = kept_table(rounds, rules, labels, selection, args, prov)
-    if refined and labels[selection["chosen"]] != "refined":
+    data, names, built = kept_table(rounds, rules, (labels, kinds), selection, args, prov)
+    if refined and kinds[selection["chosen"]] != "refined":
         aside = save_refined(refined[0].table, data["provenance"]["dagger"], args.run_dir)
         print(f"the refined table, not kept ({labels[selection['chosen']]} kept more of the "
               f"model's capacity and goodput on the choice's streams): {aside}", flush=True)

@@ -32,9 +32,9 @@ class ExportArgs:
     given (``prefill_due_s:6:8:10``: buckets below 6, 6-8, 8-10 and from 10 on), else
     edges where the model's choice changes."""
     slo_ttft_s: float | None = None
-    """The SLO the table serves (default: the run's serving SLO)."""
+    """The TTFT target the table serves, seconds (default: the run's serving SLO's)."""
     slo_itl_s: float | None = None
-    """The SLO the table serves (default: the run's serving SLO)."""
+    """The ITL target the table serves, seconds (default: the run's serving SLO's)."""
     build_episodes: int = 24
     """Episodes of the training conditions whose decisions build the table."""
     held_episodes: int = 8
@@ -75,9 +75,11 @@ class ExportArgs:
     fidelity_seeds: int = 5
     """Streams per capacity in the fidelity check (0: skip it)."""
     fidelity_requests: int = 600
-    """Requests per stream of the fidelity check."""
+    """Requests per stream of the fidelity check, the choice among the tables and the
+    refinement."""
     workers: int | None = None
-    """The fidelity check's and the round choice's runs on a local Ray instance (default: all cores)."""
+    """The fidelity check's, the choice's and the refinement's runs on a local Ray instance
+    (default: all cores)."""
 
 
 @dataclass(frozen=True)

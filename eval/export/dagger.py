@@ -25,6 +25,17 @@ def round_labels(rounds: int) -> list[str]:
     return [f"round {r}" for r in range(rounds + 1)]
 
 
+CANDIDATE_KINDS = ("round", "refined", "rule")
+"""What an export's candidate table is: a DAgger round's (built from the model's
+decisions), the refined one (its cells searched in closed loop), or a rule's exact table.
+The table's provenance lists them (``dagger.candidate_kinds``) beside their labels."""
+
+
+def candidate_kind(label: str) -> str:
+    """The kind of a candidate from its label, for a provenance that lists labels only."""
+    return "refined" if label == "refined" else "round" if label.startswith("round ") else "rule"
+
+
 class Round(NamedTuple):
     table: BudgetTable
     features: list[str]
@@ -43,9 +54,8 @@ def dagger_rounds(model, episodes: tuple, decisions: tuple, names: list[str] | N
     leads to, the features are picked again (unless named) and the table rebuilt on all
     the decisions so far. A table copies its model only where the model went; in closed
     loop a few cells off lead the engine, past capacity above all, into states the model
-    never visits and the table never saw (built from its model's decisions alone, the
-    L40S table kept its model's capacity and lost a quarter to nearly half of its goodput
-    at 1.5 req/s)."""
+    never visits and the table never saw (docs/learning.md has a table built from its
+    model's decisions alone that kept the capacity and lost goodput past it)."""
 
     build, held = decisions
     out: list[Round] = []

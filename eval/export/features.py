@@ -65,8 +65,8 @@ def pick_features(build: tuple, held: tuple, buckets: int, max_features: int, pr
     agreement. The log error, not agreement, picks: a policy that spends the p99 slack on
     5% of passes with 16 times the target changes capacity by a tenth, and agreement
     barely sees it. The pair matters because a long pass can hang on two quantities
-    together (the slack and how full the cache is), each useless alone: on h100-sxm the
-    single-feature pick kept no long pass and lost 4.6% of the model's capacity."""
+    together (the slack and how full the cache is), each useless alone (docs/learning.md
+    has the runs where a single-feature pick lost capacity)."""
     (bstate, bvals), (hstate, hvals) = build, held
     candidates = [n for n in CANDIDATES if n in bstate or (
         n in DERIVED and action and all(k in bstate for k in DERIVED[n]))]

@@ -27,7 +27,9 @@ from policies.table_policy import TablePolicy
 
 
 LOUD_CAPACITY_LOSS = 0.01
+"""A capacity loss against the model above this share gets a WARNING in the report."""
 LOUD_GOODPUT_LOSS = 0.05
+"""The same for goodput at the serving load (noisier per stream than capacity)."""
 
 
 def fidelity(model, table: BudgetTable, serving: Scenario,
@@ -89,8 +91,7 @@ def load_fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs
     streams (synthetic ones seeded apart from the build's; a trace's window cut into
     parts). Capacity only asks where the SLO still holds; a table can match its model
     there and still fall apart past it, where a closed loop visits states the model never
-    led to (the L40S table built from its model's decisions alone keeps its model's
-    capacity and loses a quarter to nearly half of its goodput at 1.5 req/s). Streams
+    led to (docs/learning.md has a table that did). Streams
     where either goodput is undefined (nothing finished) are left out; with fewer than two
     left there is no verdict."""
     if not args.fidelity_seeds:

@@ -32,9 +32,8 @@ from policies.table_policy import TablePolicy
 
 REFINE_GAIN = 0.008
 """The mean capacity gain over the refinement's streams at which a cell's new value is kept:
-below it, 20 streams' bisections (to 2%) mostly tell noise (on the laptop, a search over
-the deadline's due time that kept changes of 0.5-1% gained 1.5% on its streams and lost
-0.7-2.5% on others)."""
+below it, 20 streams' bisections (to 2%) mostly tell noise: changes of 0.5-1% kept on
+the refinement's streams need not hold on others (docs/learning.md)."""
 REFINE_SHARE = 0.01
 """A value the model takes in at least this share of its decisions is tried in every cell."""
 REFINE_SWEEPS = 2
@@ -302,9 +301,7 @@ def refined_path(run_dir: str) -> str:
 def save_refined(table: BudgetTable, dagger: dict, run_dir: str) -> str:
     """Write the refined table to refined_path(run_dir) with the choice's figures in its
     provenance, so that a search that may take an hour is not lost when the choice keeps
-    another table (on the L40S the KV-aware deadline rule's won by a point of the mean
-    share, with the refined table's 107% of the model's capacity against its 95%).
-    Returns the path."""
+    another table. Returns the path."""
     data = table.to_dict()
     data["provenance"] = {**data["provenance"], "dagger": dagger}
     path = refined_path(run_dir)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import sys
 
 from eval.export.args import ExportArgs
-from eval.export.dagger import round_labels
+from eval.export.dagger import candidate_kind, round_labels
 from eval.export.fidelity import LOUD_CAPACITY_LOSS, LOUD_GOODPUT_LOSS, flat_verdict
 from eval.export.select import MIN_MODEL_GOODPUT
 from eval.harness import NOT_JUDGED
 from eval.table_use import use_line
+from policies.baselines import FRACTION
 from policies.table import BudgetTable
 
 
@@ -24,8 +25,7 @@ def capacity_judged(f: dict) -> str:
 def capacity_warning(name: str, f: dict, streams: int | None) -> str:
     """The warning for a fidelity capacity loss above LOUD_CAPACITY_LOSS on scenario
     ``name``: a loss beyond the interval is the table's; one within an interval wider than
-    the loss is not told from noise on these streams (the L40S's: -13.2% ± 26.3% on 5),
-    and more streams would tell it."""
+    the loss is not told from noise on these streams, and more streams would tell it."""
     head = (f"WARNING: the table loses {f['loss']:.1%} of the model's capacity on {name} (more "
             f"than {LOUD_CAPACITY_LOSS:.0%}")
     if f["verdict"] == NOT_JUDGED:
@@ -44,11 +44,12 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
     values = sorted(set(table.action.cells))
     dagger = table.provenance.get("dagger") or {}
     labels = dagger.get("candidates") or round_labels(dagger.get("rounds", 0))
-    source = labels[dagger.get("chosen", 0)]
+    kinds = dagger.get("candidate_kinds") or [candidate_kind(label) for label in labels]
+    source, source_kind = labels[dagger.get("chosen", 0)], kinds[dagger.get("chosen", 0)]
     built = (f"{sum(table.visited)} visited; {kind} {values[0]:g}-{values[-1]:g}; built from "
              f"{fid['build_decisions']:,} decisions"
-             + ("; refined in closed loop" if source == "refined" else "")
-             if source.startswith("round") or source == "refined" else
+             + ("; refined in closed loop" if source_kind == "refined" else "")
+             if source_kind != "rule" else
              f"the {source} rule's, exactly: {kind} {', '.join(f'{v:g}' for v in table.action.cells)}")
     print(f"table: {args.out} ({table.cells} cells over {', '.join(table.features)}; {built}; "
           f"made in {seconds:.0f} s)")
@@ -61,7 +62,7 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
         if kept and not dagger.get("goodput_kept"):
             kept += (f"; goodput at load not judged: the model serves at most {MIN_MODEL_GOODPUT:.0%} "
                      "of requests within the SLO there")
-        which = "the refined table" if source == "refined" else f"the table of {source}"
+        which = "the refined table" if source_kind == "refined" else f"the table of {source}"
         print(f"kept: {which} among {', '.join(labels)}" + (
             f" (the model's figures each keeps, in that order, on {dagger['streams']} streams of "
             f"their own: {kept}; kept: the highest mean of the shares, the earliest on a tie)" if kept
@@ -87,7 +88,8 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
     flat = fid.get("against_flat")
     if flat:
         f = flat["fraction"]
-        rule = f"time-budget:{f:g}" if f <= 2 else f"table-flat:{f:g}:TABLE"
+        # Within time-budget's range the twin is that rule; beyond it, only the flat table.
+        rule = f"time-budget:{f:g}" if f <= FRACTION.high else f"table-flat:{f:g}:PATH"
         found = "; ".join(f"{name} {g['table_capacity_rps']:.3f} against {g['flat_capacity_rps']:.3f} "
                           f"req/s ({flat_verdict(g).cell})"
                           for name, g in flat["scenarios"].items())

@@ -22,10 +22,10 @@ from policies.table import KIND, SCHEMA_VERSION, BudgetTable
 from policies.table_policy import TablePolicy
 
 
-RULES = tuple(cls.usage() for cls in POLICIES if getattr(cls, "exact", False))
+RULES = tuple(cls.usage() for cls in POLICIES if cls.exact)
 """The rules a table holds exactly (``exact``): each is a time fraction chosen by thresholds
 on quantities an engine has."""
-CONTINUOUS = tuple(cls.spec for cls in POLICIES if getattr(cls, "exact", True) is False)
+CONTINUOUS = tuple(cls.spec for cls in POLICIES if cls.exact is False)
 """The rules that move their fraction continuously: no table holds them exactly."""
 
 
@@ -89,7 +89,7 @@ def parse_rule(spec: str, scenario: Scenario, field: str = "rule") -> tuple:
     """(the rule a spec names, its table's features, its fractions); refused in one line
     unless a table holds it exactly (its class says so: ``exact``)."""
     cls = BY_SPEC.get(spec.strip().partition(":")[0])
-    if not getattr(cls, "exact", False):
+    if cls is None or not cls.exact:
         raise ConfigError(not_a_table(spec, field))
     try:
         rule = make_policy(spec, scenario)

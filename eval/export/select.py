@@ -72,9 +72,8 @@ def capacity_runs(model, tables: list[BudgetTable], scenarios: dict, streams: in
 
 MIN_MODEL_GOODPUT = 0.1
 """Goodput of the model at or below which a stream does not judge the rounds: where it serves a
-few requests in a hundred (70B at 1x the Mooncake trace: 3%), a table's share is a matter
-of which few it serves (its first table "kept" 155% of the model's goodput there while
-losing 4.6% of its capacity)."""
+few requests in a hundred, a table's share is a matter of which few it serves (a table
+can "keep" more than all of the model's goodput there while losing capacity)."""
 
 
 def kept_share(found: np.ndarray, floor: float = 0.0) -> np.ndarray:
@@ -94,12 +93,9 @@ def select_round(model, tables: list[BudgetTable], serving: Scenario, args: Expo
     (capacity) or at most ``MIN_MODEL_GOODPUT`` (goodput) are left out. The earliest round
     wins an exact tie; rounds within about 1% of each other on 9 streams are told apart
     by noise, and any of them serves. Both measures are needed: goodput at a load far
-    below capacity cannot tell rounds apart (the laptop's 0.05 req/s, where two rounds over
-    its named features lost 4% of its capacity), and a table can keep its model's capacity
-    and lose past it (the L40S's first table kept its capacity and lost a quarter to
-    nearly half of its goodput at 1.5 req/s). Judged by goodput alone, beyond the paired
-    interval, the H100's first table was kept, though its next round's kept more of its
-    model's capacity (docs/learning.md). Returns the choice and the figures behind it."""
+    below capacity cannot tell rounds apart, and a table can keep its model's capacity and
+    lose past it (docs/learning.md has runs of each). Returns the choice and the figures
+    behind it."""
     if len(tables) == 1:
         return {"chosen": 0}
     scenarios = final_scenarios(serving)
@@ -118,8 +114,9 @@ def select_round(model, tables: list[BudgetTable], serving: Scenario, args: Expo
             **{k: [float(v) for v in m] for k, m in shares.items()}}
 
 
-def kept_table(rounds: list, rules: list[tuple[str, BudgetTable]], labels: list[str], selection: dict,
-               args: ExportArgs, prov: dict) -> tuple[dict, list[str], int]:
+def kept_table(rounds: list, rules: list[tuple[str, BudgetTable]],
+               candidates: tuple[list[str], list[str]], selection: dict, args: ExportArgs,
+               prov: dict) -> tuple[dict, list[str], int]:
     """The chosen candidate's table data, with its provenance saying what it is (a round's
     table built from the model, or a rule's: a rule that kept more of the model than every
     table built from it ships as the rule it is), its features, and how many decisions
@@ -129,8 +126,10 @@ def kept_table(rounds: list, rules: list[tuple[str, BudgetTable]], labels: list[
         kept = rounds[chosen]
         data, names, built = kept.table.to_dict(), kept.features, len(kept.build[1])
         if 0 < chosen <= args.dagger_rounds:
-            data["provenance"]["rule"] += (f"; cells also from the states the tables of the first "
-                                           f"{chosen} DAgger round(s) led to, labelled by the model")
+            # A new dict: every round's table shares the run's provenance.
+            data["provenance"] = {**data["provenance"], "rule": data["provenance"]["rule"] + (
+                f"; cells also from the states the tables of the first {chosen} DAgger round(s) "
+                "led to, labelled by the model")}
     else:
         _, table = rules[chosen - len(rounds)]
         data, names, built = table.to_dict(), list(table.features), 0
@@ -138,6 +137,7 @@ def kept_table(rounds: list, rules: list[tuple[str, BudgetTable]], labels: list[
         data["provenance"] = {**run, "rule_spec": data["provenance"].get("rule_spec"),
                               "rule": f"{data['provenance']['rule']}: it kept more of the model's "
                               "capacity and goodput than the tables built from the model"}
-    data["provenance"] = {**data["provenance"], "dagger": {"rounds": args.dagger_rounds,
-                                                           "candidates": labels, **selection}}
+    labels, kinds = candidates
+    data["provenance"] = {**data["provenance"], "dagger": {
+        "rounds": args.dagger_rounds, "candidates": labels, "candidate_kinds": kinds, **selection}}
     return data, names, built

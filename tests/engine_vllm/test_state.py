@@ -148,3 +148,69 @@ def test_last_step_is_the_step_s_own_time_not_the_idle_wait(model, monkeypatch):
         if not sched.running and not sched.waiting:
             sched.add_request(make_request(f"b{len(seen)}", 20, 3))
     assert seen == pytest.approx([0.0, 0.03, 0.01, 0.05])
+
+
+def test_async_scheduling_counts_the_step_in_flight_as_done(model):
+    """vLLM's async scheduler schedules each step before the previous one's output arrives
+    (here: one step late). The state a table reads counts the step in flight as done, as
+    the synchronous scheduler and the simulator would see it after that step: a prompt
+    whose last chunk is in flight is decoding, a decode's in-flight token is in its
+    context, a request whose last token is in flight has finished."""
+    import policies.vllm_scheduler as vs
+
+    data = table_dict([(n, [1]) for n in NAMES], [64] * 2 ** len(NAMES), default_budget=64)
+    sched = create_scheduler(vs.AsyncTableScheduler, model, max_num_batched_tokens=64,
+                             async_scheduling=True, chunkpilot_table=BudgetTable(data))
+    account = Account()
+    arrivals = {0: ("a", 100, 30), 2: ("b", 20, 5), 5: ("c", 150, 12), 9: ("d", 40, 1), 14: ("e", 90, 25)}
+    pending = None
+    in_flight_decodes = finished_in_flight = 0
+    for step in range(120):
+        if step in arrivals:
+            rid, prompt, out_tokens = arrivals[step]
+            req = make_request(rid, prompt, out_tokens)
+            sched.add_request(req)
+            account.add(req, out_tokens)
+        want = account.expected(time.time())
+        out = sched.schedule()
+        got = sched.chunkpilot_history[-1][0]
+        for name in NAMES:
+            if name == "oldest_wait_s":
+                assert got[name] == pytest.approx(want[name], abs=0.05), (step, name)
+            elif name not in ("kv_usage", "last_step_s"):
+                assert got[name] == want[name], (step, name, got[name], want[name])
+        in_flight_decodes += bool(pending and want["running_decodes"])
+        finished_in_flight += sum(1 for r in sched.running
+                                  if r.num_output_tokens + r.num_output_placeholders >= r.max_tokens)
+        account.step(out)
+        if pending is not None:
+            sched.update_from_output(*pending)
+        pending = (out, fake_output(sched, out))
+    assert account.finished == set("abcde")
+    assert in_flight_decodes > 20 and finished_in_flight > 0
+
+
+def test_under_async_scheduling_a_step_runs_from_the_previous_step_s_output(model, monkeypatch):
+    """Async scheduling schedules step 2 while step 1 runs: step 2's own time starts when
+    step 1's output arrives, not when step 2 was scheduled."""
+    import types
+
+    import policies.vllm_scheduler as vs
+
+    clock = [100.0]
+    monkeypatch.setattr(vs, "time", types.SimpleNamespace(
+        monotonic=lambda: clock[0], time=time.time, perf_counter=time.perf_counter))
+    data = table_dict([("last_step_s", [0.02])], [256, 256], default_budget=256)
+    sched = create_scheduler(vs.AsyncTableScheduler, model, max_num_batched_tokens=256,
+                             async_scheduling=True, chunkpilot_table=BudgetTable(data))
+    sched.add_request(make_request("a", 20, 6))
+    first = sched.schedule()  # at 100.000
+    clock[0] += 0.001
+    second = sched.schedule()  # at 100.001, while the first runs
+    clock[0] += 0.029
+    sched.update_from_output(first, fake_output(sched, first))  # at 100.030: 0.030 since its scheduling
+    assert sched.schedule() is not None and sched.chunkpilot_history[-1][0]["last_step_s"] == pytest.approx(0.030)
+    clock[0] += 0.012
+    sched.update_from_output(second, fake_output(sched, second))  # at 100.042
+    sched.schedule()
+    assert sched.chunkpilot_history[-1][0]["last_step_s"] == pytest.approx(0.012)  # not 0.041
