@@ -306,9 +306,8 @@ def test_slack_count_is_the_whole_log_without_decay():
 def test_summary_only_runs_and_forks_keep_the_slack_count(monkeypatch):
     """A summary-only simulator lets old passes go (here every few runs); the count is taken
     before they go, so it matches a full run's. A fork starts from its parent's count."""
-    from envs.metrics import SLO
-
     from envs.engine import EngineConfig, Simulator
+    from envs.metrics import SLO
     from envs.workload import Workload
 
     monkeypatch.setattr("envs.engine.FLUSH_VALUES", 40)
@@ -398,9 +397,9 @@ def test_observation_and_teacher_read_when_the_queue_is_due(teacher):
     steps its fraction down as usage climbs, and holds the slack back above 75%."""
     from agents.setup import teacher_actions
     from envs.actions import FRACTION_LADDER
-    from envs.pricing import prefill_due_s
     from envs.metrics import SLO
     from envs.observation import DUE_INDEX, observe
+    from envs.pricing import prefill_due_s
     from policies.baselines import TimeBudgetDeadlineKVPolicy, TimeBudgetDeadlinePolicy
     from tests.conftest import make_sim
 
@@ -698,9 +697,9 @@ def test_export_picks_the_slack_feature_a_rare_long_pass_hangs_on():
     decisions with slack for a pass: the rare long pass decides capacity, so the export
     picks the slack first (agreement alone would pick KV usage, which moves more cells)."""
     from envs.scenario import Scenario
+    from envs.slack import slack_passes
     from eval.export.cells import action_spec
     from eval.export.features import pick_features
-    from envs.slack import slack_passes
 
     rng = np.random.default_rng(1)
 
@@ -766,8 +765,8 @@ def test_export_checks_the_table_at_the_serving_load(monkeypatch, capsys, tmp_pa
     one stream is not judged."""
     from types import SimpleNamespace
 
-    from eval.export import fidelity, report, select
     from envs.scenario import Scenario
+    from eval.export import fidelity, report, select
     from policies.baselines import TimeBudgetPolicy
 
     sc = Scenario(rate=12.0, num_requests=80)
@@ -814,9 +813,9 @@ def test_export_aggregates_the_states_its_table_leads_to(monkeypatch):
     model's decisions alone."""
     from types import SimpleNamespace
 
-    from eval.export import cells, dagger, record
     from envs.actions import pass_budget
     from envs.scenario import Scenario
+    from eval.export import cells, dagger, record
 
     class Rule:
         """A model stand-in: a quarter of the target once three requests wait, else four times."""
@@ -873,8 +872,8 @@ def test_export_keeps_the_round_that_keeps_most_of_its_model(monkeypatch):
     where the model serves nothing are left out."""
     from types import SimpleNamespace
 
-    from eval.export import select
     from envs.scenario import Scenario
+    from eval.export import select
 
     def choose(goodput, capacity):
         monkeypatch.setattr(select, "goodput_runs", lambda *a, **k: np.asarray(goodput, dtype=float))
@@ -923,8 +922,8 @@ def test_export_lays_out_capacities_by_scenario_stream_and_policy(monkeypatch):
     order the sweep runs its pairs in, capacities and load factors alike, and passes its
     seed base to the sweep."""
     import eval.capacity as capacity
-    from eval.export import select
     from eval.capacity import CapacityResult
+    from eval.export import select
 
     seen = {}
 
@@ -973,8 +972,8 @@ def test_capacity_streams_come_from_the_seed_base_asked_for(monkeypatch):
 def test_export_report_names_the_round_kept(capsys, tmp_path):
     from types import SimpleNamespace
 
-    from eval.export import report
     from envs.scenario import Scenario
+    from eval.export import report
 
     data = time_table([1.0, 0.5, 0.25], Scenario()).to_dict()
     data["fidelity"] = {"build_decisions": 100, "held_out_decisions": 50, "agreement": 1.0}
@@ -1059,9 +1058,9 @@ def test_export_refines_cells_where_closed_loop_capacity_says(monkeypatch):
     from types import SimpleNamespace
 
     import eval.capacity as capacity
-    from eval.export import cells, dagger, refine
     from envs.scenario import Scenario
     from eval.capacity import CapacityResult
+    from eval.export import cells, dagger, refine
 
     def cap(cells):
         c = 1.0 + 0.05 * (cells[2] == 16) + 0.004 * (cells[1] == 16) - 0.03 * (cells[0] == 16)
@@ -1198,10 +1197,10 @@ def test_a_cell_a_table_does_not_read_on_a_stream_cannot_change_its_capacity_the
     cache reaches high KV usage), a value changed in a cell leaves the capacity of every
     stream that does not read it as it was (the simulator is deterministic), and the
     refinement's measure on some streams is the full sweep's on those."""
-    from eval.export import refine
     from agents.summary import final_scenarios
     from envs.scenario import Scenario
     from eval.capacity import capacity_sweep
+    from eval.export import refine
     from eval.parallel import LocalExecutor
     from policies.table_policy import TablePolicy
 
@@ -1266,8 +1265,8 @@ def test_refined_table_not_kept_is_written_to_the_run_directory(tmp_path):
     """A refinement's table is written to the run directory when the choice keeps another
     (not beside --out: the presets' is tables/), with the choice's figures, and loads with
     the same cells."""
-    from eval.export import cells, refine
     from envs.scenario import Scenario
+    from eval.export import cells, refine
 
     assert refine.refined_path("runs/x") == str(Path("runs/x/refined_table.json"))
     sc = Scenario()
@@ -1289,9 +1288,9 @@ def test_the_kept_round_s_provenance_leaves_the_other_rounds_and_the_run_alone()
     must not rewrite theirs (nor the run's, which later tables are built on)."""
     from types import SimpleNamespace
 
+    from envs.scenario import Scenario
     from eval.export.cells import build_table, scenario_provenance
     from eval.export.select import kept_table
-    from envs.scenario import Scenario
 
     said = "cells from the model's decisions"
     prov = {**scenario_provenance(Scenario()), "rule": said}
