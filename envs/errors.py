@@ -24,6 +24,7 @@ booleans               never where a number belongs       ``true`` is not 1
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 import os
@@ -55,6 +56,13 @@ def require(condition: bool, field: str, value: object, allowed: str) -> None:
     """Raise ConfigError(``field: got value, allowed``) unless ``condition``."""
     if not condition:
         raise ConfigError(f"{field}: got {show(value)}, {allowed}")
+
+
+def did_you_mean(word: str, known) -> str:
+    """``"did you mean X? "`` for the known name nearest a mistyped ``word``, or ``""``
+    when none is near (difflib's ratio of 0.6: one or two letters off in a short name)."""
+    near = difflib.get_close_matches(str(word), [str(k) for k in known], n=1, cutoff=0.6)
+    return f"did you mean {near[0]}? " if near else ""
 
 
 def _bound(x: float) -> str:
@@ -108,6 +116,21 @@ def tokens(field: str, value: int, low: int = 1) -> int:
 
 def positive(field: str, value: float, high: float | None = None) -> float:
     return number(field, value, 0, high, low_open=True)
+
+
+MAX_SLO_TTFT_S = 600.0
+"""The largest TTFT target taken, seconds: ten minutes (a batch job's is not a latency SLO)."""
+MAX_SLO_ITL_S = 10.0
+"""The largest ITL target taken, seconds: a gap of 10 s between two tokens is no stream."""
+
+
+def slo_seconds(field: str, value: float, high: float) -> float:
+    """A latency target in seconds, in (0, ``high``]; refused with a hint at the unit,
+    since a target given in milliseconds (``100`` for 100 ms) is a plausible number too."""
+    if _is_real(value) and value > high:
+        raise ConfigError(f"{field}: got {show(value)}, must be at most {_bound(high)} seconds; "
+                          f"targets are in seconds (100 ms is 0.1)")
+    return positive(field, value)
 
 
 def non_negative(field: str, value: float, high: float | None = None) -> float:

@@ -33,7 +33,7 @@ from functools import cached_property
 import numpy as np
 
 from envs import records
-from envs.errors import positive
+from envs.errors import MAX_SLO_ITL_S, MAX_SLO_TTFT_S, slo_seconds
 from envs.records import PassChunk, PassHistory
 
 
@@ -45,8 +45,8 @@ class SLO:
     itl_s: float = 0.1
 
     def __post_init__(self) -> None:
-        positive("slo_ttft_s", self.ttft_s)
-        positive("slo_itl_s", self.itl_s)
+        slo_seconds("slo_ttft_s", self.ttft_s, MAX_SLO_TTFT_S)
+        slo_seconds("slo_itl_s", self.itl_s, MAX_SLO_ITL_S)
 
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, q) -> np.ndarray | float:

@@ -22,7 +22,8 @@ import math
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 
-from envs.errors import ConfigError, fraction, integer, non_negative, number, require, show
+from envs.errors import (ConfigError, did_you_mean, fraction, integer, non_negative, number,
+                         require, show)
 from envs.files import load_json, load_toml
 
 GIB = 2**30
@@ -442,7 +443,7 @@ def _resolve(spec, presets: dict, aliases: dict, cls, section: str):
         return _from_table(cls, _load_table(path, section), section, path)
     name = aliases.get(spec, spec)
     if name not in presets:
-        raise ConfigError(f"{section}: unknown preset {show(spec)}; known: "
+        raise ConfigError(f"{section}: unknown preset {show(spec)}; {did_you_mean(spec, presets)}known: "
                           f"{', '.join(sorted(list(presets) + list(aliases)))}, "
                           "or a path to a .toml/.json profile")
     return presets[name]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from envs.engine import EngineConfig, Simulator
-from envs.errors import ConfigError, integer, non_negative, number, require
+from envs.errors import ConfigError, did_you_mean, integer, non_negative, number, require
 from envs.metrics import SLO
 from envs.profiles import MAX_OVERHEAD_S, HardwareProfile, ModelProfile, get_hardware, get_model
 from envs.workload import (MAX_SECONDS, SyntheticSpec, Workload, check_rate, load_trace,
@@ -195,7 +195,8 @@ WORKLOADS: dict[str, dict] = {
 
 def named_workload(name: str) -> dict:
     if name not in WORKLOADS:
-        raise ConfigError(f"workload: unknown name {name!r}; known: {', '.join(WORKLOADS)}")
+        raise ConfigError(f"workload: unknown name {name!r}; {did_you_mean(name, WORKLOADS)}"
+                          f"known: {', '.join(WORKLOADS)}")
     return dict(WORKLOADS[name])
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envs.cli import given_fields, parse
-from envs.errors import ConfigError, integer, run_cli, show
+from envs.errors import ConfigError, did_you_mean, integer, run_cli, show
 from envs.files import check_output
 from envs.scenario import Scenario
 from envs.workload import check_num_requests
@@ -204,8 +204,8 @@ def cmd_suite(argv) -> int:
     names = list(SUITE) if args.scenarios == "all" else [s.strip() for s in args.scenarios.split(",")]
     unknown = [n for n in names if n not in SUITE]
     if unknown:
-        raise ConfigError(f"scenarios: unknown {show(', '.join(unknown), 200)}; known: "
-                          f"{', '.join(SUITE)}")
+        raise ConfigError(f"scenarios: unknown {show(', '.join(unknown), 200)}; "
+                          f"{did_you_mean(unknown[0], SUITE)}known: {', '.join(SUITE)}")
     if args.reference_scenarios is not None:
         wanted = [s.strip() for s in args.reference_scenarios.split(",")]
         stray = [n for n in wanted if n not in names]

@@ -9,10 +9,9 @@ the reference controller, which sees the future.
 
 from __future__ import annotations
 
-import difflib
 import textwrap
 
-from envs.errors import ConfigError, show
+from envs.errors import ConfigError, did_you_mean, show
 from envs.scenario import Scenario
 from policies.base import BudgetPolicy
 from policies.baselines import (FreeRidePolicy, NoDecodeBoostPolicy, QueueDepthPolicy,
@@ -52,9 +51,8 @@ def listing(width: int = 34) -> str:
 
 def unknown(spec: str, kind: str) -> ConfigError:
     """The one-line refusal of an unknown spec, with the nearest known one."""
-    near = difflib.get_close_matches(kind, list(BY_SPEC), n=1, cutoff=0.6)
-    hint = f"did you mean {near[0]}? " if near else ""
-    return ConfigError(f"policy: unknown spec {show(spec)}; {hint}known: {', '.join(KNOWN)}")
+    return ConfigError(f"policy: unknown spec {show(spec)}; {did_you_mean(kind, BY_SPEC)}"
+                       f"known: {', '.join(KNOWN)}")
 
 
 def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = False) -> BudgetPolicy:

@@ -33,6 +33,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from envs.errors import MAX_SLO_ITL_S, MAX_SLO_TTFT_S
 from policies.table import BudgetTable, TableError, device_hardware_name
 
 TABLE_ENV = "CHUNKPILOT_TABLE"
@@ -79,8 +80,8 @@ class Settings:
         if allow not in ("", "0", "1", "true", "false", "yes", "no"):
             raise TableError(f"{ALLOW_MISMATCH_ENV}: got {allow!r}, must be 1 or 0")
         return cls(table_path=path, allow_mismatch=allow in ("1", "true", "yes"),
-                   slo_ttft_s=_env_number(SLO_TTFT_ENV, None, positive=True),
-                   slo_itl_s=_env_number(SLO_ITL_ENV, None, positive=True),
+                   slo_ttft_s=_env_number(SLO_TTFT_ENV, None, positive=True, high=MAX_SLO_TTFT_S),
+                   slo_itl_s=_env_number(SLO_ITL_ENV, None, positive=True, high=MAX_SLO_ITL_S),
                    reload_interval_s=_env_number(RELOAD_ENV, cls.reload_interval_s),
                    summary_interval_s=_env_number(SUMMARY_ENV, cls.summary_interval_s),
                    step_overhead_s=_env_number(STEP_OVERHEAD_ENV, 0.0))
@@ -92,7 +93,9 @@ class Settings:
         return {"ttft_s": self.slo_ttft_s, "itl_s": self.slo_itl_s}
 
 
-def _env_number(name: str, default: float | None, positive: bool = False) -> float | None:
+def _env_number(name: str, default: float | None, positive: bool = False,
+                high: float | None = None) -> float | None:
+    """A number from the environment; ``high``: a latency target's ceiling in seconds."""
     text = os.environ.get(name, "").strip()
     if not text:
         return default
@@ -102,6 +105,9 @@ def _env_number(name: str, default: float | None, positive: bool = False) -> flo
         value = math.nan
     if not math.isfinite(value) or value < 0 or (positive and value == 0):
         raise TableError(f"{name}: got {text!r}, must be a number {'> 0' if positive else '>= 0'}")
+    if high is not None and value > high:
+        raise TableError(f"{name}: got {text!r}, must be at most {high:g} seconds; targets are "
+                         "in seconds (100 ms is 0.1)")
     return value
 
 

@@ -87,6 +87,9 @@ def test_simulate_synthetic_flags():
 
 @pytest.mark.parametrize("module, args, message", [
     ("envs.probe", ["--hardware", "tpu9"], "hardware: unknown preset 'tpu9'; known:"),
+    ("envs.probe", ["--hardware", "h100sxm"], "hardware: unknown preset 'h100sxm'; did you mean h100-sxm? known:"),
+    ("envs.probe", ["--model", "lama-3-8b"], "model: unknown preset 'lama-3-8b'; did you mean llama-3-8b? known:"),
+    ("train.py", ["--workload", "mooncak"], "workload: unknown name 'mooncak'; did you mean mooncake? known:"),
     ("envs.probe", ["--running", "300"], "running: got 300, must be < max_num_seqs"),
     ("envs.probe", ["--budget", "64"], "budget: got 64, must be an integer >= max_num_seqs"),
     ("envs.probe", ["--prompt-tokens", "0"], "prompt_tokens: got 0"),
@@ -96,6 +99,12 @@ def test_simulate_synthetic_flags():
     ("envs.simulate", ["--prompt", "fixed:abc"], "prompt: got 'fixed:abc'"),
     ("envs.simulate", ["--model", "qwen2.5-32b", "--hardware", "l40s"], "weights need"),
     ("envs.simulate", ["--slo-itl-s", "0"], "slo_itl_s: got 0.0"),
+    # An SLO in milliseconds where seconds are meant: refused, with the unit named.
+    ("envs.simulate", ["--slo-itl-s", "100"],
+     "slo_itl_s: got 100.0, must be at most 10 seconds; targets are in seconds (100 ms is 0.1)"),
+    ("envs.simulate", ["--slo-ttft-s", "2000"], "slo_ttft_s: got 2000.0, must be at most 600 seconds"),
+    ("policies.table", ["check", "tables/h100-sxm__llama-3-8b.json", "--slo-itl-s", "100"],
+     "--slo-itl-s: got 100.0, must be at most 10 seconds"),
 ])
 def test_bad_input_is_one_line_and_exit_2(module, args, message):
     out = cli(module, *args)

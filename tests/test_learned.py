@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -686,6 +687,10 @@ def test_rule_export_writes_a_table_the_runtime_accepts_and_refuses_other_rules(
     assert json.loads(slow.read_text())["provenance"]["hardware"]["per_pass_overhead_s"] == 0.003
     show = cli("policies.table", "show", str(slow))
     assert "a100-80g (priced with 3 ms per pass) + llama-3-8b" in show.stdout
+    # It says it is a rule, never "algo ppo", and what its check against the rule found.
+    assert "what it is: the time-budget-deadline:16 rule's exact table: a rule, not a learned policy" in show.stdout
+    assert "algo" not in show.stdout and "the time-budget-deadline:16 rule exactly" in show.stdout
+    assert re.search(r"checked against the rule at [\d,]+ passes: 0 differ", show.stdout)
     for rule in ("time-budget-kv", "static:2048", "time-budget-deadline:0.5"):
         bad = cli("eval", "export", "--rule", rule, "--out", str(tmp_path / "no.json"))
         assert bad.returncode == 2 and bad.stderr.startswith("error: rule: got")

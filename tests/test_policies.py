@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,7 @@ def test_no_decode_boost_and_floor_at_running_decodes():
 
 def test_free_ride_policy_uses_the_exact_free_ride():
     from envs.pricing import free_ride_root
+
     # The first request decodes while the later prompts arrive: their passes have decodes
     # running, so the free ride is computed for them.
     sim = make_sim([(0.0, 100, 400), (0.02, 4000, 50), (0.03, 300, 200), (0.2, 20000, 5)],
@@ -211,8 +213,8 @@ def test_huge_integers_in_json_and_toml_files_are_named_in_one_short_line(tmp_pa
 
 
 def test_provenance_mismatch_names_both_sides():
-    from policies.table import hardware_provenance, model_provenance
     from envs.profiles import get_model
+    from policies.table import hardware_provenance, model_provenance
 
     t = BudgetTable(table_dict(), path="t.json")
     hw, model = H100_LLAMA["hardware"], H100_LLAMA["model"]
@@ -284,6 +286,15 @@ def test_check_command_on_matching_and_mismatching_tables(tmp_path):
     show = table_cli("show", "tables/a100-80g__llama-3-8b.json")
     assert show.returncode == 0 and "a100-80g + llama-3-8b" in show.stdout
     assert "budgets up to 16384 (the ceiling to serve it with)" in show.stdout
+    # The shipped A100 table is the time-budget-slack:7 rule's, kept over the model's tables.
+    assert ("what it is: the time-budget-slack:7 rule's exact table: a rule, not a learned policy; "
+            "measured against the ppo model of runs/presets/a100-80g__llama-3-8b; kept among 8 "
+            "candidates (3 from the model's decisions, 5 rules' tables)") in show.stdout
+    assert re.search(r"capacity against its model: serving [+-]\d+\.\d% ± \d+\.\d% \((ties|beats|falls short)\)",
+                     show.stdout)
+    # The L40S table is built from its model's decisions.
+    show = table_cli("show", "tables/l40s__llama-3-8b.json")
+    assert "what it is: built from the model's decisions alone; its model: the ppo model of" in show.stdout
 
 
 @pytest.mark.parametrize("args, needle", [

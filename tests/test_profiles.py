@@ -25,7 +25,8 @@ def test_kv_bytes_per_token():
 
 
 def test_unknown_preset_lists_the_known_ones():
-    with pytest.raises(ConfigError, match=r"unknown preset 'h900'; known: a100-80g, a100-80g-datasheet, h100-sxm"):
+    with pytest.raises(ConfigError, match=r"unknown preset 'h900'; did you mean h200\? known: "
+                                          r"a100-80g, a100-80g-datasheet, h100-sxm"):
         get_hardware("h900")
     with pytest.raises(ConfigError, match="llama-3-8b"):
         get_model("gpt-5")

@@ -25,17 +25,6 @@ def round_labels(rounds: int) -> list[str]:
     return [f"round {r}" for r in range(rounds + 1)]
 
 
-CANDIDATE_KINDS = ("round", "refined", "rule")
-"""What an export's candidate table is: a DAgger round's (built from the model's
-decisions), the refined one (its cells searched in closed loop), or a rule's exact table.
-The table's provenance lists them (``dagger.candidate_kinds``) beside their labels."""
-
-
-def candidate_kind(label: str) -> str:
-    """The kind of a candidate from its label, for a provenance that lists labels only."""
-    return "refined" if label == "refined" else "round" if label.startswith("round ") else "rule"
-
-
 class Round(NamedTuple):
     table: BudgetTable
     features: list[str]

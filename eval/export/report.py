@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from eval.export.args import ExportArgs
-from eval.export.dagger import candidate_kind, round_labels
+from eval.export.dagger import round_labels
 from eval.export.fidelity import LOUD_CAPACITY_LOSS, LOUD_GOODPUT_LOSS, flat_verdict
 from eval.export.select import MIN_MODEL_GOODPUT
 from eval.harness import NOT_JUDGED
@@ -44,7 +44,7 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
     values = sorted(set(table.action.cells))
     dagger = table.provenance.get("dagger") or {}
     labels = dagger.get("candidates") or round_labels(dagger.get("rounds", 0))
-    kinds = dagger.get("candidate_kinds") or [candidate_kind(label) for label in labels]
+    kinds = table.candidate_kinds() or ["round"] * len(labels)
     source, source_kind = labels[dagger.get("chosen", 0)], kinds[dagger.get("chosen", 0)]
     built = (f"{sum(table.visited)} visited; {kind} {values[0]:g}-{values[-1]:g}; built from "
              f"{fid['build_decisions']:,} decisions"

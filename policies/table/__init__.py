@@ -416,6 +416,55 @@ class BudgetTable:
         reasons = [r for r in reasons if r]
         return f"{self.path}: " + "; ".join(reasons) if reasons else None
 
+    def candidate_kinds(self) -> list[str]:
+        """What each table its export chose among was (provenance ``dagger``): "round" (built
+        from the model's decisions), "refined" (those cells searched in closed loop) or
+        "rule" (a rule's exact table), in the order of ``dagger.candidates``."""
+        dagger = self.provenance.get("dagger") or {}
+        kinds = dagger.get("candidate_kinds")
+        if kinds:
+            return list(kinds)
+        # A provenance that lists labels only: "round N", "refined", else a rule's spec.
+        return ["refined" if c == "refined" else "round" if str(c).startswith("round ") else "rule"
+                for c in dagger.get("candidates") or []]
+
+    def rule_spec(self) -> str | None:
+        """The spec of the rule this table is exactly (``time-budget-deadline-kv:16``), or
+        None for a table built from a model's decisions."""
+        p = self.provenance
+        if p.get("rule_spec"):
+            return str(p["rule_spec"])
+        dagger, kinds = p.get("dagger") or {}, self.candidate_kinds()
+        chosen = dagger.get("chosen", 0)
+        if chosen < len(kinds) and kinds[chosen] == "rule":
+            return str(dagger["candidates"][chosen])
+        return None
+
+    def origin(self) -> str:
+        """What the table is and what built it, in words (``policies.table show``)."""
+        p, dagger = self.provenance, self.provenance.get("dagger") or {}
+        kinds, spec = self.candidate_kinds(), self.rule_spec()
+        if spec:
+            what = f"the {spec} rule's exact table: a rule, not a learned policy"
+        elif kinds and kinds[dagger.get("chosen", 0)] == "refined":
+            what = "a table of the model's decisions, refined cell by cell in closed loop"
+        elif p.get("run_dir"):
+            label = (dagger.get("candidates") or ["round 0"])[dagger.get("chosen", 0)]
+            what = "built from the model's decisions" + (
+                " alone" if label == "round 0" else
+                f" and those on the states its earlier tables led to ({label} of DAgger)")
+        else:
+            what = "origin not recorded"
+        if p.get("run_dir"):
+            what += (f"; {'measured against' if spec else 'its model:'} the {p.get('algo', '')} "
+                     f"model of {p['run_dir']}")
+        if kinds:
+            n = {k: kinds.count(k) for k in ("round", "refined", "rule")}
+            what += (f"; kept among {len(kinds)} candidates ({n['round']} from the model's "
+                     f"decisions{', the refined one' if n['refined'] else ''}, {n['rule']} rules' "
+                     "tables) as the one keeping most of the model's capacity and goodput")
+        return what
+
     def describe(self) -> str:
         """One line: what the table was built for, from what, and what it asks for."""
         p = self.provenance
@@ -424,8 +473,9 @@ class BudgetTable:
         budgets = (f"budgets {self.action.min_budget}-{self.max_budget}" if self.max_budget is not None
                    else f"time fractions {min(cells):g}-{max(cells):g} of the ITL target, budgets up "
                    f"to {self.action.cap} (the ceiling to serve it with)")
-        made = ", ".join(f"{k} {p[k]}" for k in ("exported", "run_dir", "algo", "commit")
-                         if p.get(k))
+        rule = self.rule_spec()
+        made = ", ".join([f"{k} {p[k]}" for k in ("exported", "run_dir", "algo", "commit") if p.get(k)
+                          and not (rule and k == "algo")] + ([f"the {rule} rule exactly"] if rule else []))
         overhead = hw.get("per_pass_overhead_s") or 0.0
         hw_name = hw["name"] + (f" (priced with {overhead * 1e3:g} ms per pass)" if overhead else "")
         return (f"{self.path} [{self.digest or '-'}]: {hw_name} + {m['name']} (TP "

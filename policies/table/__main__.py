@@ -8,10 +8,9 @@ import re
 import sys
 
 from envs.cli import close_flags
-from envs.errors import ConfigError
+from envs.errors import MAX_SLO_ITL_S, MAX_SLO_TTFT_S, ConfigError, slo_seconds
 from envs.profiles import get_hardware, get_model
-from policies.table import (BudgetTable, TableError, _is_positive, hardware_provenance,
-                            model_provenance)
+from policies.table import BudgetTable, TableError, hardware_provenance, model_provenance
 
 
 def _served(args) -> tuple[dict | None, dict | None, dict | None]:
@@ -25,11 +24,41 @@ def _served(args) -> tuple[dict | None, dict | None, dict | None]:
             raise TableError(str(err)) from None
     slo = None
     if args.slo_ttft_s is not None or args.slo_itl_s is not None:
-        for flag, v in (("--slo-ttft-s", args.slo_ttft_s), ("--slo-itl-s", args.slo_itl_s)):
-            if v is not None and not _is_positive(v):
-                raise TableError(f"{flag}: got {v!r}, must be a number > 0")
+        for flag, v, high in (("--slo-ttft-s", args.slo_ttft_s, MAX_SLO_TTFT_S),
+                              ("--slo-itl-s", args.slo_itl_s, MAX_SLO_ITL_S)):
+            if v is not None:
+                try:
+                    slo_seconds(flag, v, high)
+                except ConfigError as err:
+                    raise TableError(str(err)) from None
         slo = {"ttft_s": args.slo_ttft_s, "itl_s": args.slo_itl_s}
     return hardware, model, slo
+
+
+def fidelity_lines(fid: dict) -> list[str]:
+    """What the export recorded the table does (its ``fidelity``), a line per measure:
+    capacity and goodput against its model, against its flat twin, the rule check."""
+    lines = []
+    for key, what, sign in (("capacity", "capacity against its model", -1),
+                            ("goodput", "goodput at load against its model", -1),
+                            ("against_flat", "capacity against its flat twin", 1)):
+        rows = fid.get(key, {})
+        rows = rows.get("scenarios", {}) if key == "against_flat" else rows
+        parts = []
+        for name, f in rows.items():
+            value, half = (f.get("loss"), f.get("loss_ci95")) if sign < 0 else (f.get("gain"), f.get("gain_ci95"))
+            if value is None:
+                continue
+            parts.append(f"{name} {sign * value:+.1%}" + (f" ± {half:.1%}" if half else "")
+                         + f" ({f.get('verdict', 'not judged')})")
+        if parts:
+            twin = (f" ({fid['against_flat']['fraction']:g} of the ITL target in every cell)"
+                    if key == "against_flat" else "")
+            lines.append(f"{what}{twin}: " + "; ".join(parts))
+    check = fid.get("rule_check")
+    if check:
+        lines.append(f"checked against the rule at {check['passes']:,} passes: {check['differ']} differ")
+    return lines or ["no fidelity recorded"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--model", help="preset name or .toml/.json profile")
     check.add_argument("--slo-ttft-s", type=float, help="TTFT target, seconds")
     check.add_argument("--slo-itl-s", type=float, help="ITL target, seconds")
-    show = sub.add_parser("show", help="one line: provenance, budgets, features")
+    show = sub.add_parser("show", help="what the table is, what built it, its recorded fidelity")
     show.add_argument("table")
     args, extra = ap.parse_known_args(argv)
     if extra:  # named against the subcommand's own flags, which its --help lists
@@ -65,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         table = BudgetTable.load(args.table)
         if args.command == "show":
             print(table.describe())
+            print(f"what it is: {table.origin()}")
+            for line in fidelity_lines(table.fidelity or {}):
+                print(line)
             return 0
         reason = table.mismatch(*_served(args))
     except TableError as err:

@@ -133,6 +133,10 @@ def test_tensor_parallel_and_slo_are_compared(env, model, tmp_path):
     env.setenv("CHUNKPILOT_SLO_ITL_S", "fast")
     with pytest.raises(TableError, match="CHUNKPILOT_SLO_ITL_S: got 'fast'"):
         served_from_file(env, model, tmp_path, constant(256))
+    env.setenv("CHUNKPILOT_SLO_ITL_S", "100")  # milliseconds meant: refused, the unit named
+    with pytest.raises(TableError, match=r"CHUNKPILOT_SLO_ITL_S: got '100', must be at most 10 "
+                                         r"seconds; targets are in seconds \(100 ms is 0.1\)"):
+        served_from_file(env, model, tmp_path, constant(256))
 
 
 def test_synchronous_scheduler_refused_when_async_scheduling_is_on(env, model, tmp_path):
