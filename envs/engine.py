@@ -63,8 +63,8 @@ from envs.slack import ItlSlackMeter, SlackCounter
 from envs.state import QUANTITIES, SLACK_COUNTS
 from envs.workload import Workload
 
-if TYPE_CHECKING:  # imported lazily at run time: metrics imports nothing from here
-    from envs.metrics import SLO, SimResult
+if TYPE_CHECKING:  # for annotations only
+    from envs.metrics import SLO
 
 INF = math.inf
 _new_tuple = tuple.__new__
@@ -501,10 +501,6 @@ class Simulator:
     def num_awaiting_first_token(self) -> int:
         return self._first_wait_n
 
-    def _decision_needed(self) -> bool:
-        return bool(self.prefilling) or (bool(self.waiting) and
-                                         self._num_decodes < self.config.max_num_seqs)
-
     # --- running -------------------------------------------------------------------------
 
     def run(self, policy: Policy) -> "SimResult":
@@ -541,7 +537,7 @@ class Simulator:
             if self._next_arrival < n_arrivals and arrivals[self._next_arrival] <= self.now:
                 self._admit_arrivals()
             if self.prefilling or (self.waiting and self._num_decodes < max_seqs):
-                self._pending_decision = True  # (_decision_needed, inlined)
+                self._pending_decision = True  # a partial prefill, or a waiting request with room
                 return True
             if self.now >= until_s:
                 return False
@@ -759,7 +755,7 @@ class Simulator:
                 return False
             limit = p + 1
         heap, finish_at = self._finish_heap, self._finish_at
-        while heap and heap[0] not in finish_at:  # (_next_finish, inlined)
+        while heap and heap[0] not in finish_at:  # the next pass in which decodes finish
             heapq.heappop(heap)
         nf = heap[0] if heap else INF
         if nf < limit:
@@ -837,12 +833,6 @@ class Simulator:
         if b >= 2:
             blocks += sum(by_residue[bs + 1 - b:])
         return blocks
-
-    def _next_finish(self) -> float:
-        heap, finish_at = self._finish_heap, self._finish_at
-        while heap and heap[0] not in finish_at:
-            heapq.heappop(heap)
-        return heap[0] if heap else INF
 
     # --- bookkeeping ------------------------------------------------------------------------
 

@@ -129,13 +129,6 @@ def counters(request) -> tuple[int, int, int]:
             request.num_output_tokens + pending)
 
 
-def in_prefill(request) -> bool:
-    """Whether a running vLLM request is in prefill (the module docstring's definition)."""
-    computed, tokens, output = counters(request)
-    return (output == 0 or computed < tokens - 1
-            or bool(getattr(request, "is_prefill_chunk", False)))
-
-
 HEAD_INPUTS = frozenset({"head_prefilled_tokens", "head_remaining_tokens"})
 
 
@@ -157,7 +150,7 @@ def read_requests(running: Iterable, waiting, wall_now_s: float,
         if output >= getattr(r, "max_tokens", math.inf):
             continue  # its last token is being sampled by a step in flight: it has finished
         if not (output == 0 or computed < tokens - 1 or getattr(r, "is_prefill_chunk", False)):
-            decodes += 1  # (not in_prefill(r), inlined: this runs for every running request)
+            decodes += 1  # not in prefill, as the module docstring defines it
             context += computed
             continue
         to_prefill += tokens - computed

@@ -53,9 +53,7 @@ class TablePolicy(BudgetPolicy):
         path = ":".join(args)
         if not path:
             raise ConfigError(f"policy: got {spec!r}, table takes table:PATH (or table:auto)")
-        file = str(shipped_table(scenario, spec)) if path == "auto" else path
-        return load_table_policy(file, scenario, name=spec,
-                                 allow_mismatch=options.get("allow_table_mismatch", False))
+        return _from_path(spec, path, scenario, options)
 
     def values(self, state) -> dict:
         """The quantities the table reads, from the scheduler's state (the slack counts at
@@ -166,12 +164,16 @@ class FlatTablePolicy(TablePolicy):
             raise ConfigError(f"policy: got {show(spec)}, no PATH; table-flat[:FRACTION]:PATH "
                               "(or auto)")
         fraction = 1.0 if head is None else FLAT_FRACTION.parse(spec, head)
-        file = str(shipped_table(scenario, spec)) if path == "auto" else path
-        policy = load_table_policy(file, scenario, name=spec,
-                                   allow_mismatch=options.get("allow_table_mismatch", False),
-                                   flat=fraction)
+        policy = _from_path(spec, path, scenario, options, flat=fraction)
         policy.flattens = f"table:{path}"
         return policy
+
+
+def _from_path(spec: str, path: str, scenario, options: dict, flat: float | None = None):
+    """The table policy of a spec's PATH (``auto``: the scenario's shipped table)."""
+    file = str(shipped_table(scenario, spec)) if path == "auto" else path
+    return load_table_policy(file, scenario, name=spec, flat=flat,
+                             allow_mismatch=options.get("allow_table_mismatch", False))
 
 
 _DECIMAL = re.compile(r"[0-9]*\.?[0-9]+")

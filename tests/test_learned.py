@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import re
 from pathlib import Path
 
@@ -926,7 +925,6 @@ def test_export_lays_out_capacities_by_scenario_stream_and_policy(monkeypatch):
     """``capacity_runs`` returns (scenario, stream, policy) with the model first, whatever
     order the sweep runs its pairs in, capacities and load factors alike, and passes its
     seed base to the sweep."""
-    import eval.capacity as capacity
     from eval.capacity import CapacityResult
     from eval.export import select
 
@@ -1062,7 +1060,6 @@ def test_export_refines_cells_where_closed_loop_capacity_says(monkeypatch):
     4, taken in 0.5% of the decisions, would add 20% anywhere) only cell 2 changes."""
     from types import SimpleNamespace
 
-    import eval.capacity as capacity
     from envs.scenario import Scenario
     from eval.capacity import CapacityResult
     from eval.export import cells, dagger, refine
@@ -1158,7 +1155,7 @@ def test_a_killed_cell_search_resumes_where_it_stopped(tmp_path):
     on the same cells, values and streams it goes on from there and ends where an unbroken
     search ends, with fewer sweeps; a place saved for other cells, or a corrupt file, is
     ignored; the file goes when the search ends."""
-    from eval.export import cells, refine
+    from eval.export import refine
 
     def search(progress, kill_at=None, reads=False):
         calls = []

@@ -20,6 +20,7 @@ from envs.pricing import Coefficients
 from envs.profiles import get_hardware, get_model
 from envs.workload import Workload
 from tests.conftest import TOY_HW, TOY_MODEL
+from tests.strategies import engine_workloads
 
 TOY = Coefficients(weights_s=2e-3, kv_s_per_token=256e-12, token_s=2e-5, pair_s=512e-14,
                    exposed=0.5, fixed_s=1e-3, serial_s_per_token=1e-6)
@@ -135,17 +136,11 @@ CROSSING = replace(TOY_HW, attention_flops_ratio=4e-6, overlap=0.6, elementwise_
 
 @st.composite
 def batches(draw):
-    n = draw(st.integers(1, 20))
-    gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.002, 0.05, 1.0]), min_size=n, max_size=n))
-    prompts = draw(st.lists(st.integers(1, 3000), min_size=n, max_size=n))
-    outputs = draw(st.lists(st.integers(1, 400), min_size=n, max_size=n))
-    need = max(-(-(a + b) // 16) for a, b in zip(prompts, outputs))
-    cfg = EngineConfig(num_kv_blocks=draw(st.integers(need, need * 4)),
-                       max_num_seqs=draw(st.integers(1, 16)),
-                       long_prefill_token_threshold=draw(st.sampled_from([0, 0, 100, 700])))
+    workload, cfg = draw(engine_workloads((1, 20), [0.0, 0.0, 0.002, 0.05, 1.0], 3000, 400, 4, 16,
+                                          [0, 0, 100, 700]))
     hardware = draw(st.sampled_from([TOY_HW, CROSSING]))
     budgets = draw(st.lists(st.sampled_from([0, 1, 13, 256, 2048, 9000]), min_size=1, max_size=5))
-    return Workload.from_arrays(np.cumsum(gaps).tolist(), prompts, outputs), cfg, hardware, budgets
+    return workload, cfg, hardware, budgets
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

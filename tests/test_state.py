@@ -19,11 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envs.engine import EngineConfig, Simulator
+from envs.engine import Simulator
 from envs.slack import StepSlack
 from envs.state import BY_NAME, QUANTITIES, SLACK_COUNTS, TABLE_INPUTS, read_requests
 from envs.workload import Workload
 from tests.conftest import TOY_HW, TOY_MODEL
+from tests.strategies import engine_workloads
 
 REQUEST_COUNTED = [n for n in TABLE_INPUTS if n not in SLACK_COUNTS + ("kv_usage", "last_step_s")]
 
@@ -48,17 +49,10 @@ def as_vllm(sim: Simulator) -> tuple[list, list]:
 
 @st.composite
 def runs(draw):
-    n = draw(st.integers(2, 25))
-    gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.01, 0.1, 0.5, 3.0]), min_size=n, max_size=n))
-    arrivals = np.cumsum(gaps).tolist()
-    prompts = draw(st.lists(st.integers(1, 1200), min_size=n, max_size=n))
-    outputs = draw(st.lists(st.integers(1, 150), min_size=n, max_size=n))
-    need = max(-(-(a + b) // 16) for a, b in zip(prompts, outputs))
-    cfg = EngineConfig(num_kv_blocks=draw(st.integers(need, need * 3)),
-                       max_num_seqs=draw(st.integers(1, 10)),
-                       long_prefill_token_threshold=draw(st.sampled_from([0, 0, 48, 300])))
+    workload, cfg = draw(engine_workloads((2, 25), [0.0, 0.0, 0.01, 0.1, 0.5, 3.0], 1200, 150, 3, 10,
+                                          [0, 0, 48, 300]))
     extra = draw(st.lists(st.sampled_from([0, 1, 7, 64, 400, 4096]), min_size=1, max_size=6))
-    return Workload.from_arrays(arrivals, prompts, outputs), cfg, extra
+    return workload, cfg, extra
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
