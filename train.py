@@ -30,7 +30,7 @@ from agents.checks import (condition_teachers, constant_costs, ranking_check, ro
                            teacher_choice)
 from agents.conditions import MIN_CAPACITY_RPS, draw_conditions, with_capacities
 from agents.setup import ACTION_TYPES, imitate, make_model
-from agents.summary import final_comparison, summary_text, teacher_words
+from agents.summary import final_comparison, final_figures, run_answer, summary_text, teacher_words
 from envs.actions import DEFAULT_LADDER, FRACTION_LADDER
 from envs.cli import given_fields, parse
 from envs.episodes import draw_episodes
@@ -39,6 +39,7 @@ from envs.files import check_output, write_atomic, write_json_atomic
 from envs.scenario import WORKLOADS, Scenario, ScenarioArgs
 from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS
 from envs.workload import check_num_requests
+from eval.capacity_report import figure_count
 from eval.parallel import make_executor, progress_bar
 from eval.report import git_commit
 from policies.learned import check_observations, load_run, read_config, run_sampler
@@ -243,6 +244,40 @@ def resumed_args(args: Args, argv: list[str] | None) -> tuple[Args, dict]:
     return Args(**merged), config
 
 
+SMOKE_TIMESTEPS = 20_000
+"""A fresh run asked for fewer timesteps is a smoke run: it checks that the pipeline works,
+and measures less (:data:`SMOKE`) so that it ends within a minute on 2 cores."""
+SMOKE = {"conditions": 8, "checks": False, "final_seeds": 3, "final_requests": 300}
+"""What a smoke run measures less of, each unless its flag is given: 8 training conditions
+(measuring 32 takes most of a smoke run's time), no ranking, per-condition teacher or
+room checks (the fixed choice of lowest cost is the teacher), and the final comparison on
+3 streams of 300 requests."""
+
+
+def smoke_args(args: Args, argv: list[str] | None) -> tuple[Args, list[str]]:
+    """(the arguments of a smoke run, the notes saying what it left out): a fresh run below
+    :data:`SMOKE_TIMESTEPS` takes :data:`SMOKE`'s values for the flags not given."""
+    if args.resume or args.total_timesteps >= SMOKE_TIMESTEPS:
+        return args, []
+    given = given_fields(Args, sys.argv[1:] if argv is None else argv)
+    less = {k: v for k, v in SMOKE.items() if k not in given and getattr(args, k) != v
+            and not (k == "conditions" and args.conditions < v)}
+    if not less:
+        return args, []
+    left = []
+    if "conditions" in less:
+        left.append(f"{less['conditions']} training conditions instead of {args.conditions}")
+    if "checks" in less:
+        left.append("no ranking, per-condition teacher or room checks")
+    if "final_seeds" in less or "final_requests" in less:
+        left.append(f"the final comparison on {less.get('final_seeds', args.final_seeds)} streams of "
+                    f"{less.get('final_requests', args.final_requests)} requests")
+    flags = ", ".join(f"--{k.replace('_', '-')}" for k in less)
+    note = (f"A smoke run (--total-timesteps under {SMOKE_TIMESTEPS:,}): {'; '.join(left)}. It shows "
+            f"that the pipeline works, not what to serve; give {flags} to measure more.")
+    return replace(args, **less), [note]
+
+
 def prepare_run(args: Args) -> Path:
     """The run directory, created; refused when it is a file or already holds another run."""
     if args.resume:
@@ -298,6 +333,8 @@ CONDITION_TEACHERS = ("time-budget:1", *CHECK_RULES)
 CONDITION_EPISODES = 4
 """...on this many episodes of that condition, loaded at SELECTION_LOADS."""
 CHECK_STATICS = (256, 512, 1024, 2048, 4096, 8192)
+CLONED_DECISIONS = 20_000
+"""Decisions of the teacher the policy is cloned on before learning (agents.setup.imitate)."""
 
 
 def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], executor) -> dict:
@@ -358,8 +395,11 @@ def print_checks(checks: dict) -> None:
 
 
 def write_config(run_dir: Path, args: Args, scenario: Scenario, conditions: list[dict],
-                 checks: dict) -> dict:
+                 checks: dict, notes: list[str] = ()) -> dict:
+    """The run's config.json: its arguments (a resume takes them), scenario, conditions,
+    checks and the notes on what it left out (a smoke run's)."""
     config = {"args": asdict(args), "scenario": scenario.fields_dict(), "commit": git_commit(),
+              "notes": list(notes),
               "python": platform.python_version(), "actions": args.actions,
               "action_type": ACTION_TYPES[args.algo],
               "ladder": list(FRACTION_LADDER if args.actions == "time" else DEFAULT_LADDER),
@@ -392,16 +432,17 @@ def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
     if args.actions == "time" and best and make_policy(best, scenario).acts_in_time \
             and config["action_type"] == "discrete" and hasattr(model.policy, "get_distribution"):
         per = config["checks"].get("condition_teachers")
-        agree = imitate(model, best, config["ladder"], seed=args.seed, teachers=per,
-                        conditions=config["conditions"])
+        with progress_bar(2 * CLONED_DECISIONS, "cloning the teacher", "decision") as bar:
+            agree = imitate(model, best, config["ladder"], CLONED_DECISIONS, seed=args.seed,
+                            teachers=per, conditions=config["conditions"], progress=bar)
         if per:
             counts = Counter(per)
             which = ", ".join(f"{n} on {k}" for n, k in counts.most_common())
             print(f"starting from each condition's best fixed choice ({which} of {len(per)} "
-                  f"conditions): cloned on 20,000 decisions ({agree:.1%} agreement)")
+                  f"conditions): cloned on {CLONED_DECISIONS:,} decisions ({agree:.1%} agreement)")
         else:
-            print(f"starting from {teacher_words(config['checks'])}, {best}: cloned on 20,000 "
-                  f"decisions ({agree:.1%} agreement)")
+            print(f"starting from {teacher_words(config['checks'])}, {best}: cloned on "
+                  f"{CLONED_DECISIONS:,} decisions ({agree:.1%} agreement)")
     return model, venv, False
 
 
@@ -487,11 +528,17 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
         callback.init_callback(model)
         callback.evaluate()
     learned = load_run(run_dir, scenario.slo())
-    with progress_bar(3 * 18 * args.final_seeds, "final comparison") as bar:
+    teacher = config["checks"].get("best_constant") or None
+    with progress_bar(3 * 20 * args.final_seeds, "final comparison") as bar:
         studies = final_comparison(learned, scenario, args.final_seeds, args.final_requests,
-                                   executor, bar)
-    _, _, actions = evaluate_model(learned.model, learned.obs_norm, callback.episodes,
-                                   learned.ladder, learned.actions, learned.action_type)
+                                   executor, bar, teacher)
+    with progress_bar(figure_count(range(4), True, args.final_seeds), "figures") as bar:
+        figures = final_figures(studies, learned, teacher, run_dir, args.final_seeds,
+                                args.final_requests, executor, bar)
+    with progress_bar(len(callback.episodes), "what the policy does", "episode") as bar:
+        _, _, actions = evaluate_model(learned.model, learned.obs_norm, callback.episodes,
+                                       learned.ladder, learned.actions, learned.action_type,
+                                       progress=bar)
     desc = (f"{scenario.hardware} + {scenario.model}; serving {args.trace or args.workload}"
             f"{'' if scenario.trace else f' at {scenario.rate:g} req/s'}, SLO TTFT {scenario.slo_ttft_s:g} s "
             f"/ ITL {scenario.slo_itl_s * 1e3:g} ms; trained on {len(config['conditions'])} conditions")
@@ -502,12 +549,15 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
              else "model.zip",
              "best constant cost on them": f"{callback.baseline_cost:.2f}",
              "commit": config["commit"]}
+    answer = run_answer(studies, learned.name, teacher)
     text = summary_text(run_dir.name, desc, facts, checks, callback.history, studies, learned.name,
-                        actions)
+                        actions, answer, figures, args.final_seeds, args.final_requests,
+                        config.get("notes"))
     write_atomic(run_dir / "summary.md", text)
     write_json_atomic(run_dir / "summary.json", {
+        "answer": answer.text, "next": list(answer.commands),
         "scenario": desc, "timesteps": model.num_timesteps, "trained_steps": learned_steps,
-        "train_s": train_s,
+        "train_s": train_s, "figures": [p.name for p, _ in figures],
         "capacity": {n: st.as_json() for n, st in studies.items()}, "actions": actions,
         "eval_history": callback.history, "checks": checks})
     return text
@@ -519,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume:
         args, config = resumed_args(args, argv)
     args.validate()
+    args, smoke = smoke_args(args, argv)
     scenario = args.scenario()
     scenario.hardware_profile(), scenario.model_profile(), scenario.engine_config(), scenario.slo()
     run_dir = prepare_run(args)
@@ -528,11 +579,13 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.torch_threads)
     executor = make_executor(args.workers, args.ray_address)
+    for note in smoke:
+        print(note)
     if config is None:
         conditions = draw_training_conditions(args, scenario, executor)
         checks = pretraining_checks(args, scenario, conditions, executor)
         print_checks(checks)
-        config = write_config(run_dir, args, scenario, conditions, checks)
+        config = write_config(run_dir, args, scenario, conditions, checks, smoke)
     model, venv, resumed = build_model(args, config, scenario, run_dir)
     callback = evaluator(args, config, scenario, run_dir, model.num_timesteps)
     if resumed and model.num_timesteps >= args.total_timesteps and (run_dir / "summary.md").exists():

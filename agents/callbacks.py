@@ -28,9 +28,10 @@ class Recorder(ActionTrace):
 
 
 def evaluate_model(model, obs_norm, episodes, ladder, actions: str, action_type: str,
-                   weights=None) -> tuple[float, list[float], dict]:
+                   weights=None, progress=None) -> tuple[float, list[float], dict]:
     """(mean cost, per-episode costs, action histogram) of ``model`` on ``episodes``, each
-    pass decided by the model (as a table or an engine would)."""
+    pass decided by the model (as a table or an engine would); ``progress`` (a bar), where
+    given, counts the episodes."""
     costs, values, budgets, decodes = [], [], [], []
     for sc, w in episodes:
         rec = Recorder(ModelPolicy(model, sc.slo(), ladder, action_type, actions=actions,
@@ -39,6 +40,8 @@ def evaluate_model(model, obs_norm, episodes, ladder, actions: str, action_type:
         values += rec.values
         budgets += rec.budgets
         decodes += rec.decodes
+        if progress is not None:
+            progress.update(1)
     return float(np.mean(costs)), costs, action_histogram(values, ladder, budgets, decodes, time_fractions=actions == "time")
 
 

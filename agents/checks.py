@@ -26,7 +26,7 @@ from envs.reward import RewardMeter, RewardWeights
 from envs.scenario import Scenario
 from envs.stats import ci95_half
 from eval.capacity import capacity_sweep
-from eval.harness import paired_verdict
+from eval.harness import paired_difference
 from eval.parallel import LocalExecutor
 from policies.baselines import TimeBudgetFewPolicy, TimeBudgetKVPolicy, TimeBudgetPolicy
 from policies.reference import ReferencePolicy
@@ -103,7 +103,7 @@ def teacher_choice(costs: dict, ranking: dict | None = None) -> str:
         return low
     capacity = {r["policy"]: r["relative_capacity"] for r in ranking["rows"]}
     tied = [n for n in costs
-            if n == low or paired_verdict(costs[n], costs[low], SELECT_Z).kind == "ties"]
+            if n == low or paired_difference(costs[n], costs[low], SELECT_Z).kind == "ties"]
     return max(tied, key=lambda n: (capacity.get(n, 0.0), -costs[n].mean()))
 
 
@@ -137,13 +137,13 @@ def condition_teachers(base: Scenario, sampler: EpisodeSampler, names: list[str]
     for i in range(len(sampler.conditions)):
         mine = {n: c[owner == i] for n, c in costs.items()}
         better = [n for n in names if n != teacher
-                  and paired_verdict(mine[teacher], mine[n], SELECT_Z).kind == "beats"]
+                  and paired_difference(mine[teacher], mine[n], SELECT_Z).kind == "beats"]
         if not better:
             picks.append(teacher)
             continue
         low = min(better, key=lambda n: mine[n].mean())
         tied = [n for n in better
-                if n == low or paired_verdict(mine[n], mine[low], SELECT_Z).kind == "ties"]
+                if n == low or paired_difference(mine[n], mine[low], SELECT_Z).kind == "ties"]
         params = {n: make_policy(n, base).param_values() for n in tied + [teacher]}
         picks.append(min(tied, key=lambda n: (params[n] != params[teacher], mine[n].mean())))
     return picks

@@ -87,7 +87,7 @@ def _teacher_actions_by_env(venv, raw_obs, teacher: str, ladder, teachers, condi
 
 def imitate(model, teacher: str, ladder, steps: int = 20_000, epochs: int = 8,
             batch: int = 256, seed: int = 0, teachers: list[str] | None = None,
-            conditions=()) -> float:
+            conditions=(), progress=None) -> float:
     """Behaviour cloning of a teacher rule before reinforcement learning (the pretraining
     SB3's documentation describes: the policy's own distribution trained by maximum
     likelihood on the teacher's actions). The teacher drives the model's environments for
@@ -95,7 +95,8 @@ def imitate(model, teacher: str, ladder, steps: int = 20_000, epochs: int = 8,
     ``teachers`` (one fixed choice per training condition, see
     agents.checks.condition_teachers), each environment follows its episode's condition's
     teacher, and ``teacher`` where the episode comes from none of ``conditions``. Returns
-    the share of those decisions on which the cloned policy agrees with the teacher."""
+    the share of those decisions on which the cloned policy agrees with the teacher.
+    ``progress`` (a bar), where given, counts the decisions and then the epochs."""
     import torch  # heavy: only behaviour cloning needs it here
 
     venv = model.get_env()
@@ -107,6 +108,8 @@ def imitate(model, teacher: str, ladder, steps: int = 20_000, epochs: int = 8,
         obs_norm.append(venv.normalize_obs(raw))
         acts.append(a)
         venv.step(a)
+        if progress is not None:
+            progress.update(venv.num_envs)
     x = torch.as_tensor(np.concatenate(obs_norm), dtype=torch.float32)
     y = torch.as_tensor(np.concatenate(acts), dtype=torch.long)
     policy = model.policy
@@ -118,6 +121,8 @@ def imitate(model, teacher: str, ladder, steps: int = 20_000, epochs: int = 8,
             opt.zero_grad()
             loss.backward()
             opt.step()
+        if progress is not None:
+            progress.update(len(y) // epochs)
     with torch.no_grad():
         pred = policy.get_distribution(x).distribution.probs.argmax(dim=1)
     return float((pred == y).float().mean())

@@ -1,38 +1,66 @@
 """After training: the learned policy's capacity against the fine-ladder hindsight static,
-the time-budget rule and vLLM's default on held-out arrivals (the serving scenario and its
-variants: ``eval.scenarios.final_scenarios``), and the run's summary, which says plainly
-which of DESIGN.md's two jobs the result shows."""
+the rule it started from, the time-budget rule and vLLM's default on held-out arrivals (the
+serving scenario and its variants: ``eval.scenarios.final_scenarios``), the run's pictures,
+and its summary: the answer first (what to serve, and whether the learning added anything
+to its teacher), the commands that serve it, then the details with their words defined."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from envs.scenario import Scenario
+from eval.answer import Answer, capacity_answer
 from eval.capacity import capacity_studies
-from eval.harness import NOT_JUDGED
+from eval.capacity_report import capacity_figures, ladder_figure, ladder_line
+from eval.harness import NOT_JUDGED, paired_verdict
 from eval.scenarios import final_scenarios
 from eval.usage import budget_label, used_text
 from policies.baselines import TimeBudgetPolicy, VllmDefaultPolicy
+from policies.specs import make_policy
+
 
 def final_comparison(learned, serving: Scenario, seeds: int, requests: int, executor=None,
-                     progress=None) -> dict:
+                     progress=None, teacher: str | None = None) -> dict:
     """Capacity studies (fine-ladder hindsight static included) of the learned policy, the
-    time-budget rule and vLLM's default on each final scenario."""
+    rule it started from (``teacher``, a spec), the time-budget rule and vLLM's default on
+    each final scenario."""
     scenarios = final_scenarios(serving)
-    jobs = [(sc, [learned, TimeBudgetPolicy(sc.slo_itl_s), VllmDefaultPolicy(sc.hardware_profile())])
-            for sc in scenarios.values()]
+    jobs = []
+    for sc in scenarios.values():
+        ps = [learned]
+        if teacher and make_policy(teacher, sc).name != TimeBudgetPolicy(sc.slo_itl_s).name:
+            ps.append(make_policy(teacher, sc))
+        jobs.append((sc, ps + [TimeBudgetPolicy(sc.slo_itl_s), VllmDefaultPolicy(sc.hardware_profile())]))
     studies = capacity_studies(jobs, seeds, requests, executor, progress)
     return dict(zip(scenarios, studies))
 
 
+def final_figures(studies: dict, learned, teacher: str | None, out: Path, seeds: int, requests: int,
+                  executor=None, progress=None) -> list[tuple[Path, str]]:
+    """The run's pictures, in its directory: capacity against the static budget on every
+    final scenario; on the serving one, every policy at the best fixed budget's capacity
+    (latency tails, the budget timeline around the worst gap) and goodput against load."""
+    serving = next(iter(studies.values()))
+    sc = serving.scenario
+    policies = [learned] + ([make_policy(teacher, sc)] if teacher else [])
+    policies += [TimeBudgetPolicy(sc.slo_itl_s), VllmDefaultPolicy(sc.hardware_profile())]
+    names = set()
+    policies = [p for p in policies if not (p.name in names or names.add(p.name))]
+    return [ladder_figure(studies, out, seeds),
+            *capacity_figures(serving, policies, out, seeds, requests, executor, progress, ladder=False)]
+
+
 def capacity_lines(studies: dict, learned_name: str) -> list[str]:
-    lines = ["| scenario | hindsight static | learned | time-budget | vLLM's default |",
-             "|---|---|---|---|---|"]
+    names = list(next(iter(studies.values())).policies)
+    heads = ["learned" if n == learned_name else n for n in names]
+    lines = ["| scenario | best fixed budget | " + " | ".join(heads) + " |",
+             "|---|---|" + "---|" * len(names)]
     for name, st in studies.items():
         cells = []
-        for n in st.policies:
+        for n in names:
             r, v = st.policies[n], st.verdict(n)
             cells.append(f"{r.text()} ({v.cell})")
-        lines.append(f"| {name} | {st.best_budget}: {st.best.text()} | "
-                     + " | ".join(cells) + " |")
+        lines.append(f"| {name} | {st.best_budget:,}: {st.best.text()} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -42,20 +70,62 @@ def job_lines(studies: dict, learned_name: str, rule_name: str = "time-budget") 
     beats = [n for n, st in studies.items() if st.verdict(learned_name).kind == "beats"]
     short = [f"{n} ({st.verdict(learned_name).rel:+.1%})" for n, st in studies.items()
              if not st.verdict(learned_name).matches]
-    vs_rule = [st.policies[learned_name].capacity / st.policies[rule_name].capacity - 1
-               for st in studies.values() if st.policies[rule_name].capacity > 0]
-    lines = [f"- Job 1 (match the best fixed budget with one policy, no tuning): within 2% of the "
-             f"fine-ladder hindsight static in {len(within)} of {len(studies)} scenarios"
+    lines = [f"- Job 1 (be within 2% of the best fixed budget with one untuned policy): met in "
+             f"{len(within)} of {len(studies)} scenarios"
              + (f"; more than 2% below it in {', '.join(short)}." if short else ".")]
     one = all(st.verdict(learned_name).kind == NOT_JUDGED for st in studies.values())
-    lines.append("- Job 2 (beat it where the dynamics give room): " + (
+    lines.append("- Job 2 (beat it beyond the interval, where the dynamics give room): " + (
         "not judged: one stream per scenario has no interval (raise --final-seeds)." if one else
-        "beats it beyond the interval in " + (", ".join(beats) if beats else "none of them") + "."))
+        "in " + (", ".join(beats) if beats else "none of them") + "."))
+    vs_rule = [f"{n} {paired_verdict(st.policies[learned_name].per_stream, st.policies[rule_name].per_stream)}"
+               for n, st in studies.items() if rule_name in st.policies]
     if vs_rule:
-        mean = sum(vs_rule) / len(vs_rule)
-        lines.append(f"- Against the time-budget rule (each pass within 0.9 of the ITL target): "
-                     f"{mean:+.1%} capacity on average.")
+        lines.append(f"- Against the time-budget rule (each pass within 0.9 of the ITL target), paired "
+                     f"per stream: {'; '.join(vs_rule)}.")
     return lines
+
+
+def teacher_verdicts(studies: dict, learned_name: str, teacher: str | None) -> dict:
+    """Per final scenario, the learned policy against the rule it started from, paired per
+    stream (none where that rule was not measured)."""
+    out = {}
+    for name, st in studies.items():
+        rule = next((n for n in st.policies if teacher and n == make_policy(teacher, st.scenario).name), None)
+        if rule and rule != learned_name:
+            out[name] = (rule, paired_verdict(st.policies[learned_name].per_stream, st.policies[rule].per_stream))
+    return out
+
+
+def learning_sentence(verdicts: dict) -> str:
+    """Whether the learning added anything to its teacher, in plain words, from
+    :func:`teacher_verdicts` (the serving scenario first)."""
+    if not verdicts:
+        return ""
+    scenario, (rule, v) = next(iter(verdicts.items()))
+    others = [f"{n}: {w.kind} ({w.figure})" for n, (_, w) in list(verdicts.items())[1:]]
+    rest = f" Elsewhere: {'; '.join(others)}." if others else ""
+    if v.kind == "beats" and not v.streams:
+        return (f"The learned policy meets the SLO where the rule it started from, {rule}, does not "
+                f"on the {scenario} scenario ({v.figure}).{rest}")
+    if v.kind == "beats":
+        return (f"The learning added {v.rel:.1%} capacity to the rule it started from, {rule}, on the "
+                f"{scenario} scenario ({v.figure}).{rest}")
+    if v.kind == "falls short":
+        return (f"The learned policy serves less than the rule it started from, {rule} ({v.figure}): "
+                f"the learning lost ground; the rule is the better table.{rest}")
+    return (f"The learned policy ties the rule it started from, {rule} ({v.figure}): the learning "
+            f"added nothing you can count on, and the rule's own table serves as well.{rest}")
+
+
+def run_answer(studies: dict, learned_name: str, teacher: str | None) -> Answer:
+    """The summary's answer: what to serve on the serving scenario (held-out streams), and
+    what the learning added to its teacher."""
+    serving = next(iter(studies.values()))
+    answer = capacity_answer(serving, held_out=True)
+    text = answer.text.replace(f"Serve {learned_name}:", "Serve the learned policy (as a table):")
+    text = text.replace(learned_name, "the learned policy")
+    learning = learning_sentence(teacher_verdicts(studies, learned_name, teacher))
+    return Answer(f"{text} {learning}".strip(), answer.commands)
 
 
 def budget_lines(actions: dict) -> list[str]:
@@ -66,10 +136,10 @@ def budget_lines(actions: dict) -> list[str]:
         return []
     used = used_text(shares, budget_label) or "none"
     in_time = "over_target" in rows[0]
-    lines = [f"Token budgets asked (a time fraction becomes a different budget with each pass's "
-             f"decodes and each episode's ITL target: over the training conditions' SLO pairs they "
-             f"spread further than at one SLO), in bins of 2^(1/4) tokens: "
-             f"{actions['budgets_5pct']} bins each hold at least 5% of passes ({used}).", "",
+    lines = [f"The token budgets those became (each pass's fraction turned into tokens with its "
+             f"decodes and its episode's ITL target, so they spread over the training conditions' "
+             f"SLO pairs), in bins of 2^(1/4) tokens: {actions['budgets_5pct']} bins each hold at "
+             f"least 5% of passes ({used}).", "",
              "| running decodes | share of passes | median budget (tokens) |"
              + (" share over 1x the target |" if in_time else ""),
              "|---|---:|---:|" + ("---:|" if in_time else "")]
@@ -93,39 +163,76 @@ def teacher_line(checks: dict | None) -> str | None:
             + (f"; the checks' pick: {pick}" if pick and pick != checks["best_constant"] else ""))
 
 
+def fraction_text(shares: dict) -> str:
+    """The time budgets the policy took, most used first, each with its share of passes;
+    the fractions it never took are not listed."""
+    used = sorted(((k, v) for k, v in shares.items() if v > 0), key=lambda kv: -kv[1])
+    if not used:
+        return "no decided pass"
+    return ", ".join(f"{k}x the ITL target in {v:.1%}" for k, v in used)
+
+
+def room_line(room: dict, checks: dict) -> str:
+    """The room check, said so that a silent check does not read as no room."""
+    if room["best_cost"] == 0 and room["reference_cost"] == 0:
+        return (f"- room check: silent. Neither the reference controller (MPC over "
+                f"{room['best_constant']}) nor {teacher_words(checks)} missed a target on its "
+                f"{room['episodes']} episodes, so they cannot tell the room beyond that rule")
+    return (f"- room check: the reference controller (MPC over {room['best_constant']}) costs "
+            f"{room['reference_cost']:.2f} against {room['best_cost']:.2f} for {teacher_words(checks)} "
+            f"({room['gain']:+.2f} ± {room['gain_ci95']:.2f}; a cost is SLO violations in % of "
+            f"requests, over {room['episodes']} episodes)")
+
+
 def summary_text(run_name: str, desc: str, facts: dict, checks: dict | None, history: list,
-                 studies: dict, learned_name: str, actions: dict) -> str:
-    lines = [f"# chunkpilot training run: {run_name}", "", f"- scenario: {desc}"]
+                 studies: dict, learned_name: str, actions: dict, answer: Answer | None = None,
+                 figures: list | None = None, seeds: int | None = None, requests: int | None = None,
+                 notes: list[str] | None = None) -> str:
+    """``summary.md``: the answer and its commands, what was measured and the words it uses,
+    the capacities, what the policy does, the run's facts and checks, and ``figures``."""
+    serving = next(iter(studies.values()))
+    seeds = seeds or len(serving.best.per_stream)
+    lines = [f"# chunkpilot training run: {run_name}", ""]
+    lines += [f"*{n}*" for n in notes or []] + ([""] if notes else [])
+    lines += answer.markdown() if answer else []
+    lines += ["## What was measured", "",
+              f"- Scenario: {desc}.",
+              f"- Capacity: on each stream, the highest arrival rate at which p99 TTFT and p99 ITL "
+              f"both meet the SLO (bisection to 2%); {seeds} held-out stream{'s' * (seeds != 1)}"
+              + (f" of {requests} requests" if requests else "") + " per scenario (seeds no "
+              "training episode draws). A figure is the mean over streams ± its 95% interval "
+              "(Student's t).",
+              "- The best fixed budget: the static budget with the highest capacity on the same "
+              "streams, on a ladder of 2^(1/4) steps from 64 to 16,384 tokens (picked in hindsight).",
+              "- Against it: each policy's capacity as a ratio to the best fixed budget's on the "
+              "same stream, the mean difference ± its 95% interval; *beats* or *falls short* when "
+              "the interval lies above or below zero, *ties* otherwise. *Job 1* is being within 2% "
+              "of the best fixed budget with one untuned policy, *job 2* beating it.", "",
+              "## Capacity under the SLO, held-out arrivals", ""]
+    lines += capacity_lines(studies, learned_name) + [""] + job_lines(studies, learned_name)
+    lines += ["", f"Serving scenario: {ladder_line(serving)}"]
+    lines += ["", "## What the policy does", "",
+              f"Time budgets on held-out training episodes ({actions.get('passes', 0):,} decided "
+              f"passes): {fraction_text(actions.get('shares', {}))}.", ""] + budget_lines(actions)
+    lines += ["## The run", ""]
     lines += [f"- {k}: {v}" for k, v in facts.items() if k != "best constant cost on them"]
     if checks:
         if teacher_line(checks):
             lines.append(teacher_line(checks))
         rk, room = checks.get("ranking"), checks.get("room")
         if rk:
-            lines.append(f"- before training, the return ranks {len(rk['rows'])} constant choices as "
-                         f"their capacity does with Spearman {rk['spearman']:.2f} (over "
+            lines.append(f"- ranking check: before training, the return ranked {len(rk['rows'])} fixed "
+                         f"choices as their capacity does with Spearman {rk['spearman']:.2f} (over "
                          f"{rk['conditions']} training conditions)")
         if room:
-            lines.append(f"- room: the reference controller (MPC over {room['best_constant']}) "
-                         f"costs {room['reference_cost']:.2f} against {room['best_cost']:.2f} for "
-                         f"{teacher_words(checks)} ({room['gain']:+.2f} ± {room['gain_ci95']:.2f} SLO "
-                         f"violations, % of requests, over {room['episodes']} episodes)")
+            lines.append(room_line(room, checks))
     if history:
         h = history[-1]
         lines.append(f"- held-out training episodes: cost {h['cost']:.2f} ± {h['cost_ci95']:.2f} at "
                      f"{h['timesteps']:,} steps; {teacher_words(checks)} costs "
                      f"{facts.get('best constant cost on them', 'n/a')} on the same episodes")
-    lines += ["", "## Capacity under the SLO, held-out arrivals", ""]
-    lines += capacity_lines(studies, learned_name) + [""] + job_lines(studies, learned_name)
-    used = actions.get("used_5pct", 0)
-    lines += ["", "## What the policy does", "",
-              f"Share of passes per time budget (fraction of the ITL target) on held-out "
-              f"episodes; {used} {'action is' if used == 1 else 'actions are each'} used in at least 5% of "
-              f"{actions.get('passes', 0):,} passes:", "",
-              "| fraction | " + " | ".join(actions.get("shares", {})) + " |",
-              "|---|" + "---:|" * len(actions.get("shares", {})),
-              "| share | " + " | ".join(f"{v:.3f}" for v in actions.get("shares", {}).values()) + " |",
-              ""] + budget_lines(actions) + ["Capacity: per stream, the highest load at which p99 TTFT and p99 ITL meet the "
-              "SLO; ± is a 95% interval over streams; each verdict compares the policy with the "
-              "hindsight static stream by stream.", ""]
-    return "\n".join(lines)
+    if figures:
+        lines += ["", "## Figures", ""]
+        for path, caption in figures:
+            lines += [f"![{Path(path).stem}]({Path(path).name})", "", caption, ""]
+    return "\n".join(lines).rstrip() + "\n"

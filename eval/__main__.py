@@ -27,15 +27,20 @@ from envs.cli import given_fields, parse
 from envs.errors import ConfigError, did_you_mean, integer, run_cli, show
 from envs.files import check_output
 from envs.scenario import Scenario
+from envs.seeds import PERIODIC_EVAL_SEEDS
 from envs.workload import check_num_requests
-from eval.capacity import add_references, capacity_studies
-from eval.compare import capacity_report, compare, comparison_report, run_streams
+from eval.answer import unseparated
+from eval.capacity import BRACKET_STEPS, add_references, capacity_studies, stream_capacity
+from eval.capacity_report import capacity_figures, capacity_report, figure_count
+from eval.compare import compare, comparison_figures, comparison_report, run_streams
+from eval.figures import CURVE_STREAMS, GOODPUT_LOADS
 from eval.export.cli import main as export_main
 from eval.parallel import MAX_CLUSTER_WORKERS, make_executor, progress_bar
 from eval.report import save_json
 from eval.scenarios import SUITE
 from eval.suite import run_suite
 from eval.table_use import tables_use
+from policies.baselines import StaticPolicy
 from policies.reference import reference_for
 from policies.specs import listing, make_policies
 
@@ -156,12 +161,23 @@ def cmd_compare(argv) -> int:
     scenario = _scenario(args)
     policies = make_policies(args.policies, scenario, args.allow_table_mismatch)
     executor = args.executor()
+    out = Path(args.out)
+    curves = (len(policies) + 1) * len(GOODPUT_LOADS) * min(CURVE_STREAMS, args.seeds)
     with progress_bar((len(policies) + 15) * args.seeds, "compare") as bar:
         cmp = compare(scenario, policies, args.seeds, args.requests, progress=bar, executor=executor)
         if args.reference:
             cmp = compare_with_reference(cmp, args, executor, bar)
-    out = Path(args.out)
-    text = comparison_report(cmp, out, args.seeds)
+    with progress_bar(curves, "figures: goodput against load") as bar:
+        figures = comparison_figures(cmp, out, args.seeds, args.requests, executor, bar)
+    capacity_rps = factor = None
+    if unseparated(cmp):  # point to a load where the policies part
+        b, _ = cmp.best_static()
+        with progress_bar(BRACKET_STEPS, "capacity of the best fixed budget") as bar:
+            capacity_rps, factor, _ = stream_capacity(
+                scenario, StaticPolicy(b), 0, args.seeds, args.requests or scenario.num_requests,
+                seed_base=PERIODIC_EVAL_SEEDS, progress=bar)
+    text = comparison_report(cmp, out, args.seeds, figures=figures, capacity_rps=capacity_rps,
+                             capacity_factor=factor)
     save_json(out / "results.json", cmp.as_json())
     print(json.dumps(cmp.as_json(), default=float) if args.json else text)
     return 0
@@ -186,15 +202,18 @@ def cmd_capacity(argv) -> int:
     scenario = _scenario(args)
     policies = make_policies(args.policies, scenario, args.allow_table_mismatch)
     executor = args.executor()
+    out = Path(args.out)
     tables = sum(p.kind == "table" for p in policies)  # and each table's trace at its capacity
     with progress_bar((len(policies) + 15 + tables) * args.seeds, "capacity searches") as bar:
         (study,) = capacity_studies([(scenario, policies)], args.seeds, args.requests, executor, bar)
         if args.reference:
             add_references([study], args.seeds, args.requests, executor, bar)
         (uses,) = tables_use([study], [policies], args.requests, executor, bar)
-    text = capacity_report(study, Path(args.out), args.seeds, args.requests, uses)
+    with progress_bar(figure_count(policies, True, args.seeds), "figures: goodput against load") as bar:
+        figures = capacity_figures(study, policies, out, args.seeds, args.requests, executor, bar)
+    text = capacity_report(study, out, args.seeds, args.requests, uses, figures)
     data = {**study.as_json(), **({"_table_use": uses} if uses else {})}
-    save_json(Path(args.out) / "capacity.json", data)
+    save_json(out / "capacity.json", data)
     print(json.dumps(data) if args.json else text)
     return 0
 

@@ -25,7 +25,7 @@ from envs.scenario import Scenario
 from envs.seeds import CAPACITY_SEEDS
 from envs.stats import ci95_half
 from envs.workload import MAX_RATE
-from eval.harness import paired_verdict
+from eval.harness import meets_p99, paired_verdict, serving_of
 from eval.parallel import LocalExecutor
 from policies.baselines import StaticPolicy
 from policies.reference import reference_for
@@ -46,6 +46,8 @@ class CapacityResult:
     lower bound (a stream too short for any load to bind)."""
     flattens: str | None = None
     """For a table's flat twin, the name of the table it flattens (what it is measured against)."""
+    serving: tuple[str, str] | None = None
+    """How an engine serves the policy (``BudgetPolicy.serving``); None for a diagnostic."""
 
     @property
     def capacity(self) -> float:
@@ -101,7 +103,7 @@ def _probe(scenario: Scenario, policy, stream: int, streams: int, num_requests: 
 
 def meets_slo(scenario: Scenario, ttft_p99_s: float, itl_p99_s: float) -> bool:
     """Whether a probe's p99 TTFT and p99 ITL meet the scenario's targets."""
-    return ttft_p99_s <= scenario.slo_ttft_s and itl_p99_s <= scenario.slo_itl_s
+    return meets_p99(ttft_p99_s, itl_p99_s, scenario.slo_ttft_s, scenario.slo_itl_s)
 
 
 BRACKET_STEPS = 24
@@ -111,12 +113,14 @@ and 2^-23 of it in steps of 2): a --rate far from the capacity is still found.""
 
 def stream_capacity(scenario: Scenario, policy, stream: int, streams: int, num_requests: int,
                     rel_tol: float = 0.02, max_probes: int = 16, start: float = 1.0,
-                    step: float = 2.0, min_duration_s: float = 0.0, seed_base: int = CAPACITY_SEEDS):
+                    step: float = 2.0, min_duration_s: float = 0.0, seed_base: int = CAPACITY_SEEDS,
+                    progress=None):
     """One stream's (capacity in req/s, load factor, probes): bracket the SLO's boundary by
     dividing or multiplying the load by ``step`` from ``start`` times the scenario's own,
     then bisect to ``rel_tol`` (at most ``max_probes`` bisection probes). A stream that
     meets the SLO at every load tried returns the highest (``CapacityResult.unbounded``
-    flags it); one that meets it at none, 0. Synthetic streams are seeded from ``seed_base``."""
+    flags it); one that meets it at none, 0. Synthetic streams are seeded from ``seed_base``;
+    ``progress`` (a bar), where given, counts the probes."""
     probes, rates = [], {}
 
     def meets(factor: float) -> bool:
@@ -124,6 +128,8 @@ def stream_capacity(scenario: Scenario, policy, stream: int, streams: int, num_r
                                  min_duration_s, seed_base)
         probes.append((stream, factor, t, it))
         rates[factor] = rate
+        if progress is not None:
+            progress.update(1)
         return ok
 
     # The loads a scenario accepts: rates (or trace speed-ups) in [1/MAX_RATE, MAX_RATE].
@@ -195,7 +201,7 @@ def capacity_sweep(pairs, seeds: int, num_requests: int, rel_tol: float = 0.02,
         out.append(CapacityResult(p.name, p.kind, tuple(c for c, _, _ in runs),
                                   tuple(pr for _, _, probes in runs for pr in probes),
                                   tuple(f for _, f, _ in runs), unbounded,
-                                  getattr(p, "flattens", None)))
+                                  getattr(p, "flattens", None), serving_of(p)))
     return out
 
 

@@ -11,13 +11,16 @@ import numpy as np
 from envs.files import write_atomic
 from envs.scenario import Scenario
 from envs.seeds import PERIODIC_EVAL_SEEDS
-from envs.workload import MAX_RATE, load_trace
+from envs.workload import load_trace
 from eval import plots
-from eval.capacity import BRACKET_STEPS, POWERS_OF_TWO, quarter_steps_around
-from eval.harness import PolicyResult, Verdict, best_of, paired_verdict, static_policies
+from eval.answer import load_answer, load_words, slo_words
+from eval.capacity import POWERS_OF_TWO, quarter_steps_around
+from eval.harness import (PolicyResult, Verdict, best_of, paired_verdict, serving_of,
+                          static_policies)
 from eval.parallel import LocalExecutor
+from eval.figures import CURVE_STREAMS, GOODPUT_LOADS, at_load_figures, goodput_curves, runs_at_load
 from eval.report import git_commit, results_table, scenario_line, verdict_sentence
-from eval.table_use import use_line
+from policies.baselines import StaticPolicy
 
 
 def workloads_for(scenario: Scenario, seeds: int, num_requests: int | None):
@@ -63,9 +66,13 @@ class Comparison:
     """Every fine-ladder static budget measured, by budget."""
     first_runs: dict = field(default_factory=dict)  # name -> SimResult of the first stream
     notes: list[str] = field(default_factory=list)
+    policies: list = field(default_factory=list)
+    """The policies compared (the objects: the goodput curve runs them again)."""
 
     def best_static(self) -> tuple[int, PolicyResult]:
-        """The hindsight-best static budget on the fine ladder, by goodput (then p99 TTFT)."""
+        """The hindsight-best static budget on the fine ladder at this load
+        (:func:`eval.harness.rank_key`: the streams meeting the p99 targets, then goodput,
+        then p99 TTFT)."""
         b = best_of(self.ladder)
         return b, self.ladder[b]
 
@@ -91,7 +98,7 @@ def run_streams(scenario: Scenario, policies, seeds: int, num_requests: int | No
     results, first = {}, {}
     for k, p in enumerate(policies):
         runs = found[k * seeds:(k + 1) * seeds]
-        results[p.name] = PolicyResult(p.name, p.kind, [s for s, _ in runs])
+        results[p.name] = PolicyResult(p.name, p.kind, [s for s, _ in runs], serving_of(p))
         if runs and runs[0][1] is not None:
             first[p.name] = runs[0][1]
     return results, first
@@ -118,156 +125,126 @@ def compare(scenario: Scenario, policies, seeds: int = 5, num_requests: int | No
     results.update(found)
     ladder = {b: results[f"static:{b}"] for b in sorted(rungs + fine)}
     notes = [n for n in (training_overlap(p, scenario) for p in policies) if n]
-    return Comparison(scenario, {p.name: results[p.name] for p in policies}, ladder, first, notes)
+    return Comparison(scenario, {p.name: results[p.name] for p in policies}, ladder, first, notes,
+                      list(policies))
 
 
 def two_questions(cmp: Comparison) -> list[str]:
-    """DESIGN.md section 5: does each adaptive policy match the hindsight-best static budget
-    (regret), and where does it beat it (gain)? Said plainly, including where it does not."""
+    """DESIGN.md section 5: does each adaptive policy match the best fixed budget at this
+    load (regret), and where does it beat it (gain)? Said plainly, including where it does
+    not, and where a policy breaks the p99 targets that the best fixed budget meets."""
     b, best = cmp.best_static()
-    lines = [f"Best static budget in hindsight on the fine ladder (steps of 2^(1/4)): {b} "
-             f"(goodput {best.mean('goodput'):.3f} ± {best.ci95('goodput'):.3f}, p99 TTFT "
+    n = len(best.runs)
+    met = best.slo_streams()
+    lines = [f"Best fixed budget at this load on the fine ladder (steps of 2^(1/4)): {b:,}, ranked "
+             f"first by the streams on which it meets p99 TTFT and p99 ITL ({met} of {n}), then by "
+             f"goodput ({best.mean('goodput'):.3f} ± {best.ci95('goodput'):.3f}; p99 TTFT "
              f"{best.mean('ttft_p99_s'):.2f} s, p99 ITL {best.mean('itl_p99_s') * 1e3:.1f} ms)."]
     for name, r in cmp.results.items():
         if r.kind == "static":
             continue
-        lines.append(f"- {name}: {verdict_sentence(cmp.verdict(name), f'static:{b}')}; worst gap "
-                     f"{r.mean('itl_max_s') * 1e3:.0f} ms vs {best.mean('itl_max_s') * 1e3:.0f} ms, "
-                     f"smooth share {r.mean('smooth_share'):.3f} vs {best.mean('smooth_share'):.3f}.")
+        gaps = (f"worst gap {r.mean('itl_max_s') * 1e3:.0f} ms vs {best.mean('itl_max_s') * 1e3:.0f} ms, "
+                f"smooth share {r.mean('smooth_share'):.3f} vs {best.mean('smooth_share'):.3f}")
+        if not r.meets_slo and best.meets_slo:
+            lines.append(f"- {name}: meets p99 TTFT and p99 ITL on {r.slo_streams()} of {len(r.runs)} "
+                         f"streams (p99 TTFT {r.mean('ttft_p99_s'):.2f} s, p99 ITL "
+                         f"{r.mean('itl_p99_s') * 1e3:.1f} ms), where static:{b} meets them on all: "
+                         f"behind it whatever its goodput ({r.mean('goodput'):.3f}); {gaps}.")
+            continue
+        lines.append(f"- {name}: {verdict_sentence(cmp.verdict(name), f'static:{b}')}; {gaps}.")
     return lines
 
 
-def write_figures(cmp: Comparison, out: Path, prefix: str = "") -> list[Path]:
+def comparison_figures(cmp: Comparison, out: Path, seeds: int, num_requests: int | None,
+                       executor=None, progress=None, curves: bool = True) -> list[tuple[Path, str]]:
+    """The comparison's pictures, [(figure, caption)]: goodput against the static budget at
+    this load; p99 TTFT against p99 ITL; every policy and the best fixed budget on the first
+    stream (latency tails, the budget timeline around the worst gap, the budget against the
+    running decodes); with ``curves``, goodput against load (0.5-1.5 times this one)."""
     sc = cmp.scenario
-    figs = []
+    slo = slo_words(sc)
+    b, _ = cmp.best_static()
+    panel = {"title": scenario_line(sc), "best": b,
+             "failing": {k for k, r in cmp.ladder.items() if not r.meets_slo},
+             "rungs": {k: (r.mean("goodput"), r.ci95("goodput")) for k, r in cmp.ladder.items()},
+             "policies": {n: (r.mean("goodput"), r.ci95("goodput")) for n, r in cmp.results.items()}}
+    figs = [(plots.ladder_figure([panel], out / "goodput_by_budget.png", "goodput",
+                                 f"Goodput {load_words(sc)} under {slo}", "share of requests"),
+             f"Goodput {load_words(sc)} against the static budget (the fine ladder, mean over streams "
+             "with its 95% interval), each policy a line with its interval shaded; a cross marks a "
+             "budget that breaks p99 TTFT or ITL on some stream. Goodput counts requests whose TTFT "
+             "and TPOT meet the targets; it does not see p99 ITL.")]
     points = {n: (r.mean("ttft_p99_s"), r.mean("itl_p99_s")) for n, r in cmp.results.items()}
-    statics = {b: (r.mean("ttft_p99_s"), r.mean("itl_p99_s")) for b, r in cmp.ladder.items()}
-    figs.append(plots.pareto(points, statics, (sc.slo_ttft_s, sc.slo_itl_s),
-                             out / f"{prefix}pareto.png", "p99 TTFT against p99 ITL"))
-    # Timeline: the window around the first long prefill of the first adaptive policy.
-    order = sorted(cmp.results, key=lambda n: (cmp.results[n].kind not in ("learned", "table"),
-                                               cmp.results[n].kind in ("static", "default")))
-    name = order[0]
-    res = cmp.first_runs[name]
-    if len(res.pass_prefill_tokens):
-        start = int(np.argmax(res.pass_prefill_tokens > 0.5 * res.pass_prefill_tokens.max()))
-        lo, hi = max(start - 20, 0), min(start + 80, len(res.pass_end_s))
-        figs.append(plots.timeline(res, (lo, hi), out / f"{prefix}timeline.png",
-                                   f"{name}: passes {lo}-{hi}"))
+    statics = {k: (r.mean("ttft_p99_s"), r.mean("itl_p99_s")) for k, r in cmp.ladder.items()}
+    figs.append((plots.pareto(points, statics, (sc.slo_ttft_s, sc.slo_itl_s), out / "pareto.png",
+                              f"p99 TTFT against p99 ITL, mean over streams, {load_words(sc)}"),
+                 "p99 TTFT against p99 ITL (means over streams): the SLO is met below and left of "
+                 "the two targets."))
+    first = {n: r for n, r in cmp.first_runs.items() if n in cmp.results}
+    if f"static:{b}" not in first:
+        first.update(runs_at_load(sc, [StaticPolicy(b)], 0, seeds, num_requests, 1.0,
+                                  PERIODIC_EVAL_SEEDS))
+    figs += at_load_figures(first, sc, out, f"the first stream {load_words(sc)}")
     samples = {}
-    for n, r in cmp.first_runs.items():
-        if n in cmp.results and cmp.results[n].kind != "static":
+    for n, r in first.items():
+        if cmp.results.get(n) is not None and cmp.results[n].kind != "static":
             decided = r.pass_budget >= 0
             if len(np.unique(r.pass_budget[decided])) > 1:
                 samples[n] = (r.pass_decodes[decided], r.pass_prefill_tokens[decided],
                               r.pass_budget[decided])
     if samples:
-        figs.append(plots.budget_vs_state(samples, out / f"{prefix}budget_vs_state.png",
-                                          "budget chosen against running decodes"))
+        figs.append((plots.budget_vs_state(samples, out / "budget_vs_state.png",
+                                           "budget chosen against running decodes (first stream)"),
+                     "What each adaptive policy chose against the running decodes, every decided pass "
+                     "of the first stream, coloured by the prompt tokens the pass carried."))
+    if curves:
+        runners = [p for p in cmp.policies if not getattr(p, "diagnostic", False)]
+        if f"static:{b}" not in {p.name for p in runners}:
+            runners.append(StaticPolicy(b))
+        streams = min(CURVE_STREAMS, seeds)
+        found = goodput_curves(sc, runners, GOODPUT_LOADS, [1.0] * streams, num_requests,
+                               PERIODIC_EVAL_SEEDS, executor, progress, seeds)
+        figs.append((plots.goodput_vs_load(found, out / "goodput_vs_load.png",
+                                           f"goodput against load, {slo}",
+                                           f"load, times this comparison's ({load_words(sc)[3:]})"),
+                     f"Goodput against the load, 0.5-1.5 times this comparison's, mean over "
+                     f"{streams} stream{'s' * (streams != 1)} with its 95% interval shaded."))
     return figs
 
 
-def comparison_report(cmp: Comparison, out: Path, seeds: int, title: str = "Comparison") -> str:
-    figs = write_figures(cmp, out)
-    lines = [f"# {title}", "",
-             f"- scenario: {scenario_line(cmp.scenario)}",
-             f"- streams: {len(next(iter(cmp.results.values())).runs)} (identical arrivals for every "
-             + (f"policy; parts of the trace {cmp.scenario.trace}'s window)" if cmp.scenario.trace else
-                f"policy; synthetic seeds {PERIODIC_EVAL_SEEDS}+, never drawn in training)"),
-             f"- commit {git_commit()}, {time.strftime('%Y-%m-%d %H:%M')}", "",
-             results_table(cmp.results), "", "## Against the best static budget", "",
+def comparison_report(cmp: Comparison, out: Path, seeds: int, title: str = "Comparison",
+                      figures: list[tuple[Path, str]] | None = None,
+                      capacity_rps: float | None = None, capacity_factor: float | None = None) -> str:
+    """``report.md``: the answer and the commands that serve it (:func:`eval.answer.load_answer`;
+    ``capacity_rps`` and ``capacity_factor``, where known, point a load that does not separate
+    the policies to one near capacity), then every figure of every policy, each against the
+    best fixed budget, and ``figures``."""
+    sc = cmp.scenario
+    n = len(next(iter(cmp.results.values())).runs)
+    lines = [f"# {title}: {slo_words(sc)} {load_words(sc)}", "",
+             *load_answer(cmp, capacity_rps, capacity_factor).markdown(),
+             "## What was measured", "",
+             f"- Scenario: {scenario_line(sc)}; commit {git_commit()}, {time.strftime('%Y-%m-%d %H:%M')}.",
+             f"- Streams: {n} (identical arrivals for every "
+             + (f"policy; parts of the trace {sc.trace}'s window)." if sc.trace else
+                f"policy; synthetic seeds {PERIODIC_EVAL_SEEDS}+, never drawn in training)."),
+             "- Goodput: the share of requests whose TTFT and TPOT meet the SLO (vLLM bench's "
+             "definition); it does not see p99 ITL, so a policy is ranked first by the streams on "
+             "which its p99 TTFT and p99 ITL meet the targets (*p99 SLO met*), then by goodput. "
+             "± is a 95% interval over streams (Student's t).",
+             "- Against the best fixed budget: goodput as a ratio to its goodput on the same "
+             "stream, the mean difference ± its 95% interval; *beats* or *falls short* when the "
+             "interval lies above or below zero, *ties* otherwise; *job 1* is being within 2%.",
+             "- Worst gap: the longest pause any request saw. Smooth share: requests whose worst "
+             "gap is within twice the ITL target.", "",
+             results_table(cmp.results), "", "## Against the best fixed budget", "",
              *two_questions(cmp), ""]
     if cmp.notes:
         lines += ["## Note on training arrivals", "", *[f"- {n}" for n in cmp.notes], ""]
-    lines += ["## Figures", ""] + [f"![{p.stem}]({p.name})" for p in figs] + [""]
-    lines += ["Goodput: requests whose TTFT and TPOT meet the SLO (vLLM bench); ± is a 95% "
-              "interval over streams. Smooth share: requests whose worst gap is within twice the "
-              "ITL target. Worst gap: the longest pause any request saw.", ""]
-    text = "\n".join(lines)
+    if figures:
+        lines += ["## Figures", ""]
+        for path, caption in figures:
+            lines += [f"![{path.stem}]({path.name})", "", caption, ""]
+    text = "\n".join(lines).rstrip() + "\n"
     write_atomic(out / "report.md", text)
-    return text
-
-
-def unbounded_note(studies) -> str | None:
-    """A line naming the results whose search met the SLO at every load it tried (their
-    capacity is a lower bound), or None."""
-    found = [(n, len(r.unbounded)) for st in studies
-             for n, r in [*st.policies.items(), *((f"static:{b}", r) for b, r in st.rungs.items())]
-             if r.unbounded]
-    if not found:
-        return None
-    names = ", ".join(f"{n} ({k} stream{'s' * (k > 1)})" for n, k in found[:8])
-    more = " and more" if len(found) > 8 else ""
-    return (f"NOTE: the SLO held at every load tried (up to 2^{BRACKET_STEPS - 1} times the "
-            f"scenario's, at most {MAX_RATE:.0e} requests/s) for {names}{more}: those "
-            "capacities are lower bounds, and the verdicts that use them are not measurements; "
-            "longer streams (--requests) let a load bind.")
-
-
-def held_out_cell(study, name: str) -> str:
-    """A policy against the held-out static pick, as the verdict reads it."""
-    if not study.has_held_out:
-        return "n/a (one stream)"
-    held, _ = study.held_out_static()
-    if held.capacity <= 0:
-        return "the held-out pick serves nothing"
-    return str(paired_verdict(study.policies[name].per_stream, held.per_stream))
-
-
-def held_out_line(study) -> str:
-    """What the static budget picked without the stream it is judged on serves, and how
-    much of the hindsight pick's lead is the pick's luck."""
-    if not study.has_held_out:
-        return "One stream: no held-out pick (it needs another stream to pick on)."
-    held, picks = study.held_out_static()
-    if study.best.capacity <= 0:
-        return "Held-out pick: no static budget meets the SLO on any stream."
-    luck = study.best.capacity - held.capacity
-    return (f"Held-out pick (each stream judged under the rung best on the other streams, a "
-            f"user's pick from past arrivals): rungs {'/'.join(map(str, picks))} (one per stream), "
-            f"serving {held.text(3)} req/s; the hindsight pick's lead from "
-            f"choosing on the streams it is judged on: {luck / study.best.capacity:.1%}.")
-
-
-def capacity_report(study, out: Path, seeds: int, num_requests: int, uses: dict | None = None) -> str:
-    """The capacity table of one scenario: every policy with its interval and its verdict
-    against the hindsight-best static budget on the fine ladder, and the ladder itself;
-    with ``uses`` (table name -> ``eval.table_use.pooled_use``), what each table does at its
-    capacity."""
-    b = study.best_budget
-    best = study.best
-    lines = ["# Capacity under the SLO", "", f"- scenario: {scenario_line(study.scenario)}",
-             f"- capacity: per stream, the highest load at which p99 TTFT and p99 ITL meet the SLO "
-             f"(bisection to 2%), over {seeds} stream{'s' * (seeds != 1)} of {num_requests} requests; ± is a 95% "
-             "interval over streams; verdicts compare stream by stream",
-             f"- commit {git_commit()}", "",
-             (f"Hindsight-best static budget (fine ladder, steps of 2^(1/4)): {b} at "
-              f"{best.text(3)} req/s." if best.capacity > 0 else
-              "No static budget on the fine ladder meets the SLO at any load tried, on any stream."),
-             "", held_out_line(study), "",
-             "| policy | capacity (req/s) | against static:" + str(b) + " | against the held-out pick |",
-             "|---|---:|---|---|"]
-    for n, r in study.policies.items():
-        against = (verdict_sentence(study.verdict(n), f'static:{b}', 'capacity') if best.capacity > 0
-                   else "no static budget meets the SLO" + (", this policy does" if r.capacity > 0 else ""))
-        lines.append(f"| {n} | {r.text(3)} | {against} | {held_out_cell(study, n)} |")
-    lines += ["", "Static ladder measured: " + ", ".join(
-        f"{k}: {r.capacity:.2f}" for k, r in study.rungs.items()) + " req/s."]
-    note = unbounded_note([study])
-    if note:
-        lines += ["", note]
-    worth = study.flat_verdicts()
-    if worth:
-        lines += ["", "What each table's cells are worth (the table against itself flattened, every "
-                  "cell at one fraction of the ITL target, paired stream by stream):", ""]
-        lines += [f"- {t} against {f}: {v.cell}" for t, f, v in worth]
-    values = {**{n: r.capacity for n, r in study.policies.items()},
-              f"static:{b} (hindsight best)": best.capacity}
-    fig = plots.capacity_bars(values, out / "capacity.png", "capacity under the SLO")
-    lines += ["", f"![capacity]({fig.name})", ""]
-    if uses:
-        lines += ["## What the tables do at their capacity", ""]
-        lines += [f"- {n}: {use_line(u, u['action'], 'streams')}" for n, u in uses.items()] + [""]
-    text = "\n".join(lines)
-    write_atomic(out / "capacity.md", text)
     return text

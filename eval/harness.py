@@ -52,19 +52,27 @@ MATCH_TOLERANCE = 0.02
 
 @dataclass(frozen=True)
 class Verdict:
-    """A policy against a reference measured on the same streams (capacity or goodput).
+    """A policy against a reference measured on the same streams (capacity or goodput),
+    judged on each stream's ratio to the reference (:func:`paired_verdict`).
 
-    ``kind`` is "beats" or "falls short" when the 95% interval of the per-stream
-    differences excludes zero, "ties" when it does not, and "not judged" on one stream,
-    where there is no interval; ``matches`` says whether the policy is within
-    ``MATCH_TOLERANCE`` of the reference (job 1), ``rel`` and ``half`` the mean relative
-    difference and its 95% half-interval (``z`` standard errors where
-    :func:`paired_verdict` was given one).
+    ``kind`` is "beats" or "falls short" when the 95% interval of the per-stream relative
+    differences excludes zero, "ties" when it does not, and "not judged" where fewer than
+    two streams can be compared as ratios (no interval); ``rel`` and ``half`` are the mean
+    relative difference and its 95% half-interval (``z`` standard errors where
+    :func:`paired_verdict` was given one); ``matches`` says whether the policy is within
+    ``MATCH_TOLERANCE`` of the reference (job 1). ``only_policy`` counts the streams where
+    the reference serves nothing and the policy serves something (no ratio exists there),
+    ``neither`` those where both serve nothing (no information).
     """
 
     kind: str
     rel: float
     half: float
+    streams: int | None = None
+    """Streams compared as ratios (the reference above zero on them); None where the
+    verdict was read back from a record that did not keep it."""
+    only_policy: int = 0
+    neither: int = 0
 
     @property
     def matches(self) -> bool:
@@ -72,10 +80,16 @@ class Verdict:
 
     @property
     def figure(self) -> str:
-        """The difference and its interval, or that one stream has none."""
+        """The difference and its interval, or why there is none."""
+        extra = (f"; {self.only_policy} stream{'s' * (self.only_policy > 1)} where only the "
+                 "policy serves" if self.only_policy else "")
+        if self.streams == 0:
+            if self.only_policy:
+                return f"serves {self.only_policy} stream{'s' * (self.only_policy > 1)} where the reference serves nothing"
+            return "neither serves on any stream"
         if self.kind == NOT_JUDGED:
-            return f"{self.rel:+.1%}, one stream: no interval"
-        return f"{self.rel:+.1%} ± {self.half:.1%}"
+            return f"{self.rel:+.1%}, one stream: no interval{extra}"
+        return f"{self.rel:+.1%} ± {self.half:.1%}{extra}"
 
     @property
     def cell(self) -> str:
@@ -87,28 +101,68 @@ class Verdict:
 
 
 NOT_JUDGED = "not judged"
-"""A :class:`Verdict`'s kind on one stream."""
+"""A :class:`Verdict`'s kind where fewer than two streams compare."""
+
+
+def _kind(d: np.ndarray, z: float | None) -> tuple[str, float, float]:
+    """(kind, mean, half-interval) of paired differences ``d`` (two or more)."""
+    rel = float(d.mean())
+    half = ci95_half(d) if z is None else z * standard_error(d)
+    if rel - half > 0:
+        return "beats", rel, half
+    if rel + half < 0:
+        return "falls short", rel, half
+    return "ties", rel, half
 
 
 def paired_verdict(values, reference, z: float | None = None) -> Verdict:
-    """Compare per-stream figures of a policy with a reference's on the same streams: the
-    mean paired difference and its 95% interval (Student's t over the streams), or ``z``
-    standard errors where a caller selects by a fixed threshold rather than reporting."""
+    """A policy's per-stream figures (capacity, goodput) against a reference's on the same
+    streams, judged on ratios: each stream's relative difference ``value / reference - 1``,
+    their mean and its 95% interval (Student's t over the streams; ``z`` standard errors
+    where a caller selects by a fixed threshold rather than reporting). Ratios make the
+    verdict independent of scale: a trace cut into windows whose capacities differ 6x is
+    judged window by window, where differences in req/s let the largest window's spread
+    swamp a loss on every one.
+
+    A stream where the reference serves nothing has no ratio: where the policy serves
+    nothing either it is left out (``Verdict.neither``), where the policy serves it is
+    counted apart (``Verdict.only_policy``). With no stream left to compare as a ratio, a
+    policy that serves on two or more streams where the reference serves on none beats it;
+    on one such stream it is not judged; with nothing served anywhere, it ties.
+    """
     a, b = np.asarray(values, dtype=float), np.asarray(reference, dtype=float)
-    base = float(np.mean(b)) if len(b) else 0.0
-    if not len(a) or base <= 0:
-        top = float(np.mean(a)) if len(a) else 0.0
-        return Verdict("beats" if top > 0 else "ties", 0.0, 0.0)
-    d = (a - b) / base
-    rel = float(d.mean())
+    if a.shape != b.shape:
+        raise ValueError(f"values: {a.shape} against reference {b.shape}; pair the same streams")
+    ok = b > 0
+    only, neither = int(((~ok) & (a > 0)).sum()), int(((~ok) & ~(a > 0)).sum())
+    d = a[ok] / b[ok] - 1.0
+    if len(d) == 0:
+        kind = "beats" if only >= 2 else NOT_JUDGED if only else "ties"
+        return Verdict(kind, math.inf if only else 0.0, 0.0, 0, only, neither)
     if len(d) < 2:
-        return Verdict(NOT_JUDGED, rel, 0.0)
-    half = ci95_half(d) if z is None else z * standard_error(d)
-    if rel - half > 0:
-        return Verdict("beats", rel, half)
-    if rel + half < 0:
-        return Verdict("falls short", rel, half)
-    return Verdict("ties", rel, half)
+        return Verdict(NOT_JUDGED, float(d[0]), 0.0, 1, only, neither)
+    kind, rel, half = _kind(d, z)
+    return Verdict(kind, rel, half, len(d), only, neither)
+
+
+def paired_difference(values, reference, z: float | None = None) -> Verdict:
+    """The same verdict on absolute paired differences ``value - reference`` (``rel`` is
+    then in the figures' own unit): for figures on one scale that may be zero, such as
+    episode costs, where a ratio is undefined. One pair or none is not judged."""
+    a, b = np.asarray(values, dtype=float), np.asarray(reference, dtype=float)
+    d = a - b
+    if len(d) < 2:
+        return Verdict(NOT_JUDGED, float(d.mean()) if len(d) else 0.0, 0.0, len(d))
+    kind, diff, half = _kind(d, z)
+    return Verdict(kind, diff, half, len(d))
+
+
+def meets_p99(ttft_p99_s: float, itl_p99_s: float, slo_ttft_s: float, slo_itl_s: float) -> bool:
+    """Whether one stream's p99 TTFT and p99 ITL meet their targets: the criterion of
+    capacity under the SLO, and of every "best" named at a fixed load. A stream with no
+    inter-token gap (every output one token) has no ITL to break."""
+    itl = 0.0 if math.isnan(itl_p99_s) else itl_p99_s
+    return ttft_p99_s <= slo_ttft_s and itl <= slo_itl_s
 
 
 @dataclass
@@ -116,6 +170,8 @@ class PolicyResult:
     name: str
     kind: str = "rule"
     runs: list[dict] = field(default_factory=list)
+    serving: tuple[str, str] | None = None
+    """How an engine serves the policy (``BudgetPolicy.serving``); None for a diagnostic."""
 
     def mean(self, key: str) -> float:
         vals = [r[key] for r in self.runs if not (isinstance(r[key], float) and math.isnan(r[key]))]
@@ -124,18 +180,36 @@ class PolicyResult:
     def ci95(self, key: str) -> float:
         return ci95_half([r[key] for r in self.runs])
 
+    def slo_streams(self) -> int:
+        """Streams on which p99 TTFT and p99 ITL both meet the SLO the runs were summarised
+        under (:func:`meets_p99`)."""
+        return sum(meets_p99(r["ttft_p99_s"], r["itl_p99_s"], r["slo_ttft_s"], r["slo_itl_s"])
+                   for r in self.runs)
+
+    @property
+    def meets_slo(self) -> bool:
+        """p99 TTFT and p99 ITL within their targets on every stream."""
+        return bool(self.runs) and self.slo_streams() == len(self.runs)
+
     def summary(self) -> dict:
         out = {k: self.mean(k) for k in KEY_METRICS}
         out.update({f"{k}_ci95": self.ci95(k) for k in ("goodput", "ttft_p99_s", "itl_p99_s")})
         out["seeds"] = len(self.runs)
+        out["slo_streams"] = self.slo_streams()
         return out
+
+
+def serving_of(policy) -> tuple[str, str] | None:
+    """``policy.serving()`` (how an engine serves it), None for a bare callable."""
+    serving = getattr(policy, "serving", None)
+    return serving() if serving else None
 
 
 def run_policy(scenario: Scenario, policy, workloads: Iterable[Workload],
                on_result: OnResult | None = None) -> PolicyResult:
     """One policy on each workload, a fresh simulator per stream."""
     slo = scenario.slo()
-    res = PolicyResult(policy.name, getattr(policy, "kind", "rule"))
+    res = PolicyResult(policy.name, getattr(policy, "kind", "rule"), serving=serving_of(policy))
     for i, w in enumerate(workloads):
         policy.reset()
         result = scenario.simulator(w).run(policy)
@@ -151,9 +225,12 @@ def run_policies(scenario: Scenario, policies, workloads: list[Workload],
     return {p.name: run_policy(scenario, p, workloads, on_result) for p in policies}
 
 
-def rank_key(result: PolicyResult) -> tuple[float, float]:
-    """The one ranking of static budgets at a given load: goodput, then lower p99 TTFT."""
-    return result.mean("goodput"), -result.mean("ttft_p99_s")
+def rank_key(result: PolicyResult) -> tuple[float, float, float]:
+    """The one ranking at a given load: the streams on which p99 TTFT and p99 ITL meet the
+    SLO first, then goodput, then the lower p99 TTFT. Goodput (vLLM bench's TTFT and TPOT
+    per request) does not see p99 ITL: a budget that stalls every running user for 350 ms
+    once a prompt arrives keeps its TPOT, and its goodput, under a 100 ms target."""
+    return result.slo_streams(), result.mean("goodput"), -result.mean("ttft_p99_s")
 
 
 def best_of(results: dict):

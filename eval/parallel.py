@@ -101,7 +101,7 @@ def make_executor(workers: int | None = None, address: str | None = None):
     return RayExecutor(workers or os.cpu_count() or 1, address)
 
 
-def progress_bar(total: int, desc: str):
-    """simulations done / total on stderr (only on a terminal)."""
-    return tqdm(total=total, desc=desc, unit="sim", file=sys.stderr, leave=False,
+def progress_bar(total: int, desc: str, unit: str = "sim"):
+    """``unit``s (simulations) done / total on stderr (only on a terminal)."""
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False,
                 disable=not sys.stderr.isatty())

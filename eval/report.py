@@ -33,13 +33,14 @@ def save_json(path: Path, data) -> None:
 
 def results_table(results: dict[str, PolicyResult]) -> str:
     """Every figure of every policy (eval compare's report)."""
-    lines = ["| policy | goodput | goodput req/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) | worst gap (ms) "
-             "| TPOT p99 (ms) | smooth share | preemptions | mean budget |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| policy | p99 SLO met | goodput | goodput req/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) "
+             "| worst gap (ms) | TPOT p99 (ms) | smooth share | preemptions | mean budget |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         s = r.summary()
         lines.append(
-            f"| {name} | {fmt(s['goodput'])} ± {fmt(s['goodput_ci95'])} | {fmt(s['goodput_rps'], digits=2)} "
+            f"| {name} | {s['slo_streams']} of {s['seeds']} | {fmt(s['goodput'])} ± {fmt(s['goodput_ci95'])} "
+            f"| {fmt(s['goodput_rps'], digits=2)} "
             f"| {fmt(s['ttft_p50_s'], digits=2)} / {fmt(s['ttft_p99_s'], digits=2)} "
             f"| {fmt(s['itl_p50_s'], 1e3, 1)} / {fmt(s['itl_p99_s'], 1e3, 1)} | {fmt(s['itl_max_s'], 1e3, 0)} "
             f"| {fmt(s['tpot_p99_s'], 1e3, 1)} | {fmt(s['smooth_share'])} | {fmt(s['preemptions'], digits=0)} "

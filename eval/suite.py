@@ -10,7 +10,8 @@ from pathlib import Path
 
 from envs.files import write_atomic
 from eval.capacity import CapacityStudy, add_references, capacity_studies
-from eval.compare import Comparison, capacity_report, compare, comparison_report, unbounded_note
+from eval.capacity_report import capacity_figures, capacity_report, unbounded_note
+from eval.compare import Comparison, compare, comparison_figures, comparison_report
 from eval.parallel import progress_bar
 from eval.report import git_commit, save_json, scenario_line
 from eval.scenarios import SUITE
@@ -46,12 +47,22 @@ def run_suite(names: list[str], specs: list[str], args, executor) -> str:
             with progress_bar(tables * args.seeds, "suite: tables at capacity") as bar:
                 uses = tables_use(studies, policies, args.requests, executor, bar)
     data = {}
-    for name, cmp, st, use in zip(names, comparisons, studies, uses):
-        comparison_report(cmp, out / name, args.seeds, title=f"Scenario {name}")
-        data[name] = {"scenario": scenario_line(cmp.scenario), "goodput": cmp.as_json()}
-        if st is not None:
-            capacity_report(st, out / name, args.seeds, args.requests, use)
-            data[name]["capacity"] = {**st.as_json(), **({"_table_use": use} if use else {})}
+    with progress_bar(len(names), "suite: figures") as bar:
+        for name, cmp, st, use, ps in zip(names, comparisons, studies, uses, policies):
+            folder = out / name
+            requests = None if cmp.scenario.trace else args.requests
+            hint = {}
+            if st is not None and st.best.capacity > 0:
+                hint = {"capacity_rps": st.best.capacity,
+                        "capacity_factor": float(sum(st.best.factors) / len(st.best.factors))}
+            figures = comparison_figures(cmp, folder, args.seeds, requests, curves=False)
+            comparison_report(cmp, folder, args.seeds, f"Scenario {name}", figures, **hint)
+            data[name] = {"scenario": scenario_line(cmp.scenario), "goodput": cmp.as_json()}
+            if st is not None:
+                figures = capacity_figures(st, ps, folder, args.seeds, args.requests, curves=False)
+                capacity_report(st, folder, args.seeds, args.requests, use, figures)
+                data[name]["capacity"] = {**st.as_json(), **({"_table_use": use} if use else {})}
+            bar.update(1)
     text = suite_text(names, specs, comparisons, studies, args, time.perf_counter() - t0, uses)
     write_atomic(out / "README.md", text)
     save_json(out / "suite.json", data)
@@ -115,7 +126,7 @@ def job_counts(names, specs, comparisons, studies) -> list[str]:
             beats += v.kind == "beats"
             held += st.has_held_out and st.held_out_verdict(n).matches
             if not v.matches:
-                short.append(f"{name} {v.rel:+.0%}")
+                short.append(f"{name} {v.rel:+.1%}")
         lines.append(f"- {spec}: within 2% of the hindsight static in {within} of {len(names)} "
                      f"scenarios and of the held-out pick in {held}; beats the hindsight static in "
                      f"{beats}" + (f"; more than 2% below it in {', '.join(short)}" if short else ""))

@@ -52,8 +52,13 @@ def used_text(shares: dict, label=str) -> str:
 
 
 def budget_label(low: str) -> str:
-    """A token-budget bin by its lower edge: ``2,896+``; ``under 64`` for the first."""
-    return "under 64" if low == "1" else f"{int(low):,}+"
+    """A token-budget bin, keyed by its lower edge, as the range it holds: ``2,896-3,443``;
+    ``under 64`` for the first, ``16,384+`` for the last."""
+    lows = budget_bin_edges()
+    k = lows.index(int(low))
+    if k == 0:
+        return f"under {lows[1]}"
+    return f"{lows[k]:,}+" if k == len(lows) - 1 else f"{lows[k]:,}-{lows[k + 1] - 1:,}"
 
 
 def action_histogram(values, ladder, budgets=None, decodes=None, time_fractions: bool = False) -> dict:

@@ -96,6 +96,17 @@ class BudgetPolicy:
         """Tokens for the next pass, given the scheduler's state."""
         raise NotImplementedError
 
+    def serving(self) -> tuple[str, str] | None:
+        """How a real engine serves this policy: ``("budget", N)`` a fixed
+        ``--max-num-batched-tokens N``; ``("default", N)`` the engine's own default, N;
+        ``("rule", SPEC)`` a time rule through its exact table (``eval export --rule``);
+        ``("model", RUN_DIR)`` a trained run exported as a table (``eval export RUN_DIR``);
+        ``("table", PATH)`` a table file. None where no engine can serve it as it is: a
+        diagnostic, or a rule whose fraction moves continuously (no table holds it)."""
+        if self.diagnostic or not self.exact:
+            return None
+        return "rule", self.name
+
     def __call__(self, state) -> int:
         return clamp_budget(self.budget(state), state.running_decodes)
 

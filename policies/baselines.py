@@ -47,6 +47,9 @@ class StaticPolicy(BudgetPolicy):
     def budget(self, state) -> int:
         return self.tokens
 
+    def serving(self) -> tuple[str, str]:
+        return ("default" if self.kind == "default" else "budget"), str(self.tokens)
+
 
 
 def vllm_default_budget(hardware, entry_point: str = "server") -> int:

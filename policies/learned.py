@@ -144,6 +144,10 @@ class ModelPolicy(BudgetPolicy):
         vector reads its prefix (``envs.observation.EARLIER_WIDTHS``)."""
         self._actor = NumpyActor.of(model) if action_type == "discrete" else None
 
+    def serving(self) -> tuple[str, str] | None:
+        run = getattr(self, "run_dir", None)
+        return ("model", str(run)) if run else None
+
     def observation(self, state) -> np.ndarray:
         obs = observe(state, self.slo, self._slo_obs)[:self.width]
         return self.obs_norm(obs) if self.obs_norm is not None else obs
@@ -236,7 +240,7 @@ def load_run(run_dir: str | Path, slo=None, name: str | None = None) -> ModelPol
     policy = ModelPolicy(model, slo, tuple(config["ladder"]),
                          config["action_type"], name=name or f"model:{run}",
                          actions=config.get("actions", "tokens"), obs_norm=load_obs_norm(norm))
-    policy.config = config
+    policy.config, policy.run_dir = config, run
     return policy
 
 

@@ -55,6 +55,9 @@ class TablePolicy(BudgetPolicy):
             raise ConfigError(f"policy: got {spec!r}, table takes table:PATH (or table:auto)")
         return _from_path(spec, path, scenario, options)
 
+    def serving(self) -> tuple[str, str] | None:
+        return None if self.diagnostic else ("table", str(self.table.path))
+
     def values(self, state) -> dict:
         """The quantities the table reads, from the scheduler's state (the slack counts at
         the table's ITL target)."""

@@ -50,7 +50,7 @@ def test_a_rate_far_from_capacity_finds_the_same_capacity_and_a_stream_no_load_b
     SLO at every load, so its capacity is the search's ceiling, flagged as a lower bound
     and said in the report."""
     from eval.capacity import capacity
-    from eval.compare import unbounded_note
+    from eval.capacity_report import unbounded_note
 
     sc = Scenario(rate=4.0, prompt="fixed:2000", output="fixed:40")
     near = capacity(sc, StaticPolicy(2048), seeds=2, num_requests=60)
@@ -74,7 +74,8 @@ def test_a_rate_far_from_capacity_finds_the_same_capacity_and_a_stream_no_load_b
 def test_the_held_out_pick_is_judged_on_the_stream_it_did_not_see():
     """By hand, three streams: 1,500 is best on all of them (mean 1.033), but left out of
     the pick on streams 1 and 2 it loses to 2,000, which serves 0.8 there. A policy at 1.0
-    everywhere falls 3.2% behind the hindsight pick and 20% ahead of the held-out one."""
+    everywhere is, stream by stream, 1/0.9, 1/1.1 and 1/1.1 of the hindsight pick (2.4%
+    behind on average) and 1/0.9, 1/0.8 and 1/0.8 of the held-out one (20.4% ahead)."""
     from eval.capacity import CapacityResult, CapacityStudy
 
     def res(name, *per):
@@ -85,18 +86,19 @@ def test_the_held_out_pick_is_judged_on_the_stream_it_did_not_see():
     held, picks = study.held_out_static()
     assert study.best_budget == 1500 and picks == (1500, 2000, 2000)
     assert held.per_stream == (0.9, 0.8, 0.8)
-    assert study.verdict("p").rel == pytest.approx(-0.1 / 3.1) and not study.verdict("p").matches
-    assert study.held_out_verdict("p").rel == pytest.approx(0.5 / 3 / (2.5 / 3))
+    assert study.verdict("p").rel == pytest.approx((1 / 0.9 + 2 / 1.1) / 3 - 1) and not study.verdict("p").matches
+    assert study.held_out_verdict("p").rel == pytest.approx((1 / 0.9 + 2 / 0.8) / 3 - 1)
     assert study.as_json()["_held_out_static"]["picks"] == [1500, 2000, 2000]
     # A tie between rungs goes to the smaller budget, as the hindsight pick's does.
     tied = CapacityStudy(Scenario(), {}, {512: res("a", 1.0, 2.0, 2.0), 1024: res("b", 2.0, 2.0, 1.0)})
     assert tied.held_out_static()[1] == (512, 512, 1024) and tied.best_budget == 512
-    from eval.compare import held_out_cell, held_out_line
+    from eval.capacity_report import held_out_cell, held_out_line
 
     assert held_out_line(study).endswith("rungs 1500/2000/2000 (one per stream), serving 0.833 ± "
                                          "0.143 req/s; the hindsight pick's lead from choosing on "
-                                         "the streams it is judged on: 19.4%.")
-    assert held_out_cell(study, "p") == "beats (+20.0% ± 17.2%)"  # (0.12, 0.24, 0.24): sd 0.069, t 4.303
+                                         "the streams it is judged on: 18.2%.")  # 1 - (1 + 2 * 0.8 / 1.1) / 3
+    # (0.111, 0.25, 0.25): sd 0.0802, t 4.303 * 0.0802 / sqrt 3 = 19.9%
+    assert held_out_cell(study, "p") == "beats (+20.4% ± 19.9%)"
     # With one stream there is nothing to hold out: the hindsight pick.
     one = CapacityStudy(Scenario(), {}, {512: res("a", 1.0), 1024: res("b", 2.0)})
     assert one.held_out_static() == (one.best, (1024,))

@@ -47,7 +47,8 @@ def fidelity(model, table: BudgetTable, serving: Scenario,
         m, t = runs[:, 0], runs[:, 1]
         v = paired_verdict(t, m)
         out[name] = {"model_capacity_rps": float(m.mean()), "table_capacity_rps": float(t.mean()),
-                     "loss": -v.rel, "loss_ci95": v.half, "verdict": v.kind}
+                     "loss": -v.rel, "loss_ci95": v.half, "verdict": v.kind,
+                     "model_per_stream": [float(x) for x in m], "table_per_stream": [float(x) for x in t]}
     use = table_use(table, scenarios, found.factors[:, :, 1], args.fidelity_requests, CAPACITY_SEEDS,
                     args.workers)
     return out, use, flat_check(table, scenarios, use, found.rps[:, :, 1], args)
@@ -75,13 +76,17 @@ def flat_check(table: BudgetTable, scenarios: dict, use: dict, rps: np.ndarray,
         v = paired_verdict(row, r.per_stream)
         out["scenarios"][name] = {"table_capacity_rps": float(np.mean(row)),
                                   "flat_capacity_rps": r.capacity, "gain": v.rel,
-                                  "gain_ci95": v.half, "verdict": v.kind}
+                                  "gain_ci95": v.half, "verdict": v.kind,
+                                  "table_per_stream": [float(x) for x in row],
+                                  "flat_per_stream": list(r.per_stream)}
     return out
 
 
 def flat_verdict(g: dict) -> Verdict:
     """One scenario's record of :func:`flat_check` as a verdict of the table against its
-    flat twin."""
+    flat twin (judged again from the per-stream figures where the record keeps them)."""
+    if "table_per_stream" in g:
+        return paired_verdict(g["table_per_stream"], g["flat_per_stream"])
     return Verdict(g["verdict"], g["gain"], g["gain_ci95"])
 
 
@@ -106,7 +111,8 @@ def load_fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs
         load = {"trace_speed": sc.rate_scale} if sc.trace else {"rate_rps": sc.rate}
         row = {**load, "streams": int(len(m)),
                "model_goodput": float(m.mean()) if len(m) else None,
-               "table_goodput": float(t.mean()) if len(t) else None}
+               "table_goodput": float(t.mean()) if len(t) else None,
+               "model_per_stream": [float(x) for x in m], "table_per_stream": [float(x) for x in t]}
         if len(m) >= 2 and m.mean() > 0:
             v = paired_verdict(t, m)
             row.update(loss=-v.rel, loss_ci95=v.half, verdict=v.kind)
