@@ -30,7 +30,8 @@ from agents.checks import (condition_teachers, constant_costs, ranking_check, ro
                            teacher_choice)
 from agents.conditions import MIN_CAPACITY_RPS, draw_conditions, with_capacities
 from agents.setup import ACTION_TYPES, imitate, make_model
-from agents.summary import final_comparison, final_figures, run_answer, summary_text, teacher_words
+from agents.summary import (final_comparison, final_figures, final_policies, run_answer,
+                            summary_text, teacher_words)
 from envs.actions import DEFAULT_LADDER, FRACTION_LADDER
 from envs.cli import given_fields, parse
 from envs.episodes import draw_episodes
@@ -408,6 +409,17 @@ def write_config(run_dir: Path, args: Args, scenario: Scenario, conditions: list
     return config
 
 
+def cloned_teacher(args: Args, config: dict, scenario: Scenario, model) -> str | None:
+    """The fixed choice a fresh model is cloned from before learning (the checks' pick, or
+    --teacher), or None where none is: a run acting in tokens, a teacher that does not act
+    in time, or an algorithm without a discrete distribution to clone into (DQN, SAC)."""
+    best = config["checks"].get("best_constant", "")
+    if args.actions == "time" and best and make_policy(best, scenario).acts_in_time \
+            and config["action_type"] == "discrete" and hasattr(model.policy, "get_distribution"):
+        return best
+    return None
+
+
 def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
     """(model, its environments, whether it was resumed): fresh, started at the best
     constant action, or from the run's newest loadable checkpoint."""
@@ -428,9 +440,8 @@ def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
     venv = VecNormalize(venv, norm_obs=True, norm_reward=True, gamma=args.gamma)
     model = make_model(args.algo, venv, args.seed, tb_dir, args.learning_rate, args.gamma,
                        args.layers(), args.n_steps)
-    best = config["checks"].get("best_constant", "")
-    if args.actions == "time" and best and make_policy(best, scenario).acts_in_time \
-            and config["action_type"] == "discrete" and hasattr(model.policy, "get_distribution"):
+    best = cloned_teacher(args, config, scenario, model)
+    if best:
         per = config["checks"].get("condition_teachers")
         with progress_bar(2 * CLONED_DECISIONS, "cloning the teacher", "decision") as bar:
             agree = imitate(model, best, config["ladder"], CLONED_DECISIONS, seed=args.seed,
@@ -528,11 +539,12 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
         callback.init_callback(model)
         callback.evaluate()
     learned = load_run(run_dir, scenario.slo())
-    teacher = config["checks"].get("best_constant") or None
-    with progress_bar(3 * 20 * args.final_seeds, "final comparison") as bar:
+    teacher = cloned_teacher(args, config, scenario, model)
+    policies = final_policies(learned, teacher, scenario)
+    with progress_bar(3 * (len(policies) + 13) * args.final_seeds, "final comparison") as bar:
         studies = final_comparison(learned, scenario, args.final_seeds, args.final_requests,
                                    executor, bar, teacher)
-    with progress_bar(figure_count(range(4), True, args.final_seeds), "figures") as bar:
+    with progress_bar(figure_count(policies, True, args.final_seeds), "figures") as bar:
         figures = final_figures(studies, learned, teacher, run_dir, args.final_seeds,
                                 args.final_requests, executor, bar)
     with progress_bar(len(callback.episodes), "what the policy does", "episode") as bar:
@@ -549,10 +561,9 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
              else "model.zip",
              "best constant cost on them": f"{callback.baseline_cost:.2f}",
              "commit": config["commit"]}
-    answer = run_answer(studies, learned.name, teacher)
+    answer = run_answer(studies, learned.name, teacher, config.get("notes"))
     text = summary_text(run_dir.name, desc, facts, checks, callback.history, studies, learned.name,
-                        actions, answer, figures, args.final_seeds, args.final_requests,
-                        config.get("notes"))
+                        actions, answer, figures, args.final_seeds, args.final_requests)
     write_atomic(run_dir / "summary.md", text)
     write_json_atomic(run_dir / "summary.json", {
         "answer": answer.text, "next": list(answer.commands),

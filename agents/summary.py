@@ -13,24 +13,29 @@ from eval.answer import Answer, capacity_answer
 from eval.capacity import capacity_studies
 from eval.capacity_report import capacity_figures, ladder_figure, ladder_line
 from eval.harness import NOT_JUDGED, paired_verdict
+from eval.report import capacity_words, figure_lines
 from eval.scenarios import final_scenarios
 from eval.usage import budget_label, used_text
 from policies.baselines import TimeBudgetPolicy, VllmDefaultPolicy
 from policies.specs import make_policy
 
 
+def final_policies(learned, teacher: str | None, sc: Scenario) -> list:
+    """The final comparison's policies on a scenario: the learned one, the rule it was
+    cloned from (``teacher``, a spec; where it is not the time-budget rule), the time-budget
+    rule and vLLM's default."""
+    rule = TimeBudgetPolicy(sc.slo_itl_s)
+    start = [make_policy(teacher, sc)] if teacher else []
+    return [learned, *(p for p in start if p.name != rule.name), rule,
+            VllmDefaultPolicy(sc.hardware_profile())]
+
+
 def final_comparison(learned, serving: Scenario, seeds: int, requests: int, executor=None,
                      progress=None, teacher: str | None = None) -> dict:
-    """Capacity studies (fine-ladder hindsight static included) of the learned policy, the
-    rule it started from (``teacher``, a spec), the time-budget rule and vLLM's default on
-    each final scenario."""
+    """Capacity studies (fine-ladder hindsight static included) of :func:`final_policies`
+    on each final scenario."""
     scenarios = final_scenarios(serving)
-    jobs = []
-    for sc in scenarios.values():
-        ps = [learned]
-        if teacher and make_policy(teacher, sc).name != TimeBudgetPolicy(sc.slo_itl_s).name:
-            ps.append(make_policy(teacher, sc))
-        jobs.append((sc, ps + [TimeBudgetPolicy(sc.slo_itl_s), VllmDefaultPolicy(sc.hardware_profile())]))
+    jobs = [(sc, final_policies(learned, teacher, sc)) for sc in scenarios.values()]
     studies = capacity_studies(jobs, seeds, requests, executor, progress)
     return dict(zip(scenarios, studies))
 
@@ -41,11 +46,7 @@ def final_figures(studies: dict, learned, teacher: str | None, out: Path, seeds:
     final scenario; on the serving one, every policy at the best fixed budget's capacity
     (latency tails, the budget timeline around the worst gap) and goodput against load."""
     serving = next(iter(studies.values()))
-    sc = serving.scenario
-    policies = [learned] + ([make_policy(teacher, sc)] if teacher else [])
-    policies += [TimeBudgetPolicy(sc.slo_itl_s), VllmDefaultPolicy(sc.hardware_profile())]
-    names = set()
-    policies = [p for p in policies if not (p.name in names or names.add(p.name))]
+    policies = final_policies(learned, teacher, serving.scenario)
     return [ladder_figure(studies, out, seeds),
             *capacity_figures(serving, policies, out, seeds, requests, executor, progress, ladder=False)]
 
@@ -104,6 +105,9 @@ def learning_sentence(verdicts: dict) -> str:
     scenario, (rule, v) = next(iter(verdicts.items()))
     others = [f"{n}: {w.kind} ({w.figure})" for n, (_, w) in list(verdicts.items())[1:]]
     rest = f" Elsewhere: {'; '.join(others)}." if others else ""
+    if v.kind == NOT_JUDGED:
+        return (f"Against the rule it started from, {rule}, the learned policy is not judged: "
+                f"{v.figure} (raise --final-seeds).{rest}")
     if v.kind == "beats" and not v.streams:
         return (f"The learned policy meets the SLO where the rule it started from, {rule}, does not "
                 f"on the {scenario} scenario ({v.figure}).{rest}")
@@ -117,15 +121,18 @@ def learning_sentence(verdicts: dict) -> str:
             f"added nothing you can count on, and the rule's own table serves as well.{rest}")
 
 
-def run_answer(studies: dict, learned_name: str, teacher: str | None) -> Answer:
+def run_answer(studies: dict, learned_name: str, teacher: str | None,
+               notes: list[str] | None = None) -> Answer:
     """The summary's answer: what to serve on the serving scenario (held-out streams), and
-    what the learning added to its teacher."""
+    what the learning added to the rule it was cloned from (``teacher``; None where it was
+    cloned from none). A run with ``notes`` (a smoke run's) measured too little to act on:
+    its answer says so and gives no commands."""
+    if notes:
+        return Answer("Not an answer to act on: " + " ".join(notes))
     serving = next(iter(studies.values()))
-    answer = capacity_answer(serving, held_out=True)
-    text = answer.text.replace(f"Serve {learned_name}:", "Serve the learned policy (as a table):")
-    text = text.replace(learned_name, "the learned policy")
+    answer = capacity_answer(serving, held_out=True, names={learned_name: "the learned policy (as a table)"})
     learning = learning_sentence(teacher_verdicts(studies, learned_name, teacher))
-    return Answer(f"{text} {learning}".strip(), answer.commands)
+    return Answer(f"{answer.text} {learning}".strip(), answer.commands)
 
 
 def budget_lines(actions: dict) -> list[str]:
@@ -186,31 +193,19 @@ def room_line(room: dict, checks: dict) -> str:
 
 def summary_text(run_name: str, desc: str, facts: dict, checks: dict | None, history: list,
                  studies: dict, learned_name: str, actions: dict, answer: Answer | None = None,
-                 figures: list | None = None, seeds: int | None = None, requests: int | None = None,
-                 notes: list[str] | None = None) -> str:
+                 figures: list | None = None, seeds: int | None = None,
+                 requests: int | None = None) -> str:
     """``summary.md``: the answer and its commands, what was measured and the words it uses,
     the capacities, what the policy does, the run's facts and checks, and ``figures``."""
     serving = next(iter(studies.values()))
     seeds = seeds or len(serving.best.per_stream)
     lines = [f"# chunkpilot training run: {run_name}", ""]
-    lines += [f"*{n}*" for n in notes or []] + ([""] if notes else [])
     lines += answer.markdown() if answer else []
-    lines += ["## What was measured", "",
-              f"- Scenario: {desc}.",
-              f"- Capacity: on each stream, the highest arrival rate at which p99 TTFT and p99 ITL "
-              f"both meet the SLO (bisection to 2%); {seeds} held-out stream{'s' * (seeds != 1)}"
-              + (f" of {requests} requests" if requests else "") + " per scenario (seeds no "
-              "training episode draws). A figure is the mean over streams ± its 95% interval "
-              "(Student's t).",
-              "- The best fixed budget: the static budget with the highest capacity on the same "
-              "streams, on a ladder of 2^(1/4) steps from 64 to 16,384 tokens (picked in hindsight).",
-              "- Against it: each policy's capacity as a ratio to the best fixed budget's on the "
-              "same stream, the mean difference ± its 95% interval; *beats* or *falls short* when "
-              "the interval lies above or below zero, *ties* otherwise. *Job 1* is being within 2% "
-              "of the best fixed budget with one untuned policy, *job 2* beating it.", "",
+    lines += ["## What was measured", "", f"- Scenario: {desc}.",
+              *capacity_words(seeds, requests, bool(serving.scenario.trace), True, serving.rungs), "",
               "## Capacity under the SLO, held-out arrivals", ""]
     lines += capacity_lines(studies, learned_name) + [""] + job_lines(studies, learned_name)
-    lines += ["", f"Serving scenario: {ladder_line(serving)}"]
+    lines += ["", ladder_line(serving, "On the serving scenario, the static ladder measured")]
     lines += ["", "## What the policy does", "",
               f"Time budgets on held-out training episodes ({actions.get('passes', 0):,} decided "
               f"passes): {fraction_text(actions.get('shares', {}))}.", ""] + budget_lines(actions)
@@ -231,8 +226,5 @@ def summary_text(run_name: str, desc: str, facts: dict, checks: dict | None, his
         lines.append(f"- held-out training episodes: cost {h['cost']:.2f} ± {h['cost_ci95']:.2f} at "
                      f"{h['timesteps']:,} steps; {teacher_words(checks)} costs "
                      f"{facts.get('best constant cost on them', 'n/a')} on the same episodes")
-    if figures:
-        lines += ["", "## Figures", ""]
-        for path, caption in figures:
-            lines += [f"![{Path(path).stem}]({Path(path).name})", "", caption, ""]
+    lines += [""] + figure_lines(figures)
     return "\n".join(lines).rstrip() + "\n"

@@ -33,7 +33,6 @@ from eval.answer import unseparated
 from eval.capacity import BRACKET_STEPS, add_references, capacity_studies, stream_capacity
 from eval.capacity_report import capacity_figures, capacity_report, figure_count
 from eval.compare import compare, comparison_figures, comparison_report, run_streams
-from eval.figures import CURVE_STREAMS, GOODPUT_LOADS
 from eval.export.cli import main as export_main
 from eval.parallel import MAX_CLUSTER_WORKERS, make_executor, progress_bar
 from eval.report import save_json
@@ -80,6 +79,9 @@ class CompareArgs(SweepArgs, Scenario):
     """Requests per stream (default: the scenario's num_requests, or the whole trace part)."""
     reference: bool = False
     """Also run the reference controller (MPC over the hindsight-best static; slow)."""
+    figures: bool = True
+    """Draw the report's pictures (--no-figures: the text alone; the goodput curve runs every
+    policy again at 7 loads on 3 streams)."""
     out: str = "reports/compare"
     """Report folder (report.md, figures, results.json)."""
     json: bool = False
@@ -99,6 +101,9 @@ class CapacityArgs(SweepArgs, Scenario):
     """Requests per stream."""
     reference: bool = False
     """Also find the reference controller's capacity (MPC over the hindsight-best static)."""
+    figures: bool = True
+    """Draw the report's pictures (--no-figures: the text alone; the goodput curve runs every
+    policy again at 7 loads on 3 streams)."""
     out: str = "reports/capacity"
     """Report folder."""
     json: bool = False
@@ -162,13 +167,14 @@ def cmd_compare(argv) -> int:
     policies = make_policies(args.policies, scenario, args.allow_table_mismatch)
     executor = args.executor()
     out = Path(args.out)
-    curves = (len(policies) + 1) * len(GOODPUT_LOADS) * min(CURVE_STREAMS, args.seeds)
     with progress_bar((len(policies) + 15) * args.seeds, "compare") as bar:
         cmp = compare(scenario, policies, args.seeds, args.requests, progress=bar, executor=executor)
         if args.reference:
             cmp = compare_with_reference(cmp, args, executor, bar)
-    with progress_bar(curves, "figures: goodput against load") as bar:
-        figures = comparison_figures(cmp, out, args.seeds, args.requests, executor, bar)
+    figures = []
+    if args.figures:
+        with progress_bar(figure_count(policies, True, args.seeds), "figures") as bar:
+            figures = comparison_figures(cmp, out, args.seeds, args.requests, executor, bar)
     capacity_rps = factor = None
     if unseparated(cmp):  # point to a load where the policies part
         b, _ = cmp.best_static()
@@ -209,8 +215,10 @@ def cmd_capacity(argv) -> int:
         if args.reference:
             add_references([study], args.seeds, args.requests, executor, bar)
         (uses,) = tables_use([study], [policies], args.requests, executor, bar)
-    with progress_bar(figure_count(policies, True, args.seeds), "figures: goodput against load") as bar:
-        figures = capacity_figures(study, policies, out, args.seeds, args.requests, executor, bar)
+    figures = []
+    if args.figures:
+        with progress_bar(figure_count(policies, True, args.seeds), "figures") as bar:
+            figures = capacity_figures(study, policies, out, args.seeds, args.requests, executor, bar)
     text = capacity_report(study, out, args.seeds, args.requests, uses, figures)
     data = {**study.as_json(), **({"_table_use": uses} if uses else {})}
     save_json(out / "capacity.json", data)

@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from envs.actions import BUDGET_CAP
 from envs.scenario import Scenario
 from eval.harness import paired_verdict
+from policies.vllm_startup import TABLE_ENV
 
 SIMPLICITY = {"budget": 0, "default": 0, "rule": 1, "table": 2, "model": 3}
 """How much a way of serving asks of an operator (``BudgetPolicy.serving``'s kinds)."""
@@ -26,12 +28,9 @@ SERVED_MODELS = {
     "mistral-7b": "mistralai/Mistral-7B-Instruct-v0.3",
     "qwen2.5-32b": "Qwen/Qwen2.5-32B-Instruct",
 }
-"""The model a ``vllm serve`` line names for each model preset (Hugging Face names; a
-profile file or a preset vLLM does not serve, such as the laptop's Q4 build, gets MODEL)."""
-
-TABLE_CEILING = 16384
-"""``--max-num-batched-tokens`` beside a table: the ceiling it never goes above (the fine
-ladder's top), which vLLM sizes its buffers by."""
+"""The model a ``vllm serve`` line names for each model preset, by the profile's name
+(Hugging Face names; a profile file or a preset vLLM does not serve, such as the laptop's
+Q4 build, gets MODEL)."""
 
 
 @dataclass(frozen=True)
@@ -52,13 +51,20 @@ def slo_words(sc: Scenario) -> str:
     return f"TTFT {sc.slo_ttft_s:g} s / ITL {sc.slo_itl_s * 1e3:g} ms"
 
 
-def _scenario_flags(sc: Scenario) -> str:
-    return (f"--hardware {sc.hardware} --model {sc.model} --slo-ttft-s {sc.slo_ttft_s:g} "
-            f"--slo-itl-s {sc.slo_itl_s:g}")
+def _scenario_flags(sc: Scenario, engine: bool = False) -> str:
+    """The flags naming a scenario's deployment and SLO; with ``engine``, also the engine
+    settings a table is built for (the per-pass overhead, max_num_seqs) where not default."""
+    flags = (f"--hardware {sc.hardware} --model {sc.model} --slo-ttft-s {sc.slo_ttft_s:g} "
+             f"--slo-itl-s {sc.slo_itl_s:g}")
+    if engine and sc.per_pass_overhead_s is not None:
+        flags += f" --per-pass-overhead-s {sc.per_pass_overhead_s:g}"
+    if engine and sc.max_num_seqs != Scenario.max_num_seqs:
+        flags += f" --max-num-seqs {sc.max_num_seqs}"
+    return flags
 
 
 def _vllm(sc: Scenario, extra: str) -> str:
-    name = SERVED_MODELS.get(Path(sc.model).stem, "MODEL")
+    name = SERVED_MODELS.get(sc.model_profile().name, "MODEL")
     tp = sc.model_profile().tensor_parallel
     return (f"vllm serve {name}" + (f" --tensor-parallel-size {tp}" if tp > 1 else "")
             + (f" --max-num-seqs {sc.max_num_seqs}" if sc.max_num_seqs != Scenario.max_num_seqs else "")
@@ -67,9 +73,9 @@ def _vllm(sc: Scenario, extra: str) -> str:
 
 def _serve_table(sc: Scenario, path: str) -> list[str]:
     return [f"python -m policies.table check {path} {_scenario_flags(sc)}",
-            f"CHUNKPILOT_TABLE={path} " + _vllm(
+            f"{TABLE_ENV}={path} " + _vllm(
                 sc, " --scheduler-cls policies.vllm_scheduler.AsyncTableScheduler "
-                    f"--max-num-batched-tokens {TABLE_CEILING}")]
+                    f"--max-num-batched-tokens {BUDGET_CAP}")]
 
 
 def serve_commands(sc: Scenario, serving: tuple[str, str]) -> tuple[str, ...]:
@@ -82,8 +88,9 @@ def serve_commands(sc: Scenario, serving: tuple[str, str]) -> tuple[str, ...]:
     if how == "table":
         return tuple(_serve_table(sc, what))
     if how == "rule":
-        out = f"tables/{Path(sc.hardware).stem}__{Path(sc.model).stem}__{what.replace(':', '-')}.json"
-        return (f"python -m eval export --rule {what} {_scenario_flags(sc)} --out {out}",
+        out = (f"tables/{sc.hardware_profile().name}__{sc.model_profile().name}__"
+               f"{what.replace(':', '-')}.json")
+        return (f"python -m eval export --rule {what} {_scenario_flags(sc, engine=True)} --out {out}",
                 *_serve_table(sc, out))
     out = str(Path(what) / "table.json")  # a run: its model exported
     return (f"python -m eval export {what} --out {out}", *_serve_table(sc, out))
@@ -91,29 +98,31 @@ def serve_commands(sc: Scenario, serving: tuple[str, str]) -> tuple[str, ...]:
 
 def pick(verdicts: dict, per_stream: dict, servings: dict) -> str | None:
     """The policy to serve among those whose ``verdicts`` against the best fixed budget
-    are "beats": the simplest (:data:`SIMPLICITY`) that the one with the highest mean does
-    not beat in turn, paired on ``per_stream``; None where none beats."""
+    are "beats": the simplest (:data:`SIMPLICITY`) that the one furthest ahead does not
+    beat in turn, paired on ``per_stream``; None where none beats."""
     winners = [n for n, v in verdicts.items() if v.kind == "beats" and servings.get(n)]
     if not winners:
         return None
-    mean = {n: sum(per_stream[n]) / len(per_stream[n]) for n in winners}
-    top = max(winners, key=lambda n: mean[n])
-    for n in sorted(winners, key=lambda n: (SIMPLICITY[servings[n][0]], -mean[n])):
-        if n == top or paired_verdict(per_stream[top], per_stream[n]).kind != "beats":
-            return n
-    return top
+    top = max(winners, key=lambda n: verdicts[n].rel)
+    return next(n for n in sorted(winners, key=lambda n: (SIMPLICITY[servings[n][0]], -verdicts[n].rel))
+                if n == top or paired_verdict(per_stream[top], per_stream[n]).kind != "beats")
 
 
 def _streams(n: int, held_out: bool) -> str:
     return f"{n} {'held-out ' if held_out else ''}stream{'s' * (n != 1)}"
 
 
-def capacity_answer(study, held_out: bool = False) -> Answer:
+def capacity_answer(study, held_out: bool = False, names: dict | None = None) -> Answer:
     """The answer of a capacity study (:class:`eval.capacity.CapacityStudy`): serve the
-    policy that beats the best fixed budget, or that budget."""
+    policy that beats the best fixed budget, or that budget. ``names`` gives a policy the
+    words a sentence calls it by (the learned policy rather than its run's path)."""
     sc = study.scenario
     slo = slo_words(sc)
     res = study.policies
+
+    def called(n: str) -> str:
+        return (names or {}).get(n, n)
+
     servings = {n: r.serving for n, r in res.items() if r.serving}
     if study.best.capacity <= 0:
         serving = [n for n in servings if res[n].capacity > 0]
@@ -121,27 +130,37 @@ def capacity_answer(study, held_out: bool = False) -> Answer:
             return Answer(f"Nothing meets {slo} at any load tried, fixed or adaptive: loosen the "
                           "SLO, or serve on faster hardware or a smaller model.")
         top = max(serving, key=lambda n: res[n].capacity)
-        return Answer(f"Serve {top}: it meets {slo} ({res[top].text()} req/s on "
+        return Answer(f"Serve {called(top)}: it meets {slo} ({res[top].text()} req/s on "
                       f"{_streams(len(res[top].per_stream), held_out)}) where no fixed budget does "
                       "at any load tried.", serve_commands(sc, servings[top]))
     b = study.best_budget
-    verdicts = {n: study.verdict(n) for n in servings}
-    choice = pick(verdicts, {n: res[n].per_stream for n in servings}, servings)
+    verdicts = {n: study.verdict(n) for n in res if not res[n].kind == "reference"}
+    choice = pick({n: v for n, v in verdicts.items() if n in servings},
+                  {n: res[n].per_stream for n in servings}, servings)
     if choice is None:
-        close = max(verdicts, key=lambda n: res[n].capacity, default=None)
         text = (f"No gain you can count on over a fixed {b:,} tokens: set "
                 f"`--max-num-batched-tokens {b}` ({study.best.text()} req/s under {slo}, on "
                 f"{_streams(len(study.best.per_stream), held_out)}).")
-        if close is not None and res[close].kind != "static":
-            text += f" The closest policy, {close}, is {verdicts[close].figure} against it ({verdicts[close].kind})."
+        unserved = [n for n, v in verdicts.items() if v.kind == "beats" and n not in servings]
+        if unserved:
+            top = max(unserved, key=lambda n: verdicts[n].rel)
+            text += (f" {called(top)} beats it ({verdicts[top].figure}), but no table holds it: its "
+                     "fraction moves continuously, and an engine serves rules through tables.")
+        else:
+            close = max((n for n in verdicts if res[n].kind != "static"), key=lambda n: verdicts[n].rel,
+                        default=None)
+            if close is not None:
+                text += (f" The closest policy, {called(close)}, is {verdicts[close].figure} against it "
+                         f"({verdicts[close].kind}).")
         return Answer(text, serve_commands(sc, ("budget", str(b))))
     v = verdicts[choice]
-    text = (f"Serve {choice}: {v.rel:.1%} more requests/s than the best fixed budget ({b:,} "
+    text = (f"Serve {called(choice)}: {v.rel:.1%} more requests/s than the best fixed budget ({b:,} "
             f"tokens) under {slo}, on {_streams(v.streams, held_out)} ({v.figure}).")
-    top = max((n for n in verdicts if verdicts[n].kind == "beats"), key=lambda n: res[n].capacity)
+    top = max((n for n in servings if verdicts[n].kind == "beats"), key=lambda n: verdicts[n].rel)
     if top != choice:
-        text += (f" {top} serves more ({verdicts[top].rel:+.1%}) but not beyond the interval "
-                 f"against it ({paired_verdict(res[top].per_stream, res[choice].per_stream).figure}).")
+        text += (f" {called(top)} is further ahead of the fixed budget ({verdicts[top].rel:+.1%}) but "
+                 f"not beyond the interval against {called(choice)} "
+                 f"({paired_verdict(res[top].per_stream, res[choice].per_stream).figure}).")
     return Answer(text, serve_commands(sc, servings[choice]))
 
 

@@ -12,12 +12,12 @@ from envs.workload import MAX_RATE
 from eval import plots
 from eval.answer import capacity_answer, slo_words
 from eval.capacity import BRACKET_STEPS
-from eval.figures import (CURVE_STREAMS, GOODPUT_LOADS, at_load_figures, goodput_curves,
-                          ladder_panel, runs_at_load)
+from eval.figures import (CURVE_STREAMS, GOODPUT_LOADS, at_load_figures, figure_policies,
+                          goodput_curves, ladder_panel, runs_at_load)
 from eval.harness import paired_verdict
-from eval.report import git_commit, scenario_line, verdict_sentence
+from eval.report import (capacity_words, figure_lines, git_commit, scenario_line,
+                         verdict_sentence)
 from eval.table_use import use_line
-from policies.baselines import StaticPolicy
 
 
 def unbounded_note(studies) -> str | None:
@@ -54,26 +54,26 @@ def held_out_line(study) -> str:
     held, picks = study.held_out_static()
     if study.best.capacity <= 0:
         return "Held-out pick: no static budget meets the SLO on any stream."
-    luck = 0.0 - paired_verdict(held.per_stream, study.best.per_stream).rel
+    loss = 0.0 - paired_verdict(held.per_stream, study.best.per_stream).rel
     return (f"Held-out pick (each stream judged under the rung best on the other streams, a "
             f"user's pick from past arrivals): rungs {'/'.join(map(str, picks))} (one per stream), "
-            f"serving {held.text(3)} req/s; the hindsight pick's lead from "
-            f"choosing on the streams it is judged on: {luck:.1%}.")
+            f"serving {held.text(3)} req/s, {loss:.1%} less than the hindsight pick stream by "
+            "stream: what choosing on the streams it is judged on is worth to it.")
 
 
-def ladder_line(study) -> str:
-    """The static ladder measured, in budget order, with the steepest fall between two
-    neighbouring rungs named: where a fixed budget stops meeting the SLO."""
+def ladder_line(study, lead: str = "Static ladder measured") -> str:
+    """The static ladder measured, in budget order, with the steepest fall above the best
+    between two neighbouring rungs named: how sharply a fixed budget set too high loses."""
     rungs = sorted(study.rungs)
     caps = [study.rungs[b].capacity for b in rungs]
-    text = "Static ladder measured (req/s): " + ", ".join(f"{b:,}: {c:.2f}" for b, c in zip(rungs, caps)) + "."
+    text = f"{lead} (req/s): " + ", ".join(f"{b:,}: {c:.2f}" for b, c in zip(rungs, caps)) + "."
     drops = [(caps[i] / caps[i - 1], rungs[i - 1], rungs[i]) for i in range(1, len(rungs))
              if caps[i - 1] > 0 and rungs[i] > study.best_budget]
     if drops:
         ratio, lo, hi = min(drops)
         if ratio < 0.8:
             text += (f" Above the best, the steepest fall is from {lo:,} to {hi:,} tokens "
-                     f"({1 - ratio:.0%} less): the p99 ITL target is a cliff.")
+                     f"({1 - ratio:.0%} less): a cliff to keep clear of when setting a fixed budget.")
     return text
 
 
@@ -101,9 +101,7 @@ def capacity_figures(study, policies, out: Path, seeds: int, num_requests: int, 
     slo = slo_words(sc)
     figs = [ladder_figure({scenario_line(sc): study}, out, seeds)] if ladder else []
     b = study.best_budget
-    runners = [p for p in policies if not getattr(p, "diagnostic", False)]
-    if f"static:{b}" not in {p.name for p in runners}:
-        runners.append(StaticPolicy(b))
+    runners = figure_policies(policies, b)
     factor = study.best.factors[0] if study.best.factors and study.best.factors[0] > 0 else 1.0
     rate = study.best.per_stream[0] if study.best.per_stream and study.best.per_stream[0] > 0 else None
     at = runs_at_load(sc, runners, 0, seeds, num_requests, factor, CAPACITY_SEEDS)
@@ -125,8 +123,9 @@ def capacity_figures(study, policies, out: Path, seeds: int, num_requests: int, 
 
 
 def figure_count(policies, curves: bool, seeds: int) -> int:
-    """Simulations :func:`capacity_figures` fans out (for a progress bar's total)."""
-    return (len(policies) + 1) * len(GOODPUT_LOADS) * min(CURVE_STREAMS, seeds) if curves else 0
+    """Simulations :func:`capacity_figures` (or a comparison's) fans out, for a progress
+    bar's total: the goodput curve of every policy it draws and the best fixed budget."""
+    return len(figure_policies(policies, 0)) * len(GOODPUT_LOADS) * min(CURVE_STREAMS, seeds) if curves else 0
 
 
 def capacity_report(study, out: Path, seeds: int, num_requests: int, uses: dict | None = None,
@@ -140,21 +139,10 @@ def capacity_report(study, out: Path, seeds: int, num_requests: int, uses: dict 
     best = study.best
     sc = study.scenario
     lines = [f"# Capacity under {slo_words(sc)}", "", *capacity_answer(study).markdown(),
-             "## What was measured", "",
-             f"- Scenario: {scenario_line(sc)}; commit {git_commit()}.",
-             f"- Capacity: on each stream, the highest arrival rate at which p99 TTFT and p99 ITL "
-             f"both meet the SLO (bisection to 2%); {seeds} stream{'s' * (seeds != 1)} of "
-             f"{num_requests} requests" + (" (the trace's window cut into parts)" if sc.trace else "")
-             + ". A figure is the mean "
-             "over streams ± its 95% interval (Student's t).",
-             "- The best fixed budget: the static budget with the highest capacity on these streams, "
-             "searched on a ladder of 2^(1/4) steps from 64 to 16,384 tokens; it is picked in "
-             "hindsight. The held-out pick is each stream judged under the rung best on the "
-             "other streams: the number you could have picked from past arrivals.",
-             "- Against it: each policy's capacity as a ratio to the reference's on the same "
-             "stream, the mean difference ± its 95% interval; *beats* or *falls short* when the "
-             "interval lies above or below zero, *ties* otherwise; *job 1* is being within 2% "
-             "of the best fixed budget, *job 2* beating it.", "",
+             "## What was measured", "", f"- Scenario: {scenario_line(sc)}; commit {git_commit()}.",
+             *capacity_words(seeds, num_requests, bool(sc.trace), False, study.rungs),
+             "- The held-out pick: each stream judged under the rung best on the other streams, "
+             "the number you could have picked from past arrivals.", "",
              (f"Best fixed budget: {b:,} tokens, {best.text(3)} req/s." if best.capacity > 0 else
               "No static budget on the fine ladder meets the SLO at any load tried, on any stream."),
              "", held_out_line(study), "",
@@ -176,10 +164,7 @@ def capacity_report(study, out: Path, seeds: int, num_requests: int, uses: dict 
     if uses:
         lines += ["", "## What the tables do at their capacity", ""]
         lines += [f"- {n}: {use_line(u, u['action'], 'streams')}" for n, u in uses.items()]
-    if figures:
-        lines += ["", "## Figures", ""]
-        for path, caption in figures:
-            lines += [f"![{path.stem}]({path.name})", "", caption, ""]
+    lines += [""] + figure_lines(figures)
     text = "\n".join(lines).rstrip() + "\n"
     write_atomic(out / "capacity.md", text)
     return text

@@ -15,11 +15,13 @@ from envs.workload import load_trace
 from eval import plots
 from eval.answer import load_answer, load_words, slo_words
 from eval.capacity import POWERS_OF_TWO, quarter_steps_around
-from eval.harness import (PolicyResult, Verdict, best_of, paired_verdict, serving_of,
-                          static_policies)
+from eval.harness import (MATCH_TOLERANCE, PolicyResult, Verdict, best_of, paired_verdict,
+                          serving_of, static_policies)
 from eval.parallel import LocalExecutor
-from eval.figures import CURVE_STREAMS, GOODPUT_LOADS, at_load_figures, goodput_curves, runs_at_load
-from eval.report import git_commit, results_table, scenario_line, verdict_sentence
+from eval.figures import (CURVE_STREAMS, GOODPUT_LOADS, at_load_figures, figure_policies,
+                          goodput_curves, runs_at_load)
+from eval.report import (figure_lines, git_commit, ladder_words, results_table, scenario_line,
+                         verdict_sentence)
 from policies.baselines import StaticPolicy
 
 
@@ -107,8 +109,8 @@ def run_streams(scenario: Scenario, policies, seeds: int, num_requests: int | No
 def compare(scenario: Scenario, policies, seeds: int = 5, num_requests: int | None = None,
             progress=None, executor=None) -> Comparison:
     """Every policy and the static ladder on the same arrivals (powers of two, then the
-    fine ladder's quarter steps around the best by goodput); keeps each policy's first
-    run for the figures."""
+    fine ladder's quarter steps around the best of them by :func:`eval.harness.rank_key`);
+    keeps each policy's first run for the figures."""
     def statics(budgets):
         return [p for p in static_policies(scenario, budgets) if p.name not in results]
 
@@ -198,9 +200,7 @@ def comparison_figures(cmp: Comparison, out: Path, seeds: int, num_requests: int
                      "What each adaptive policy chose against the running decodes, every decided pass "
                      "of the first stream, coloured by the prompt tokens the pass carried."))
     if curves:
-        runners = [p for p in cmp.policies if not getattr(p, "diagnostic", False)]
-        if f"static:{b}" not in {p.name for p in runners}:
-            runners.append(StaticPolicy(b))
+        runners = figure_policies(cmp.policies, b)
         streams = min(CURVE_STREAMS, seeds)
         found = goodput_curves(sc, runners, GOODPUT_LOADS, [1.0] * streams, num_requests,
                                PERIODIC_EVAL_SEEDS, executor, progress, seeds)
@@ -234,17 +234,15 @@ def comparison_report(cmp: Comparison, out: Path, seeds: int, title: str = "Comp
              "± is a 95% interval over streams (Student's t).",
              "- Against the best fixed budget: goodput as a ratio to its goodput on the same "
              "stream, the mean difference ± its 95% interval; *beats* or *falls short* when the "
-             "interval lies above or below zero, *ties* otherwise; *job 1* is being within 2%.",
+             f"interval lies above or below zero, *ties* otherwise; *job 1* is being within "
+             f"{MATCH_TOLERANCE:.0%}. The fixed budgets: {ladder_words(cmp.ladder)}.",
              "- Worst gap: the longest pause any request saw. Smooth share: requests whose worst "
              "gap is within twice the ITL target.", "",
              results_table(cmp.results), "", "## Against the best fixed budget", "",
              *two_questions(cmp), ""]
     if cmp.notes:
         lines += ["## Note on training arrivals", "", *[f"- {n}" for n in cmp.notes], ""]
-    if figures:
-        lines += ["## Figures", ""]
-        for path, caption in figures:
-            lines += [f"![{path.stem}]({path.name})", "", caption, ""]
+    lines += figure_lines(figures)
     text = "\n".join(lines).rstrip() + "\n"
     write_atomic(out / "report.md", text)
     return text

@@ -21,6 +21,7 @@ from eval import plots
 from eval.capacity import probe_stream
 from eval.harness import paired_verdict
 from eval.parallel import LocalExecutor
+from policies.baselines import StaticPolicy
 
 GOODPUT_LOADS = (0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5)
 """Loads of the goodput curve, as multiples of each stream's capacity under the best fixed
@@ -31,6 +32,19 @@ CURVE_STREAMS = 3
 WINDOW_ITL_TARGETS = 40
 """The budget timeline's width, in ITL targets (4 s at 100 ms): room for a few prompts'
 prefill around the worst gap."""
+
+
+def figure_policies(policies, best_budget: int) -> list:
+    """The policies a report's pictures run again: every one that is not a diagnostic, each
+    name once, and the best fixed budget (``static:best_budget``) where it is not among them."""
+    out, names = [], set()
+    for p in policies:
+        if not getattr(p, "diagnostic", False) and p.name not in names:
+            out.append(p)
+            names.add(p.name)
+    if f"static:{best_budget}" not in names:
+        out.append(StaticPolicy(best_budget))
+    return out
 
 
 def ladder_panel(study, title: str) -> dict:

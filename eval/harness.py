@@ -56,8 +56,9 @@ class Verdict:
     judged on each stream's ratio to the reference (:func:`paired_verdict`).
 
     ``kind`` is "beats" or "falls short" when the 95% interval of the per-stream relative
-    differences excludes zero, "ties" when it does not, and "not judged" where fewer than
-    two streams can be compared as ratios (no interval); ``rel`` and ``half`` are the mean
+    differences lies above or below zero, or when the policy is on that side on every one
+    of :data:`SIGN_STREAMS` or more streams (``by_sign``); "ties" otherwise; "not judged"
+    where fewer than two streams compare (no interval). ``rel`` and ``half`` are the mean
     relative difference and its 95% half-interval (``z`` standard errors where
     :func:`paired_verdict` was given one); ``matches`` says whether the policy is within
     ``MATCH_TOLERANCE`` of the reference (job 1). ``only_policy`` counts the streams where
@@ -73,6 +74,8 @@ class Verdict:
     verdict was read back from a record that did not keep it."""
     only_policy: int = 0
     neither: int = 0
+    by_sign: bool = False
+    """Whether every stream on one side decided the kind where the interval did not."""
 
     @property
     def matches(self) -> bool:
@@ -86,10 +89,12 @@ class Verdict:
         if self.streams == 0:
             if self.only_policy:
                 return f"serves {self.only_policy} stream{'s' * (self.only_policy > 1)} where the reference serves nothing"
-            return "neither serves on any stream"
+            return "nothing compared" if not self.neither else "neither serves on any stream"
         if self.kind == NOT_JUDGED:
             return f"{self.rel:+.1%}, one stream: no interval{extra}"
-        return f"{self.rel:+.1%} ± {self.half:.1%}{extra}"
+        side = ("ahead" if self.rel > 0 else "behind")
+        sign = f", {side} on all {self.streams} streams" if self.by_sign else ""
+        return f"{self.rel:+.1%} ± {self.half:.1%}{sign}{extra}"
 
     @property
     def cell(self) -> str:
@@ -103,36 +108,50 @@ class Verdict:
 NOT_JUDGED = "not judged"
 """A :class:`Verdict`'s kind where fewer than two streams compare."""
 
+SIGN_STREAMS = 5
+"""Streams all on one side that decide a verdict whatever the spread (DESIGN.md section 4:
+a policy behind on every stream falls short): with no difference, all of 5 streams fall on
+one given side with probability 1/32, on either side 1/16. A policy ahead on every window
+of a trace by 12% to 115% is ahead, though the spread of its gains widens the interval
+past zero."""
 
-def _kind(d: np.ndarray, z: float | None) -> tuple[str, float, float]:
-    """(kind, mean, half-interval) of paired differences ``d`` (two or more)."""
+
+def _kind(d: np.ndarray, z: float | None, sign: bool = False) -> tuple[str, float, float, bool]:
+    """(kind, mean, half-interval, decided by sign) of paired differences ``d`` (two or more)."""
     rel = float(d.mean())
     half = ci95_half(d) if z is None else z * standard_error(d)
     if rel - half > 0:
-        return "beats", rel, half
+        return "beats", rel, half, False
     if rel + half < 0:
-        return "falls short", rel, half
-    return "ties", rel, half
+        return "falls short", rel, half, False
+    if sign and len(d) >= SIGN_STREAMS and ((d > 0).all() or (d < 0).all()):
+        return ("beats" if rel > 0 else "falls short"), rel, half, True
+    return "ties", rel, half, False
 
 
 def paired_verdict(values, reference, z: float | None = None) -> Verdict:
     """A policy's per-stream figures (capacity, goodput) against a reference's on the same
     streams, judged on ratios: each stream's relative difference ``value / reference - 1``,
     their mean and its 95% interval (Student's t over the streams; ``z`` standard errors
-    where a caller selects by a fixed threshold rather than reporting). Ratios make the
-    verdict independent of scale: a trace cut into windows whose capacities differ 6x is
-    judged window by window, where differences in req/s let the largest window's spread
-    swamp a loss on every one.
+    where a caller selects by a fixed threshold rather than reporting), or every one of
+    :data:`SIGN_STREAMS` or more streams on one side. Ratios make the verdict independent
+    of scale: a trace cut into windows whose capacities differ 6x is judged window by
+    window, where differences in req/s let the largest window's spread swamp a loss on
+    every one.
 
     A stream where the reference serves nothing has no ratio: where the policy serves
     nothing either it is left out (``Verdict.neither``), where the policy serves it is
-    counted apart (``Verdict.only_policy``). With no stream left to compare as a ratio, a
+    counted apart (``Verdict.only_policy``); a stream where the policy serves nothing and
+    the reference serves is a loss of 100%. With no stream left to compare as a ratio, a
     policy that serves on two or more streams where the reference serves on none beats it;
-    on one such stream it is not judged; with nothing served anywhere, it ties.
+    on one such stream it is not judged; with nothing served anywhere, it ties. A stream
+    whose figure is undefined on either side (NaN: nothing finished) is left out.
     """
     a, b = np.asarray(values, dtype=float), np.asarray(reference, dtype=float)
     if a.shape != b.shape:
         raise ValueError(f"values: {a.shape} against reference {b.shape}; pair the same streams")
+    defined = ~(np.isnan(a) | np.isnan(b))
+    a, b = a[defined], b[defined]
     ok = b > 0
     only, neither = int(((~ok) & (a > 0)).sum()), int(((~ok) & ~(a > 0)).sum())
     d = a[ok] / b[ok] - 1.0
@@ -141,19 +160,19 @@ def paired_verdict(values, reference, z: float | None = None) -> Verdict:
         return Verdict(kind, math.inf if only else 0.0, 0.0, 0, only, neither)
     if len(d) < 2:
         return Verdict(NOT_JUDGED, float(d[0]), 0.0, 1, only, neither)
-    kind, rel, half = _kind(d, z)
-    return Verdict(kind, rel, half, len(d), only, neither)
+    kind, rel, half, by_sign = _kind(d, z, sign=z is None)
+    return Verdict(kind, rel, half, len(d), only, neither, by_sign)
 
 
 def paired_difference(values, reference, z: float | None = None) -> Verdict:
     """The same verdict on absolute paired differences ``value - reference`` (``rel`` is
-    then in the figures' own unit): for figures on one scale that may be zero, such as
-    episode costs, where a ratio is undefined. One pair or none is not judged."""
-    a, b = np.asarray(values, dtype=float), np.asarray(reference, dtype=float)
-    d = a - b
+    then in the figures' own unit; no sign rule): for figures on one scale that may be
+    zero, such as episode costs, where a ratio is undefined. One pair or none is not
+    judged."""
+    d = np.asarray(values, dtype=float) - np.asarray(reference, dtype=float)
     if len(d) < 2:
         return Verdict(NOT_JUDGED, float(d.mean()) if len(d) else 0.0, 0.0, len(d))
-    kind, diff, half = _kind(d, z)
+    kind, diff, half, _ = _kind(d, z)
     return Verdict(kind, diff, half, len(d))
 
 

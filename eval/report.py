@@ -1,5 +1,6 @@
 """Report pieces every command shares: number formatting, result tables, verdicts against
-the best static budget, scenario lines and commit stamps."""
+the best static budget, the words a report defines, its figures, scenario lines and commit
+stamps."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from envs.files import write_atomic
 from envs.scenario import Scenario
-from eval.harness import MATCH_TOLERANCE, NOT_JUDGED, PolicyResult
+from eval.harness import MATCH_TOLERANCE, NOT_JUDGED, SIGN_STREAMS, PolicyResult
 
 
 def git_commit() -> str:
@@ -87,3 +88,38 @@ def scenario_line(sc: Scenario) -> str:
         extra.append(f"KV cache {sc.num_kv_blocks} blocks")
     return (f"{sc.hardware} + {sc.model}; {load}; SLO TTFT {sc.slo_ttft_s:g} s / ITL "
             f"{sc.slo_itl_s * 1e3:g} ms" + (f"; {', '.join(extra)}" if extra else ""))
+
+
+def ladder_words(budgets) -> str:
+    """How the static ladder was searched, from the budgets it measured."""
+    powers = [b for b in budgets if b & (b - 1) == 0]
+    return (f"the powers of two from {min(powers):,} to {max(powers):,} tokens, then steps of "
+            f"2^(1/4) within an octave of the best" if powers else "a ladder of 2^(1/4) steps")
+
+
+def capacity_words(seeds: int, requests: int | None, trace: bool, held_out: bool, budgets) -> list[str]:
+    """The words a capacity report uses, defined (capacity.md, a run's summary.md)."""
+    streams = (f"{seeds} {'held-out ' if held_out else ''}stream{'s' * (seeds != 1)}"
+               + (f" of {requests} requests" if requests else "")
+               + (" (the trace's window cut into parts)" if trace else "")
+               + (" per scenario, seeded apart from every training episode" if held_out else ""))
+    return [f"- Capacity: on each stream, the highest arrival rate at which p99 TTFT and p99 ITL "
+            f"both meet the SLO (bisection to 2%); {streams}. A figure is the mean over streams "
+            "± its 95% interval (Student's t).",
+            f"- The best fixed budget: the static budget with the highest capacity on the same "
+            f"streams, searched on {ladder_words(budgets)}; it is picked in hindsight.",
+            "- Against it: each policy's capacity as a ratio to the best fixed budget's on the same "
+            "stream, the mean difference ± its 95% interval; *beats* or *falls short* when the "
+            f"interval lies above or below zero or the policy is on that side on every one of "
+            f"{SIGN_STREAMS} or more streams, *ties* otherwise. *Job 1* is being within {MATCH_TOLERANCE:.0%} of "
+            "the best fixed budget with one untuned policy, *job 2* beating it."]
+
+
+def figure_lines(figures) -> list[str]:
+    """A report's figures, each with its caption: [(path, caption)] as markdown."""
+    if not figures:
+        return []
+    lines = ["## Figures", ""]
+    for path, caption in figures:
+        lines += [f"![{Path(path).stem}]({Path(path).name})", "", caption, ""]
+    return lines

@@ -133,8 +133,10 @@ class ModelPolicy(BudgetPolicy):
 
     def __init__(self, model, slo: SLO, ladder: Sequence[float] = FRACTION_LADDER,
                  action_type: str = "discrete", name: str = "learned", actions: str = "time",
-                 obs_norm: ObsNorm | None = None):
+                 obs_norm: ObsNorm | None = None, run_dir: Path | None = None):
         self.model, self.slo, self.name = model, slo, name
+        self.run_dir = run_dir
+        """The train.py run the model comes from (what ``eval export`` turns into a table)."""
         self.ladder, self.action_type, self.actions = tuple(ladder), action_type, actions
         self.obs_norm = obs_norm
         self._slo_obs = slo_features(slo)
@@ -145,8 +147,7 @@ class ModelPolicy(BudgetPolicy):
         self._actor = NumpyActor.of(model) if action_type == "discrete" else None
 
     def serving(self) -> tuple[str, str] | None:
-        run = getattr(self, "run_dir", None)
-        return ("model", str(run)) if run else None
+        return ("model", str(self.run_dir)) if self.run_dir else None
 
     def observation(self, state) -> np.ndarray:
         obs = observe(state, self.slo, self._slo_obs)[:self.width]
@@ -239,8 +240,9 @@ def load_run(run_dir: str | Path, slo=None, name: str | None = None) -> ModelPol
     check_observations(model, run)
     policy = ModelPolicy(model, slo, tuple(config["ladder"]),
                          config["action_type"], name=name or f"model:{run}",
-                         actions=config.get("actions", "tokens"), obs_norm=load_obs_norm(norm))
-    policy.config, policy.run_dir = config, run
+                         actions=config.get("actions", "tokens"), obs_norm=load_obs_norm(norm),
+                         run_dir=run)
+    policy.config = config
     return policy
 
 

@@ -93,13 +93,16 @@ def test_where_no_fixed_budget_serves_the_policy_that_does_is_named():
 
 
 def test_the_simplest_policy_the_leader_does_not_beat_is_served():
-    verdicts = {n: paired_verdict(per, [1.0, 1.0, 1.0]) for n, per in
-                {"table:t": [1.2, 1.22, 1.18], "rule": [1.19, 1.2, 1.2], "far": [1.05, 1.06, 1.04]}.items()}
-    per = {"table:t": [1.2, 1.22, 1.18], "rule": [1.19, 1.2, 1.2], "far": [1.05, 1.06, 1.04]}
-    servings = {"table:t": ("table", "t"), "rule": ("rule", "r"), "far": ("rule", "f")}
-    # "far" is simpler than the table but beaten by it; "rule" ties the table: the rule.
+    per = {"table:t": [1.2, 1.22, 1.18], "rule": [1.19, 1.2, 1.2], "static:2000": [1.05, 1.06, 1.04]}
+    verdicts = {n: paired_verdict(p, [1.0, 1.0, 1.0]) for n, p in per.items()}
+    servings = {"table:t": ("table", "t"), "rule": ("rule", "r"), "static:2000": ("budget", "2000")}
+    # The fixed 2,000 is the simplest and beats the ladder's best, but the table beats it
+    # in turn; the rule ties the table: the rule.
     assert pick(verdicts, per, servings) == "rule"
     assert pick({n: paired_verdict([1.0] * 3, [1.0] * 3) for n in per}, per, servings) is None
+    # Without the rule, the table, though a fixed number beats the ladder too.
+    del per["rule"], verdicts["rule"]
+    assert pick(verdicts, per, servings) == "table:t"
     assert serve_commands(SC.with_fields(model="llama-3-70b-tp4"), ("budget", "724")) == (
         "vllm serve meta-llama/Meta-Llama-3-70B-Instruct --tensor-parallel-size 4 "
         "--max-num-batched-tokens 724",)
@@ -153,11 +156,52 @@ def test_at_a_load_that_separates_them_the_goodput_winner_that_meets_the_slo_is_
     assert a.commands[0].startswith("python -m eval export --rule time-budget-deadline-kv")
 
 
-@pytest.mark.parametrize("kind", ["budget", "default", "table", "rule", "model"])
-def test_every_way_of_serving_ends_in_a_vllm_serve_line(kind):
-    what = {"budget": "2896", "default": "8192", "table": "tables/x.json", "rule": "time-budget",
-            "model": RUN}[kind]
+@pytest.mark.parametrize("kind, what, first, served", [
+    ("budget", "2896", "vllm serve", ""),
+    ("default", "8192", "vllm serve", ""),
+    ("table", "tables/x.json", "python -m policies.table check tables/x.json", "tables/x.json"),
+    ("rule", "time-budget", "python -m eval export --rule time-budget",
+     "tables/h100-sxm__llama-3-8b__time-budget.json"),
+    ("model", RUN, f"python -m eval export {RUN} --out {RUN}/table.json", f"{RUN}/table.json")])
+def test_every_way_of_serving_ends_in_a_vllm_serve_line(kind, what, first, served):
     commands = serve_commands(SC, (kind, what))
-    assert commands[-1].split("vllm serve ")[0] in ("", "CHUNKPILOT_TABLE=tables/x.json ",
-                                                    f"CHUNKPILOT_TABLE={RUN}/table.json ",
-                                                    "CHUNKPILOT_TABLE=tables/h100-sxm__llama-3-8b__time-budget.json ")
+    assert commands[0].startswith(first)
+    assert commands[-1].startswith(f"CHUNKPILOT_TABLE={served} vllm serve " if served else "vllm serve ")
+    if served:  # a table is checked against the deployment before it is served
+        assert f"python -m policies.table check {served} --hardware h100-sxm" in commands[-2]
+
+
+def test_commands_name_the_served_model_and_the_engine_settings_a_table_is_built_for():
+    sc = SC.with_fields(model="qwen2.5-32b", per_pass_overhead_s=0.003, max_num_seqs=128)
+    export, check, serve = serve_commands(sc, ("rule", "time-budget-deadline-kv:4"))
+    assert export == ("python -m eval export --rule time-budget-deadline-kv:4 --hardware h100-sxm "
+                      "--model qwen2.5-32b --slo-ttft-s 2 --slo-itl-s 0.1 --per-pass-overhead-s 0.003 "
+                      "--max-num-seqs 128 --out tables/h100-sxm__qwen2.5-32b__time-budget-deadline-kv-4.json")
+    assert serve.split(" --scheduler-cls")[0].endswith(
+        "vllm serve Qwen/Qwen2.5-32B-Instruct --max-num-seqs 128")
+    assert serve_commands(SC.with_fields(model="llama-3-8b-q4"), ("budget", "362"))[0].startswith(
+        "vllm serve MODEL ")
+
+
+def test_a_winner_no_table_holds_is_named_beside_the_fixed_budget():
+    s = study((6.0, 6.5, 7.0), (6.0, 6.5, 7.0))
+    s.policies["time-budget-kv"] = res("time-budget-kv", "rule", None, 6.6, 7.15, 7.7)
+    line, answer = first_line({"serving": s})
+    assert line.startswith("**No gain you can count on over a fixed 2,896 tokens")
+    assert "time-budget-kv beats it (+10.0% ± 0.0%), but no table holds it" in line
+    assert answer.commands[0].endswith("--max-num-batched-tokens 2896")
+
+
+def test_the_learning_sentence_when_one_stream_cannot_judge():
+    from agents.summary import learning_sentence
+
+    from eval.harness import paired_verdict as v
+    text = learning_sentence({"serving": ("time-budget-deadline:16", v([1.1], [1.0]))})
+    assert text.startswith("Against the rule it started from, time-budget-deadline:16, the learned "
+                           "policy is not judged: +10.0%, one stream: no interval (raise --final-seeds).")
+
+
+def test_a_smoke_run_gives_no_answer_to_act_on():
+    a = run_answer({"serving": study((6.6, 7.15, 7.7), (6.3, 6.825, 7.35))}, LEARNED, None,
+                   ["A smoke run: 8 training conditions."])
+    assert a.text == "Not an answer to act on: A smoke run: 8 training conditions." and not a.commands

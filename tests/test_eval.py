@@ -108,7 +108,8 @@ def test_capacity_is_the_boundary_of_the_slo():
 
 @pytest.fixture
 def drawn(monkeypatch):
-    """Every figure eval.plots saves, kept open to be read back: [(file name, figure)]."""
+    """What every figure eval.plots saves shows, read back from its matplotlib objects
+    before it is written: [(file name, {"legends", "labels", "suptitle"})]."""
     from eval import plots
 
     kept = []
@@ -146,8 +147,8 @@ def test_report_and_plots_are_written(tmp_path, drawn):
     assert ladder["labels"][0][:2] == ("static budget (tokens)", "goodput (share of requests)")
     assert {"static budgets (fine ladder)", f"best fixed budget: {b:,}"} <= set(ladder["legends"][0])
     assert any(t.startswith("free-ride: ") for t in ladder["legends"][0])
-    if any(not r.meets_slo for r in cmp.ladder.values()):
-        assert "breaks p99 TTFT or ITL on some stream" in ladder["legends"][0]
+    crossed = "breaks p99 TTFT or ITL on some stream" in ladder["legends"][0]
+    assert crossed == any(not r.meets_slo for r in cmp.ladder.values())
     tails = seen["latency.png"]
     assert [lab[0] for lab in tails["labels"]] == ["TTFT (s)", "ITL (s)"]
     assert {"static:2048", "free-ride", "TTFT target: 2 s", "1% (p99)"} <= set(tails["legends"][0])
@@ -237,6 +238,27 @@ def test_verdicts_are_judged_on_each_stream_s_ratio_whatever_its_scale():
     # differences in req/s (-0.1, +1.0) would read as a gain of 8% of the mean.
     v = paired_verdict([0.9, 11.0], [1.0, 10.0])
     assert v.kind == "ties" and v.rel == pytest.approx(0.0)
+
+
+def test_a_policy_on_one_side_of_every_one_of_five_streams_is_judged_so_whatever_the_spread():
+    from eval.harness import paired_verdict
+
+    # Mooncake's five windows: the table ahead on each, by 114%, 11%, 12%, 31% and 15%.
+    # The spread of the gains puts the interval across zero (+36.9% ± 54.8%), yet every
+    # window is ahead: with no difference that happens 1 time in 16.
+    ref = [0.166, 0.491, 0.655, 0.254, 0.404]
+    v = paired_verdict([0.356, 0.547, 0.733, 0.333, 0.466], ref)
+    assert v.kind == "beats" and v.by_sign and v.rel - v.half < 0
+    assert v.figure.endswith(", ahead on all 5 streams")
+    # Behind on every stream falls short whatever the spread (DESIGN.md section 4).
+    v = paired_verdict([0.05, 0.48, 0.64, 0.10, 0.39], ref)
+    assert v.kind == "falls short" and v.by_sign
+    # Four streams on one side are not enough; nor is one stream level with the reference.
+    assert paired_verdict([0.356, 0.547, 0.733, 0.333], ref[:4]).kind == "ties"
+    assert paired_verdict([0.356, 0.547, 0.733, 0.333, 0.404], ref).kind == "ties"
+    # NaN (nothing finished) on either side leaves that stream out.
+    v = paired_verdict([1.1, float("nan"), 1.1], [1.0, 1.0, float("nan")])
+    assert v.kind == "not judged" and v.streams == 1 and v.rel == pytest.approx(0.1)
 
 
 def test_streams_where_the_reference_serves_nothing_are_counted_apart_never_divided_by():

@@ -95,8 +95,9 @@ def test_the_held_out_pick_is_judged_on_the_stream_it_did_not_see():
     from eval.capacity_report import held_out_cell, held_out_line
 
     assert held_out_line(study).endswith("rungs 1500/2000/2000 (one per stream), serving 0.833 ± "
-                                         "0.143 req/s; the hindsight pick's lead from choosing on "
-                                         "the streams it is judged on: 18.2%.")  # 1 - (1 + 2 * 0.8 / 1.1) / 3
+                                         "0.143 req/s, 18.2% less than the hindsight pick stream by "
+                                         "stream: what choosing on the streams it is judged on is "
+                                         "worth to it.")  # 1 - (1 + 2 * 0.8 / 1.1) / 3
     # (0.111, 0.25, 0.25): sd 0.0802, t 4.303 * 0.0802 / sqrt 3 = 19.9%
     assert held_out_cell(study, "p") == "beats (+20.4% ± 19.9%)"
     # With one stream there is nothing to hold out: the hindsight pick.

@@ -72,7 +72,7 @@ def collect(policy, episodes, driver=None) -> tuple[dict[str, np.ndarray], np.nd
 def policy_for(policy, scenario: Scenario):
     """The model policy asked to serve ``scenario``'s SLO."""
     return ModelPolicy(policy.model, scenario.slo(), policy.ladder, policy.action_type,
-                       policy.name, policy.actions, policy.obs_norm)
+                       policy.name, policy.actions, policy.obs_norm, policy.run_dir)
 
 
 def export_episodes(model, serving: Scenario, args: ExportArgs):
