@@ -171,12 +171,14 @@ def teacher_line(checks: dict | None) -> str | None:
 
 
 def fraction_text(shares: dict) -> str:
-    """The time budgets the policy took, most used first, each with its share of passes;
-    the fractions it never took are not listed."""
-    used = sorted(((k, v) for k, v in shares.items() if v > 0), key=lambda kv: -kv[1])
+    """The time budgets the policy took in at least 0.1% of passes, most used first, each
+    with its share; the rest counted, not listed."""
+    used = sorted(((k, v) for k, v in shares.items() if v >= 0.001), key=lambda kv: -kv[1])
+    rare = sum(0 < v < 0.001 for v in shares.values())
     if not used:
         return "no decided pass"
-    return ", ".join(f"{k}x the ITL target in {v:.1%}" for k, v in used)
+    return (", ".join(f"{k}x the ITL target in {v:.1%}" for k, v in used)
+            + (f", and {rare} other{'s' * (rare > 1)} in under 0.1% each" if rare else ""))
 
 
 def room_line(room: dict, checks: dict) -> str:

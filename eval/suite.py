@@ -12,6 +12,7 @@ from envs.files import write_atomic
 from eval.capacity import CapacityStudy, add_references, capacity_studies
 from eval.capacity_report import capacity_figures, capacity_report, unbounded_note
 from eval.compare import Comparison, compare, comparison_figures, comparison_report
+from eval.harness import SIGN_STREAMS
 from eval.parallel import progress_bar
 from eval.report import git_commit, save_json, scenario_line
 from eval.scenarios import SUITE
@@ -100,7 +101,7 @@ def capacity_table(names, specs, comparisons, studies) -> list[str]:
 
 
 def goodput_table(names, specs, comparisons) -> list[str]:
-    lines = ["| scenario | hindsight static: goodput | " + " | ".join(specs) + " |",
+    lines = ["| scenario | best fixed budget at that load: goodput | " + " | ".join(specs) + " |",
              "|---|---|" + "---|" * len(specs)]
     for name, cmp in zip(names, comparisons):
         b, best = cmp.best_static()
@@ -180,11 +181,15 @@ def suite_text(names, specs, comparisons, studies, args, wall_s: float, uses=Non
             f"- policies: {','.join(specs)}; {args.seeds} stream{'s' * (args.seeds != 1)} of {args.requests} requests per "
             f"scenario (a trace's window cut into {args.seeds} parts); commit {git_commit()}; "
             f"{time.strftime('%Y-%m-%d %H:%M')}",
-            "- the static ladder is searched in steps of 2^(1/4) from 64 to 16,384 tokens (powers of "
-            "two, then quarter steps within an octave of the best); each cell gives the policy's "
-            "figure ± a 95% interval over streams, then its difference from the hindsight-best "
-            "static on the same streams ± its interval, and the verdict (beats / ties / falls short "
-            "when the interval excludes zero)",
+            "- the static ladder is searched on the powers of two up to 16,384 tokens, then quarter "
+            "steps (2^(1/4)) within an octave of the best; each cell gives the policy's figure ± a "
+            "95% interval over streams, then its difference from the hindsight-best static as the "
+            "mean of each stream's ratio ± its interval, and the verdict (beats or falls short when "
+            f"the interval excludes zero or the policy is on one side on all of {SIGN_STREAMS} or "
+            "more streams, ties otherwise)",
+            "- goodput at each scenario's base load: the best fixed budget there is the one meeting "
+            "p99 TTFT and p99 ITL on most streams, then of highest goodput (goodput does not see "
+            "p99 ITL)",
             "- held-out pick: each stream's capacity under the rung that is best on the other "
             "streams (the rungs picked in brackets), a fixed number a user could pick from past "
             "arrivals; the hindsight pick is chosen on the streams it is judged on",
