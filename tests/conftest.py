@@ -59,3 +59,26 @@ def cli(command: str, *argv):
     main = importlib.import_module(COMMANDS[command]).main
     code, out, err = call(main, *argv)
     return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """What every figure eval.plots saves shows, read back from its matplotlib objects
+    before it is written: [(file name, {"legends", "labels", "suptitle"})]."""
+    from eval import plots
+
+    kept = []
+    save = plots._save
+
+    def keep(fig, path):
+        kept.append((path.name, fig))
+        fig.canvas.draw()  # lay it out as saving would, so texts are final
+        legends = [[t.get_text() for t in (ax.get_legend().get_texts() if ax.get_legend() else [])]
+                   for ax in fig.axes]
+        labels = [(ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) for ax in fig.axes]
+        kept[-1] = (path.name, {"legends": legends, "labels": labels, "suptitle":
+                                fig._suptitle.get_text() if fig._suptitle else ""})
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    return kept

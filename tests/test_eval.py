@@ -106,29 +106,6 @@ def test_capacity_is_the_boundary_of_the_slo():
     assert worse.capacity < res.capacity
 
 
-@pytest.fixture
-def drawn(monkeypatch):
-    """What every figure eval.plots saves shows, read back from its matplotlib objects
-    before it is written: [(file name, {"legends", "labels", "suptitle"})]."""
-    from eval import plots
-
-    kept = []
-    save = plots._save
-
-    def keep(fig, path):
-        kept.append((path.name, fig))
-        fig.canvas.draw()  # lay it out as saving would, so texts are final
-        legends = [[t.get_text() for t in (ax.get_legend().get_texts() if ax.get_legend() else [])]
-                   for ax in fig.axes]
-        labels = [(ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) for ax in fig.axes]
-        kept[-1] = (path.name, {"legends": legends, "labels": labels, "suptitle":
-                                fig._suptitle.get_text() if fig._suptitle else ""})
-        return save(fig, path)
-
-    monkeypatch.setattr(plots, "_save", keep)
-    return kept
-
-
 def test_report_and_plots_are_written(tmp_path, drawn):
     cmp = compare(TINY.with_fields(num_requests=120), [StaticPolicy(2048), FreeRidePolicy()], seeds=2)
     figures = comparison_figures(cmp, tmp_path, 2, None)
@@ -161,6 +138,34 @@ def test_report_and_plots_are_written(tmp_path, drawn):
     curve = seen["goodput_vs_load.png"]
     assert curve["labels"][0][0].startswith("load, times this comparison's")
     assert (tmp_path / "report.md").read_text() == text
+
+
+def test_capacity_pictures_show_every_policy_against_the_ladder_and_the_targets(tmp_path, drawn):
+    """Capacity against the static budget as shares of the best rung (a policy's line is
+    its verdict), a panel per study; the tails, the timeline and the goodput curve name
+    every policy, the best fixed budget and the SLO's targets."""
+    from eval.capacity import capacity_studies
+    from eval.capacity_report import capacity_figures, capacity_report
+    from policies.baselines import TimeBudgetPolicy
+
+    sc = TINY.with_fields(num_requests=80)
+    (study,) = capacity_studies([(sc, [TimeBudgetPolicy(sc.slo_itl_s)])], 2, 80)
+    figures = capacity_figures(study, [TimeBudgetPolicy(sc.slo_itl_s)], tmp_path, 2, 80)
+    assert [p.name for p, _ in figures] == ["capacity_by_budget.png", "at_capacity_latency.png",
+                                            "at_capacity_budget_timeline.png", "goodput_vs_load.png"]
+    seen = dict(drawn)
+    b = study.best_budget
+    ladder = seen["capacity_by_budget.png"]
+    assert ladder["labels"][0][1] == "capacity under the SLO, % of the best fixed budget's"
+    v = study.verdict("time-budget")
+    assert f"time-budget: {100 * (1 + v.rel):.1f}%" in ladder["legends"][0]
+    assert f"best fixed budget: {b:,}" in ladder["legends"][0]
+    assert {"time-budget", f"static:{b}", "ITL target: 0.1 s"} <= set(seen["at_capacity_latency.png"]["legends"][1])
+    assert {"time-budget", f"static:{b}"} <= set(seen["goodput_vs_load.png"]["legends"][0])
+    assert seen["goodput_vs_load.png"]["labels"][0][0] == "load, times the best fixed budget's capacity on each stream"
+    text = capacity_report(study, tmp_path, 2, 80, figures=figures)
+    assert text.startswith("# Capacity under TTFT 2 s / ITL 100 ms\n\n**")
+    assert all(f"![{p.stem}]({p.name})" in text for p, _ in figures)
 
 
 def test_a_dozen_policies_get_distinct_styles():

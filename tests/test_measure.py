@@ -327,6 +327,10 @@ def test_capacity_reports_what_a_table_does_at_its_own_capacity(tmp_path):
     assert sum(use["budget_shares"].values()) == pytest.approx(1.0)
     assert sum(r["share"] for r in use["by_decodes"]) == pytest.approx(1.0)
     report = (tmp_path / "c" / "capacity.md").read_text()
+    assert report.startswith("# Capacity under TTFT 2 s / ITL 100 ms\n\n**") and "\nNext:\n" in report
+    for figure in ("capacity_by_budget", "at_capacity_latency", "at_capacity_budget_timeline",
+                   "goodput_vs_load"):
+        assert f"![{figure}]({figure}.png)" in report and (tmp_path / "c" / f"{figure}.png").stat().st_size > 5000
     assert "## What the tables do at their capacity" in report
     assert f"- {name}: at its capacity on 2 streams" in report and "(0.9 100%)" in report
 
