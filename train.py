@@ -335,7 +335,9 @@ CONDITION_EPISODES = 4
 """...on this many episodes of that condition, loaded at SELECTION_LOADS."""
 CHECK_STATICS = (256, 512, 1024, 2048, 4096, 8192)
 CLONED_DECISIONS = 20_000
-"""Decisions of the teacher the policy is cloned on before learning (agents.setup.imitate)."""
+"""Decisions of the teacher the policy is cloned on before learning (agents.setup.imitate),
+at most: a run of fewer timesteps clones on 4 times its timesteps (a smoke run of 2,048
+steps on 8,192), where cloning would otherwise take most of its time."""
 
 
 def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], executor) -> dict:
@@ -443,17 +445,18 @@ def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
     best = cloned_teacher(args, config, scenario, model)
     if best:
         per = config["checks"].get("condition_teachers")
-        with progress_bar(2 * CLONED_DECISIONS, "cloning the teacher", "decision") as bar:
-            agree = imitate(model, best, config["ladder"], CLONED_DECISIONS, seed=args.seed,
+        decisions = min(CLONED_DECISIONS, 4 * args.total_timesteps)
+        with progress_bar(2 * decisions, "cloning the teacher", "decision") as bar:
+            agree = imitate(model, best, config["ladder"], decisions, seed=args.seed,
                             teachers=per, conditions=config["conditions"], progress=bar)
         if per:
             counts = Counter(per)
             which = ", ".join(f"{n} on {k}" for n, k in counts.most_common())
             print(f"starting from each condition's best fixed choice ({which} of {len(per)} "
-                  f"conditions): cloned on {CLONED_DECISIONS:,} decisions ({agree:.1%} agreement)")
+                  f"conditions): cloned on {decisions:,} decisions ({agree:.1%} agreement)")
         else:
             print(f"starting from {teacher_words(config['checks'])}, {best}: cloned on "
-                  f"{CLONED_DECISIONS:,} decisions ({agree:.1%} agreement)")
+                  f"{decisions:,} decisions ({agree:.1%} agreement)")
     return model, venv, False
 
 
