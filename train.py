@@ -109,6 +109,10 @@ class Args(ScenarioArgs):
     """Hidden layer sizes of the policy and value networks."""
     checks: bool = True
     """Before training, check the reward's ranking of fixed choices and the room beyond them."""
+    clone_decisions: int = 20_000
+    """Decisions of the teacher the policy is cloned on before learning (agents.setup.imitate),
+    at most: a run of fewer timesteps clones on 4 times its timesteps (a smoke run of 2,048
+    steps on 8,192), where cloning would otherwise take most of its time; 0 clones nothing."""
     condition_teachers: bool = True
     """Start from each training condition's best fixed choice (agents.checks.condition_teachers),
     not from the one best overall."""
@@ -149,8 +153,8 @@ class Args(ScenarioArgs):
         the scenario's fields are checked as the arguments are made)."""
         integer("total_timesteps", self.total_timesteps, 1, 10**10)
         for f, high in (("n_envs", 256), ("eval_episodes", 1000), ("final_seeds", 50),
-                        ("torch_threads", 256), ("conditions", 1000)):
-            integer(f, getattr(self, f), 0 if f == "conditions" else 1, high)
+                        ("torch_threads", 256), ("conditions", 1000), ("clone_decisions", 10**7)):
+            integer(f, getattr(self, f), 0 if f in ("conditions", "clone_decisions") else 1, high)
         for f in ("eval_every", "checkpoint_every"):
             integer(f, getattr(self, f), 1, 10**10)
         integer("seed", self.seed, 0, 2**31 - 1)
@@ -206,7 +210,7 @@ RUN_FIELDS_KEPT = ("total_timesteps", "eval_every", "checkpoint_every")
 """Run-control flags a resume records in the run's config.json as its own."""
 
 
-FIELDS_ADDED = {"teacher": None}
+FIELDS_ADDED = {"teacher": None, "clone_decisions": 20_000}
 """Fields newer than some runs, with the value an older run behaved as: its resume takes it."""
 
 
@@ -334,10 +338,7 @@ CONDITION_TEACHERS = ("time-budget:1", *CHECK_RULES)
 CONDITION_EPISODES = 4
 """...on this many episodes of that condition, loaded at SELECTION_LOADS."""
 CHECK_STATICS = (256, 512, 1024, 2048, 4096, 8192)
-CLONED_DECISIONS = 20_000
-"""Decisions of the teacher the policy is cloned on before learning (agents.setup.imitate),
-at most: a run of fewer timesteps clones on 4 times its timesteps (a smoke run of 2,048
-steps on 8,192), where cloning would otherwise take most of its time."""
+
 
 
 def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], executor) -> dict:
@@ -413,10 +414,12 @@ def write_config(run_dir: Path, args: Args, scenario: Scenario, conditions: list
 
 def cloned_teacher(args: Args, config: dict, scenario: Scenario, model) -> str | None:
     """The fixed choice a fresh model is cloned from before learning (the checks' pick, or
-    --teacher), or None where none is: a run acting in tokens, a teacher that does not act
-    in time, or an algorithm without a discrete distribution to clone into (DQN, SAC)."""
+    --teacher), or None where none is: a run acting in tokens, one told to clone nothing
+    (--clone-decisions 0), a teacher that does not act in time, or an algorithm without a
+    discrete distribution to clone into (DQN, SAC)."""
     best = config["checks"].get("best_constant", "")
-    if args.actions == "time" and best and make_policy(best, scenario).acts_in_time \
+    if args.actions == "time" and best and args.clone_decisions \
+            and make_policy(best, scenario).acts_in_time \
             and config["action_type"] == "discrete" and hasattr(model.policy, "get_distribution"):
         return best
     return None
@@ -443,9 +446,9 @@ def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
     model = make_model(args.algo, venv, args.seed, tb_dir, args.learning_rate, args.gamma,
                        args.layers(), args.n_steps)
     best = cloned_teacher(args, config, scenario, model)
-    if best:
+    decisions = min(args.clone_decisions, 4 * args.total_timesteps)
+    if best and decisions:
         per = config["checks"].get("condition_teachers")
-        decisions = min(CLONED_DECISIONS, 4 * args.total_timesteps)
         with progress_bar(2 * decisions, "cloning the teacher", "decision") as bar:
             agree = imitate(model, best, config["ladder"], decisions, seed=args.seed,
                             teachers=per, conditions=config["conditions"], progress=bar)

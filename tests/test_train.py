@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import cli
 
 ROOT = Path(__file__).parent.parent
-TINY = ["--n-envs", "2", "--n-steps", "64", "--conditions", "4", "--episode-s", "10",
+TINY = ["--n-envs", "2", "--n-steps", "64", "--conditions", "4", "--episode-s", "10", "--clone-decisions", "512",
         "--eval-every", "128", "--eval-episodes", "2", "--final-seeds", "2", "--final-requests", "60",
         "--checkpoint-every", "128", "--workers", "1", "--no-progress-bar", "--no-checks"]
 
