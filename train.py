@@ -31,7 +31,7 @@ from agents.checks import (condition_teachers, constant_costs, ranking_check, ro
 from agents.conditions import MIN_CAPACITY_RPS, draw_conditions, with_capacities
 from agents.setup import ACTION_TYPES, imitate, make_model
 from agents.summary import (final_comparison, final_figures, final_policies, run_answer,
-                            summary_text, teacher_words)
+                            selection_sentence, summary_text, teacher_words)
 from envs.actions import DEFAULT_LADDER, FRACTION_LADDER
 from envs.cli import given_fields, parse
 from envs.episodes import draw_episodes
@@ -475,25 +475,28 @@ def evaluator(args: Args, config: dict, scenario: Scenario, run_dir: Path, times
                       load_range=SELECTION_LOADS)
     episodes = draw_episodes(scenario, sampler, args.eval_episodes, PERIODIC_EVAL_SEEDS)
     best_constant = config["checks"]["best_constant"]
-    baseline = float(constant_costs(episodes, [best_constant])[best_constant].mean())
+    baseline = constant_costs(episodes, [best_constant])[best_constant]
     best = read_best(run_dir / "best.json")
-    return SimEvalCallback(episodes, baseline, tuple(config["ladder"]), config["actions"],
-                           config["action_type"], args.eval_every, run_dir,
+    return SimEvalCallback(episodes, float(baseline.mean()), tuple(config["ladder"]),
+                           config["actions"], config["action_type"], args.eval_every, run_dir,
                            best_cost=best["cost"], last_eval=min(best["last_eval"], timesteps),
-                           history=[h for h in best["history"] if h["timesteps"] <= timesteps])
+                           history=[h for h in best["history"] if h["timesteps"] <= timesteps],
+                           baseline_costs=baseline, kept=best["kept"])
 
 
 def read_best(path: Path) -> dict:
     """A run's best.json (best cost, last evaluation, history); a missing one is a fresh
     start, and a damaged one too, with a warning (it holds no model, only the figures)."""
-    fresh = {"cost": float("inf"), "last_eval": 0, "history": []}
+    fresh = {"cost": float("inf"), "last_eval": 0, "history": [], "kept": None}
     if not path.exists():
         return fresh
     try:
         best = json.loads(path.read_text())
+        kept = best.get("kept")
         out = {"cost": float(best.get("cost", fresh["cost"])), "last_eval": int(best.get("last_eval", 0)),
                "history": [h for h in best.get("history", [])
-                           if isinstance(h, dict) and isinstance(h.get("timesteps"), int)]}
+                           if isinstance(h, dict) and isinstance(h.get("timesteps"), int)],
+               "kept": kept if isinstance(kept, int) else None}
     except (OSError, ValueError, TypeError, AttributeError) as err:
         print(f"warning: {path} cannot be read ({type(err).__name__}); evaluating afresh",
               file=sys.stderr)
@@ -512,11 +515,18 @@ def train(args: Args, model, venv, callback, run_dir: Path, resumed: bool) -> tu
     seconds, stopped_by = learn(model, args.total_timesteps, [callback, ckpts], args.progress_bar,
                                 resumed, trained)
     write_checkpoint(model, run_dir / "checkpoints", model.num_timesteps)
-    write_json_atomic(run_dir / "best.json", {"cost": callback.best, "last_eval": callback._last,
-                                              "history": callback.history})
+    write_best(run_dir, callback)
     if stopped_by is None:
         save_model(model, run_dir / "model.zip", run_dir / "vecnormalize.pkl")
     return seconds, model.num_timesteps - before, stopped_by
+
+
+def write_best(run_dir: Path, callback) -> None:
+    """best.json: the kept model's cost and timesteps, the last evaluation and every
+    evaluation's figures (each episode's cost, and the pairings against the start and the
+    best fixed choice)."""
+    write_json_atomic(run_dir / "best.json", {"cost": callback.best, "kept": callback.kept,
+                                              "last_eval": callback._last, "history": callback.history})
 
 
 def training_speed(timesteps: int, learned_steps: int, train_s: float,
@@ -544,6 +554,7 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
     if not callback.history or callback.history[-1]["timesteps"] != model.num_timesteps:
         callback.init_callback(model)
         callback.evaluate()
+        write_best(run_dir, callback)
     learned = load_run(run_dir, scenario.slo())
     teacher = cloned_teacher(args, config, scenario, model)
     policies = final_policies(learned, teacher, scenario)
@@ -563,11 +574,14 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
     checks = config["checks"]
     speed = training_speed(model.num_timesteps, learned_steps, train_s, args.total_timesteps)
     facts = {"algorithm": f"{args.algo}, {speed}",
-             "policy file": "best_model.zip (lowest held-out cost)" if (run_dir / "best_model.zip").exists()
-             else "model.zip",
+             "policy file": f"best_model.zip (the model kept at step {callback.kept:,})"
+             if (run_dir / "best_model.zip").exists() and callback.kept is not None else "model.zip",
              "best constant cost on them": f"{callback.baseline_cost:.2f}",
              "commit": config["commit"]}
-    answer = run_answer(studies, learned.name, teacher, config.get("notes"))
+    selection = selection_sentence(callback.history, callback.kept, teacher is not None)
+    if selection:
+        facts["model selection"] = selection[0].lower() + selection[1:].rstrip(".")
+    answer = run_answer(studies, learned.name, teacher, config.get("notes"), selection)
     text = summary_text(run_dir.name, desc, facts, checks, callback.history, studies, learned.name,
                         actions, answer, figures, args.final_seeds, args.final_requests)
     write_atomic(run_dir / "summary.md", text)
@@ -576,7 +590,8 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
         "scenario": desc, "timesteps": model.num_timesteps, "trained_steps": learned_steps,
         "train_s": train_s, "figures": [p.name for p, _ in figures],
         "capacity": {n: st.as_json() for n, st in studies.items()}, "actions": actions,
-        "eval_history": callback.history, "checks": checks})
+        "eval_history": callback.history, "kept_timesteps": callback.kept,
+        "selection": selection, "checks": checks})
     return text
 
 

@@ -1,5 +1,5 @@
 """Callbacks (SB3's ``BaseCallback._on_step`` hook): evaluate on held-out episodes and keep
-the best model."""
+the model that beats its start on them, paired (:class:`SimEvalCallback`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from agents.checks import episode_cost
 from envs.actions import clamp_budget
 from envs.stats import ci95_half
+from eval.harness import paired_difference
 from eval.usage import ActionTrace, action_histogram
 from policies.learned import ModelPolicy, ObsNorm
 
@@ -49,17 +50,29 @@ class SimEvalCallback(BaseCallback):
     """Every ``eval_every`` steps, score the model on fixed held-out episodes of the
     training distribution (their streams are seeded apart from training's), log
     ``eval/cost`` next to ``baseline/cost`` (the best constant action on the same
-    episodes) and the share of each action, and keep the best model (lowest cost; the
-    latest on ties) with its observation statistics."""
+    episodes) and the share of each action, and keep the model that :meth:`keeps` says to
+    keep, with its observation statistics.
+
+    Model selection is paired: the first evaluation (the starting policy, a cloned teacher)
+    is kept until a later one costs less than it beyond the 95% interval of the
+    per-episode differences on the same episodes, and then the lowest-cost such one. A
+    lower mean alone, which the episode noise (about ±4 on a cost of 4-5) hands to one
+    evaluation or another, keeps nothing: a learner that never beats its start is its
+    start, and the run says so."""
 
     def __init__(self, episodes, baseline_cost: float, ladder, actions: str, action_type: str,
                  eval_every: int, run_dir: Path | None = None, weights=None,
-                 best_cost: float = math.inf, last_eval: int = 0, history: list | None = None):
+                 best_cost: float = math.inf, last_eval: int = 0, history: list | None = None,
+                 baseline_costs=None, kept: int | None = None):
         super().__init__()
         self.episodes, self.baseline_cost = episodes, baseline_cost
+        self.baseline_costs = None if baseline_costs is None else [float(c) for c in baseline_costs]
+        """The best constant action's cost on each of ``episodes`` (the pairing against it)."""
         self.ladder, self.actions, self.action_type = ladder, actions, action_type
         self.eval_every, self.run_dir, self.weights = eval_every, run_dir, weights
         self.best = best_cost
+        self.kept = kept
+        """The timesteps of the kept model (None before any evaluation)."""
         self._last = last_eval
         self.history: list[dict] = list(history or [])  # a resumed run's earlier evaluations
 
@@ -73,6 +86,24 @@ class SimEvalCallback(BaseCallback):
             self.evaluate()
         return True
 
+    @property
+    def start(self) -> dict | None:
+        """The first evaluation, where it kept its per-episode costs (runs from before
+        paired selection did not)."""
+        return self.history[0] if self.history and "costs" in self.history[0] else None
+
+    def keeps(self, entry: dict) -> bool:
+        """Whether the evaluation ``entry`` replaces the kept model: the first one always;
+        later ones where they cost less than the start beyond the paired interval and less
+        than the kept one (a run from before paired selection: the lowest cost, the latest
+        on ties)."""
+        if not self.history:
+            return True
+        start = self.start
+        if start is None:
+            return entry["cost"] <= self.best
+        return entry["vs_start"]["verdict"] == "falls short" and entry["cost"] < self.best
+
     def evaluate(self) -> dict:
         venv = self.model.get_vec_normalize_env()
         cost, costs, hist = evaluate_model(self.model, ObsNorm.of(venv), self.episodes, self.ladder,
@@ -82,14 +113,28 @@ class SimEvalCallback(BaseCallback):
         self.logger.record("eval/actions_used_5pct", hist["used_5pct"])
         for v, share in hist["shares"].items():
             self.logger.record(f"eval/action_share/{v}", share)
-        self.logger.dump(self.num_timesteps)
         entry = {"timesteps": self.num_timesteps, "cost": cost, "cost_ci95": ci95_half(costs),
-            "actions_used_5pct": hist["used_5pct"]}
+                 "actions_used_5pct": hist["used_5pct"], "costs": [float(c) for c in costs]}
+        if self.start is not None:
+            entry["vs_start"] = paired_record(costs, self.start["costs"])
+            self.logger.record("eval/cost_vs_start", entry["vs_start"]["diff"])
+        if self.baseline_costs is not None and len(self.baseline_costs) == len(costs):
+            entry["vs_baseline"] = paired_record(costs, self.baseline_costs)
+        self.logger.dump(self.num_timesteps)
+        keep = self.keeps(entry)
         self.history.append(entry)
-        if self.run_dir is not None and cost <= self.best:
-            self.best = cost
-            save_model(self.model, self.run_dir / "best_model.zip", self.run_dir / "best_vecnormalize.pkl")
+        if keep:
+            self.best, self.kept = cost, self.num_timesteps
+            if self.run_dir is not None:
+                save_model(self.model, self.run_dir / "best_model.zip", self.run_dir / "best_vecnormalize.pkl")
         return entry
+
+
+def paired_record(costs, reference) -> dict:
+    """Episode costs against a reference's on the same episodes: the mean difference, its
+    95% interval and the verdict ("falls short": cheaper beyond the interval)."""
+    v = paired_difference(costs, reference)
+    return {"diff": v.rel, "ci95": v.half, "verdict": v.kind}
 
 
 def save_model(model, path: Path, norm_path: Path) -> None:

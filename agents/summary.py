@@ -121,18 +121,48 @@ def learning_sentence(verdicts: dict) -> str:
             f"added nothing you can count on, and the rule's own table serves as well.{rest}")
 
 
+def selection_sentence(history: list, kept: int | None, cloned: bool) -> str:
+    """Which model the run kept and why, in plain words: the start unless a later
+    evaluation cost less than it beyond the paired interval on the same held-out episodes
+    (``agents.callbacks.SimEvalCallback``); "" for a run from before paired selection."""
+    if not history or "costs" not in history[0]:
+        return ""
+    start = "the behaviour clone at step 0" if cloned else "the starting policy"
+    later = [h for h in history[1:] if "vs_start" in h]
+    episodes = len(history[0]["costs"])
+    if kept is None or kept == history[0]["timesteps"]:
+        if not later:
+            return f"Model selection kept {start}: no later evaluation was made."
+        close = min(later, key=lambda h: h["vs_start"]["diff"])["vs_start"]
+        step = min(later, key=lambda h: h["vs_start"]["diff"])["timesteps"]
+        return (f"Model selection kept {start}: none of the {len(later)} later models cost less "
+                f"than it beyond the paired interval on the {episodes} held-out episodes (the "
+                f"closest, at step {step:,}: {close['diff']:+.2f} ± {close['ci95']:.2f}); the "
+                "learning did not beat its start.")
+    h = next(h for h in history if h["timesteps"] == kept)
+    v = h["vs_start"]
+    text = (f"Model selection kept the model at step {kept:,}: it costs {-v['diff']:.2f} ± "
+            f"{v['ci95']:.2f} less than {start} on the same {episodes} held-out episodes (paired)")
+    b = h.get("vs_baseline")
+    if b:
+        text += (f", and {b['diff']:+.2f} ± {b['ci95']:.2f} against the best fixed choice "
+                 f"({'cheaper' if b['verdict'] == 'falls short' else 'dearer' if b['verdict'] == 'beats' else 'a tie'})")
+    return text + "."
+
+
 def run_answer(studies: dict, learned_name: str, teacher: str | None,
-               notes: list[str] | None = None) -> Answer:
-    """The summary's answer: what to serve on the serving scenario (held-out streams), and
-    what the learning added to the rule it was cloned from (``teacher``; None where it was
-    cloned from none). A run with ``notes`` (a smoke run's) measured too little to act on:
-    its answer says so and gives no commands."""
+               notes: list[str] | None = None, selection: str = "") -> Answer:
+    """The summary's answer: what to serve on the serving scenario (held-out streams), what
+    the learning added to the rule it was cloned from (``teacher``; None where it was
+    cloned from none), and which model the run kept (``selection``,
+    :func:`selection_sentence`). A run with ``notes`` (a smoke run's) measured too little
+    to act on: its answer says so and gives no commands."""
     if notes:
         return Answer("Not an answer to act on: " + " ".join(notes))
     serving = next(iter(studies.values()))
     answer = capacity_answer(serving, held_out=True, names={learned_name: "the learned policy (as a table)"})
     learning = learning_sentence(teacher_verdicts(studies, learned_name, teacher))
-    return Answer(f"{answer.text} {learning}".strip(), answer.commands)
+    return Answer(" ".join(t for t in (answer.text, learning, selection) if t), answer.commands)
 
 
 def budget_lines(actions: dict) -> list[str]:

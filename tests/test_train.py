@@ -688,3 +688,47 @@ def test_presets_report_shows_the_table_at_capacity_and_at_the_serving_load(tmp_
     assert "| not exported | not judged (0.200 / 0.300) | not measured |" in lines[3]
     assert all(line.count("|") == 12 for line in lines)
     assert all("not trained" in line for line in lines[4:])
+
+
+def test_model_selection_keeps_the_start_until_a_model_beats_it_paired():
+    """The start (the clone at step 0) is kept; a later model replaces it only where it
+    costs less on the same held-out episodes beyond the 95% interval of the per-episode
+    differences, and less than the kept one. A lower mean within the episode noise keeps
+    nothing."""
+    from agents.callbacks import SimEvalCallback, paired_record
+    from agents.summary import selection_sentence
+
+    cb = SimEvalCallback([], 5.0, (1.0,), "time", "discrete", 100, baseline_costs=[5.0] * 4)
+    start = [6.0, 2.0, 9.0, 3.0]
+
+    def entry(step, costs):
+        e = {"timesteps": step, "cost": float(np.mean(costs)), "costs": costs}
+        if cb.history:
+            e["vs_start"] = paired_record(costs, cb.history[0]["costs"])
+        return e
+
+    def offer(step, costs):
+        e = entry(step, costs)
+        if cb.keeps(e):
+            cb.best, cb.kept = e["cost"], step
+        cb.history.append(e)
+        return e
+
+    offer(0, start)
+    assert cb.kept == 0
+    # 1.25 lower on average, but -5, +1, -2, +1: sd 2.87, half 3.182 * 2.87 / 2 = 4.57: a tie
+    noisy = offer(100, [1.0, 3.0, 7.0, 4.0])
+    assert noisy["vs_start"]["verdict"] == "ties" and noisy["cost"] < 5.0 and cb.kept == 0
+    text = selection_sentence(cb.history, cb.kept, cloned=True)
+    assert text.startswith("Model selection kept the behaviour clone at step 0: none of the 1 later "
+                           "models cost less than it beyond the paired interval on the 4 held-out "
+                           "episodes (the closest, at step 100: -1.25 ± 4.57)")
+    assert text.endswith("the learning did not beat its start.")
+    # 1 lower on every episode, give or take 0.1: kept
+    offer(200, [5.0, 1.1, 7.9, 2.0])
+    assert cb.kept == 200
+    # cheaper than the start beyond the interval, but not cheaper than the kept: not kept
+    offer(300, [5.1, 1.0, 8.0, 2.1])
+    assert cb.kept == 200
+    assert selection_sentence(cb.history, cb.kept, cloned=True).startswith(
+        "Model selection kept the model at step 200: it costs 1.00 ± ")
