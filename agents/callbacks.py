@@ -36,7 +36,7 @@ def evaluate_model(model, obs_norm, episodes, ladder, actions: str, action_type:
     costs, values, budgets, decodes = [], [], [], []
     for sc, w in episodes:
         rec = Recorder(ModelPolicy(model, sc.slo(), ladder, action_type, actions=actions,
-                                   obs_norm=obs_norm))
+                                   obs_norm=obs_norm, max_pass=sc.max_pass_itl))
         costs.append(episode_cost(sc, w, rec, weights))
         values += rec.values
         budgets += rec.budgets

@@ -60,28 +60,33 @@ UNIT_SLO = Scenario(slo_ttft_s=1.0, slo_itl_s=1.0)
 """A scenario whose targets are one second: a teacher's fractions are the same at any SLO."""
 
 
-def teacher_actions(spec: str, ladder, raw_obs, max_num_seqs: int = 256) -> np.ndarray:
+def teacher_actions(spec: str, ladder, raw_obs, max_num_seqs: int = 256,
+                    max_pass: float | None = None) -> np.ndarray:
     """The ladder index a fixed choice that acts in time (a policy spec: ``time-budget:0.917``,
     ``time-budget-deadline-kv:16``, ...) takes for raw observations: the nearest rung, in
     log scale, to the fraction of the ITL target its rule picks there
-    (``BudgetPolicy.observed_fractions``)."""
+    (``BudgetPolicy.observed_fractions``), no larger than the cap ``max_pass``."""
     fractions = teacher_rule(spec).observed_fractions(raw_obs, max_num_seqs)
+    if max_pass is not None:
+        fractions = np.minimum(fractions, max_pass)
     logs = np.log(np.asarray(ladder, dtype=float))
     return np.argmin(np.abs(np.log(fractions)[:, None] - logs[None, :]), axis=1)
 
 
 def _teacher_actions_by_env(venv, raw_obs, teacher: str, ladder, teachers, conditions):
+    scenarios = venv.get_attr("episode_scenario")
+    cap = scenarios[0].max_pass_itl  # the run's: every episode has it
     if not teachers:
-        return teacher_actions(teacher, ladder, raw_obs)
+        return teacher_actions(teacher, ladder, raw_obs, max_pass=cap)
     names = []
-    for sc in venv.get_attr("episode_scenario"):
+    for sc in scenarios:
         i = condition_index(sc, conditions)
         names.append(teacher if i is None else teachers[i])
     names = np.asarray(names)
     out = np.empty(len(raw_obs), dtype=int)
     for n in set(names.tolist()):
         rows = names == n
-        out[rows] = teacher_actions(n, ladder, raw_obs[rows])
+        out[rows] = teacher_actions(n, ladder, raw_obs[rows], max_pass=cap)
     return out
 
 

@@ -34,6 +34,10 @@ FINE_LADDER = tuple(int(round(64 * 2 ** (k / 4))) for k in range(33))
 hindsight-best static budget is searched on it: DESIGN.md section 5)."""
 POWERS_OF_TWO = FINE_LADDER[::4]
 
+MIN_PASS_ITL, MAX_PASS_ITL = FRACTION_LADDER[0], FRACTION_LADDER[-1]
+"""The range of an operator's cap on the longest pass, in ITL targets
+(``Scenario.max_pass_itl``): the action ladder's ends."""
+
 BUDGET_CAP = 16384
 """The largest budget a time fraction turns into (and the budget with nothing decoding)."""
 
@@ -55,14 +59,31 @@ def budget_from_action(action, ladder: Sequence[int], action_type: str = "discre
     return int(round(action_value(action, ladder, action_type)))
 
 
-def pass_budget(state, actions: str, value: float, itl_s: float) -> int:
+def pass_budget(state, actions: str, value: float, itl_s: float,
+                max_pass: float | None = None) -> int:
     """The budget of the next pass in scheduler ``state`` for an action's value: a token
     budget (``actions="tokens"``) or a fraction of the ITL target turned into tokens with
-    this pass's decodes (``"time"``, :func:`envs.pricing.time_budget`)."""
+    this pass's decodes (``"time"``, :func:`envs.pricing.time_budget`); either no longer
+    than ``max_pass`` times the ITL target while anything decodes (None: no cap)."""
     if actions == "tokens":
-        return clamp_budget(int(value), state.running_decodes)
+        budget = clamp_budget(int(value), state.running_decodes)
+        return budget if max_pass is None else capped_budget(state, budget, max_pass * itl_s)
+    if max_pass is not None:
+        value = min(value, max_pass)
     return time_budget(state.cost, state.running_decodes, state.decode_context_tokens,
                        state.head_prefilled_tokens, value * itl_s, BUDGET_CAP)
+
+
+def capped_budget(state, budget: int, max_pass_s: float) -> int:
+    """``budget``, cut where a pass of it would be priced over ``max_pass_s`` while anything
+    decodes (the operator's stall cap; with nothing decoding no one's tokens wait). The
+    price grows with the budget, so a time rule capped so equals the rule at its fraction
+    or the cap, whichever is smaller."""
+    n = state.running_decodes
+    if not n:
+        return budget
+    return min(budget, time_budget(state.cost, n, state.decode_context_tokens,
+                                   state.head_prefilled_tokens, max_pass_s, max(budget, n)))
 
 
 def clamp_budget(budget: int, num_decodes: int) -> int:

@@ -205,8 +205,10 @@ class ChunkBudgetEnv(gym.Env):
                             self.action_type)
 
     def budget_for(self, value: float) -> int:
-        """This pass's budget for an action's value, from the simulator's current state."""
-        return pass_budget(self.sim.state(), self.actions, value, self._slo.itl_s)
+        """This pass's budget for an action's value, from the simulator's current state,
+        within the episode's cap on the longest pass (``Scenario.max_pass_itl``)."""
+        return pass_budget(self.sim.state(), self.actions, value, self._slo.itl_s,
+                           self.episode_scenario.max_pass_itl)
 
     def step(self, action):
         if self.sim is None:

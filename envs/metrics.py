@@ -13,6 +13,9 @@
 - Smoothness: the share of requests whose worst gap stays within twice the ITL
   target (DESIGN.md section 4: p99 hides stalls).
 - Generation stalls: passes that carried prefill while decodes were running.
+- Slow passes (``slow_pass_share``): the share of passes with decodes running that took
+  longer than the ITL target; with ``itl_max_s``, the worst gap, what an operator's cap
+  on the longest pass bounds (``Scenario.max_pass_itl``).
 
 Percentiles use numpy's default (linear interpolation), as vLLM's benchmark does;
 ITL percentiles are computed over every token exactly, from per-pass weights,
@@ -268,13 +271,14 @@ class SimResult:
             yield self.resume_gaps_s, ones
         return chunked_weighted_percentile(source, q)
 
-    def pass_stats(self) -> dict:
+    def pass_stats(self, itl_s: float = math.inf) -> dict:
         """Per-pass aggregates, read chunk by chunk (one chunk: the same arithmetic as on
-        full arrays; several: sums add up chunk sums)."""
+        full arrays; several: sums add up chunk sums); ``slow``: passes with decodes that
+        took longer than ``itl_s``."""
         h = self.history
         chunks = 0
         out = dict(ntok=0, dot=0.0, itl_max=-np.inf, stall=0, stall_tokens=0, kv_sum=0.0,
-                   kv_max=-np.inf, kv_mean=math.nan)
+                   kv_max=-np.inf, kv_mean=math.nan, decoding=0, slow=0)
         stall_d, decided = [], []
         for c in self._chunks():
             chunks += 1
@@ -282,6 +286,8 @@ class SimResult:
             out["ntok"] += int(dec.sum())
             out["dot"] += float(d @ dec)
             out["itl_max"] = max(out["itl_max"], float(d[dec > 0].max(initial=-np.inf)))
+            out["decoding"] += int((dec > 0).sum())
+            out["slow"] += int(((dec > 0) & (d > itl_s)).sum())
             stall = (c.prefill_tokens > 0) & (dec > 0)
             out["stall"] += int(stall.sum())
             out["stall_tokens"] += int(dec[stall].sum())
@@ -312,7 +318,7 @@ class SimResult:
         tpot = self.tpot_s[fin]
         tpot = tpot[~np.isnan(tpot)]
         e2el = self.e2el_s[fin]
-        ps = self.pass_stats()
+        ps = self.pass_stats(slo.itl_s)
         ntok = ps["ntok"] + len(self.resume_gaps_s)
         itl = self.itl_percentile([50, 90, 99]) if ntok else [math.nan] * 3
         itl_max = max(ps["itl_max"], float(self.resume_gaps_s.max(initial=-np.inf)))
@@ -337,6 +343,7 @@ class SimResult:
             "ttft_mean_s": _mean(ttft), "ttft_p50_s": t50, "ttft_p90_s": t90, "ttft_p99_s": t99,
             "itl_mean_s": itl_mean, "itl_p50_s": float(itl[0]), "itl_p90_s": float(itl[1]),
             "itl_p99_s": float(itl[2]), "itl_max_s": itl_max if ntok else math.nan,
+            "slow_pass_share": ps["slow"] / ps["decoding"] if ps["decoding"] else math.nan,
             "tpot_mean_s": _mean(tpot), "tpot_p50_s": tp50, "tpot_p99_s": tp99,
             "e2el_p50_s": e50, "e2el_p99_s": e99,
             "throughput_tok_s": out_tok / span if span > 0 else math.nan,
@@ -422,7 +429,7 @@ class StreamingSummary:
         self.slo, self.kv_total_blocks = slo, kv_total_blocks
         self.hist = {k: LogHistogram() for k in ("ttft", "tpot", "e2el", "itl")}
         self.n = dict(ttft=0, tpot=0, finished=0, good=0, smooth=0, preempted=0, output=0, ntok=0,
-                      passes=0, stall=0, stall_tokens=0, decided=0)
+                      passes=0, stall=0, stall_tokens=0, decided=0, decoding=0, slow=0)
         self.sum = dict(ttft=0.0, tpot=0.0, itl=0.0, stall=0.0, budget=0.0, kv=0.0)
         self.max = dict(itl=-math.inf, stall=-math.inf, kv=-math.inf, finish=-math.inf)
         self.first_arrival = math.inf
@@ -484,6 +491,8 @@ class StreamingSummary:
             d, dec = c.duration_s, c.decodes
             self.n["passes"] += len(d)
             self._itl(d, dec)
+            self.n["decoding"] += int((dec > 0).sum())
+            self.n["slow"] += int(((dec > 0) & (d > self.slo.itl_s)).sum())
             stall = (c.prefill_tokens > 0) & (dec > 0)
             self.n["stall"] += int(stall.sum())
             self.n["stall_tokens"] += int(dec[stall].sum())
@@ -524,6 +533,7 @@ class StreamingSummary:
             "itl_mean_s": sm["itl"] / ntok if ntok else math.nan,
             "itl_p50_s": i50, "itl_p90_s": i90, "itl_p99_s": i99,
             "itl_max_s": mx["itl"] if ntok else math.nan,
+            "slow_pass_share": n["slow"] / n["decoding"] if n["decoding"] else math.nan,
             "tpot_mean_s": sm["tpot"] / n["tpot"] if n["tpot"] else math.nan,
             "tpot_p50_s": tp50, "tpot_p99_s": tp99, "e2el_p50_s": e50, "e2el_p99_s": e99,
             "throughput_tok_s": n["output"] / span if span > 0 else math.nan,

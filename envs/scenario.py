@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
+from envs.actions import MAX_PASS_ITL, MIN_PASS_ITL
 from envs.engine import EngineConfig, Simulator
 from envs.errors import ConfigError, did_you_mean, integer, non_negative, number, require
 from envs.metrics import SLO
@@ -71,6 +72,11 @@ class Scenario:
     """TTFT target, seconds."""
     slo_itl_s: float = 0.1
     """ITL target, seconds."""
+    max_pass_itl: float | None = None
+    """The longest pass a controller may make while anyone decodes, in multiples of the ITL
+    target (the stall an operator tolerates; unset: up to 16, the action ladder's top).
+    Every adaptive policy honours it (rules, tables, the learned policy and the
+    environment's actions); a static budget is the engine's own setting and is not capped."""
 
     def __post_init__(self) -> None:
         """Every scalar is range-checked when a scenario is made (a CLI's arguments before any
@@ -91,6 +97,8 @@ class Scenario:
         if self.max_requests is not None:
             integer("max_requests", self.max_requests, 1)
         integer("seed", self.seed)
+        if self.max_pass_itl is not None:
+            number("max_pass_itl", self.max_pass_itl, MIN_PASS_ITL, MAX_PASS_ITL)
         self.synthetic_spec()  # each of these checks its own fields
         self.engine_config()
         self.slo()
@@ -121,6 +129,10 @@ class Scenario:
 
     def slo(self) -> SLO:
         return SLO(self.slo_ttft_s, self.slo_itl_s)
+
+    def max_pass_s(self) -> float | None:
+        """The controllers' cap on a pass with decodes running, seconds (None: no cap)."""
+        return None if self.max_pass_itl is None else self.max_pass_itl * self.slo_itl_s
 
     def synthetic_spec(self) -> SyntheticSpec:
         return SyntheticSpec(rate=self.rate, num_requests=self.num_requests, arrival=self.arrival,

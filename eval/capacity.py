@@ -37,8 +37,9 @@ class CapacityResult:
     kind: str
     per_stream: tuple[float, ...]
     """Each stream's capacity, requests/s (0 when even the lowest probe fails)."""
-    probes: tuple[tuple[int, float, float, float], ...]
-    """(stream, load factor, p99 TTFT, p99 ITL) of every probe, in the order run."""
+    probes: tuple[tuple[int, float, float, float, float, float], ...]
+    """(stream, load factor, p99 TTFT, p99 ITL, worst gap, share of passes with decodes
+    over the ITL target) of every probe, in the order run."""
     factors: tuple[float, ...] = ()
     """Each stream's capacity as a multiple of the scenario's own load."""
     unbounded: tuple[int, ...] = ()
@@ -65,9 +66,35 @@ class CapacityResult:
             return f"{low}{self.capacity:.{digits}f}"
         return f"{low}{self.capacity:.{digits}f} ± {self.ci95:.{digits}f}"
 
+    def at_capacity(self) -> tuple[float, float]:
+        """(the worst gap, seconds, the largest over the streams; the share of passes with
+        decodes slower than the ITL target, averaged over the streams) at each stream's
+        capacity: the stalls users feel where the policy is judged. NaN where no stream
+        meets the SLO at any load."""
+        at = []
+        for i, f in enumerate(self.factors):
+            found = [pr for pr in self.probes if pr[0] == i and pr[1] == f]
+            if f > 0 and found:
+                at.append(found[-1])
+        if not at:
+            return math.nan, math.nan
+        gaps = [pr[4] for pr in at if not math.isnan(pr[4])]
+        slow = [pr[5] for pr in at if not math.isnan(pr[5])]
+        return (max(gaps) if gaps else math.nan), (float(np.mean(slow)) if slow else math.nan)
+
+    def stall_text(self) -> str:
+        """The worst gap and the slow-pass share at capacity, as a report's cell."""
+        gap, slow = self.at_capacity()
+        if math.isnan(gap):
+            return "-"
+        return f"{gap * 1000:,.0f} ms, {slow:.1%}" if not math.isnan(slow) else f"{gap * 1000:,.0f} ms"
+
     def as_json(self) -> dict:
+        gap, slow = self.at_capacity()
         out = {"capacity_rps": self.capacity, "ci95": self.ci95,
-               "per_stream": list(self.per_stream), "kind": self.kind}
+               "per_stream": list(self.per_stream), "kind": self.kind,
+               "itl_max_s_at_capacity": None if math.isnan(gap) else gap,
+               "slow_pass_share_at_capacity": None if math.isnan(slow) else slow}
         if self.unbounded:
             out["unbounded_streams"] = list(self.unbounded)
         return out
@@ -90,15 +117,17 @@ def probe_stream(scenario: Scenario, stream: int, streams: int, num_requests: in
 
 def _probe(scenario: Scenario, policy, stream: int, streams: int, num_requests: int,
            factor: float, min_duration_s: float = 0.0,
-           seed_base: int = CAPACITY_SEEDS) -> tuple[bool, float, float, float]:
-    """(meets the SLO, p99 TTFT, p99 ITL, arrival rate in req/s) of one stream at a load
-    (:func:`probe_stream`)."""
+           seed_base: int = CAPACITY_SEEDS) -> tuple[bool, tuple[float, ...], float]:
+    """(meets the SLO, (p99 TTFT, p99 ITL, worst gap, slow-pass share), arrival rate in
+    req/s) of one stream at a load (:func:`probe_stream`)."""
     sc, w = probe_stream(scenario, stream, streams, num_requests, factor, min_duration_s, seed_base)
     policy.reset()
     s = sc.simulator(w).run(policy).summary(sc.slo())
     itl = 0.0 if math.isnan(s["itl_p99_s"]) else s["itl_p99_s"]
     rate = sc.rate if not sc.trace else (w.mean_rate if len(w) > 1 else 0.0)
-    return meets_slo(sc, s["ttft_p99_s"], itl), s["ttft_p99_s"], itl, rate
+    gap = 0.0 if math.isnan(s["itl_max_s"]) else s["itl_max_s"]
+    figures = (s["ttft_p99_s"], itl, gap, s["slow_pass_share"])
+    return meets_slo(sc, s["ttft_p99_s"], itl), figures, rate
 
 
 def meets_slo(scenario: Scenario, ttft_p99_s: float, itl_p99_s: float) -> bool:
@@ -124,9 +153,9 @@ def stream_capacity(scenario: Scenario, policy, stream: int, streams: int, num_r
     probes, rates = [], {}
 
     def meets(factor: float) -> bool:
-        ok, t, it, rate = _probe(scenario, policy, stream, streams, num_requests, factor,
-                                 min_duration_s, seed_base)
-        probes.append((stream, factor, t, it))
+        ok, figures, rate = _probe(scenario, policy, stream, streams, num_requests, factor,
+                                   min_duration_s, seed_base)
+        probes.append((stream, factor, *figures))
         rates[factor] = rate
         if progress is not None:
             progress.update(1)
@@ -197,7 +226,7 @@ def capacity_sweep(pairs, seeds: int, num_requests: int, rel_tol: float = 0.02,
     for k, (sc, p) in enumerate(pairs):
         runs = found[k * seeds:(k + 1) * seeds]
         unbounded = tuple(i for i, (_, _, probes) in enumerate(runs)
-                          if all(meets_slo(sc, t, it) for _, _, t, it in probes))
+                          if all(meets_slo(sc, t, it) for _, _, t, it, *_ in probes))
         out.append(CapacityResult(p.name, p.kind, tuple(c for c, _, _ in runs),
                                   tuple(pr for _, _, probes in runs for pr in probes),
                                   tuple(f for _, f, _ in runs), unbounded,

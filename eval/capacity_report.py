@@ -142,16 +142,22 @@ def capacity_report(study, out: Path, seeds: int, num_requests: int, uses: dict 
              "## What was measured", "", f"- Scenario: {scenario_line(sc)}; commit {git_commit()}.",
              *capacity_words(seeds, num_requests, bool(sc.trace), False, study.rungs),
              "- The held-out pick: each stream judged under the rung best on the other streams, "
-             "the number you could have picked from past arrivals.", "",
+             "the number you could have picked from past arrivals.",
+             "- Worst gap, passes over the ITL target: at each stream's capacity, the longest "
+             "pass a decoding user waited through (the largest over the streams) and the share "
+             "of passes with decodes slower than the ITL target (the mean); p99 ITL hides "
+             "stalls. `--max-pass-itl` caps the first for every adaptive policy." , "",
              (f"Best fixed budget: {b:,} tokens, {best.text(3)} req/s." if best.capacity > 0 else
               "No static budget on the fine ladder meets the SLO at any load tried, on any stream."),
              "", held_out_line(study), "",
-             f"| policy | capacity (req/s) | against static:{b} | against the held-out pick |",
-             "|---|---:|---|---|"]
+             f"| policy | capacity (req/s) | against static:{b} | against the held-out pick "
+             "| worst gap, passes over the ITL target, at capacity |",
+             "|---|---:|---|---|---|"]
     for n, r in study.policies.items():
         against = (verdict_sentence(study.verdict(n), f'static:{b}', 'capacity') if best.capacity > 0
                    else "no static budget meets the SLO" + (", this policy does" if r.capacity > 0 else ""))
-        lines.append(f"| {n} | {r.text(3)} | {against} | {held_out_cell(study, n)} |")
+        lines.append(f"| {n} | {r.text(3)} | {against} | {held_out_cell(study, n)} "
+                     f"| {r.stall_text()} |")
     lines += ["", ladder_line(study)]
     note = unbounded_note([study])
     if note:

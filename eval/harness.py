@@ -19,7 +19,7 @@ from policies.baselines import StaticPolicy
 
 # Figures averaged over seeds in comparisons.
 KEY_METRICS = ("goodput", "goodput_rps", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
-               "itl_max_s", "tpot_p99_s", "throughput_tok_s", "smooth_share", "preemptions",
+               "itl_max_s", "slow_pass_share", "tpot_p99_s", "throughput_tok_s", "smooth_share", "preemptions",
                "stall_passes", "budget_mean", "requests_finished")
 
 OnResult = Callable[[object, int, object], None]

@@ -27,6 +27,11 @@ def fmt(v, scale=1.0, digits=3) -> str:
     return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * scale:.{digits}f}"
 
 
+def share(v) -> str:
+    """A share as a percentage, n/a where undefined."""
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1%}"
+
+
 def save_json(path: Path, data) -> None:
     """Written atomically: a reader never sees half a report."""
     write_atomic(path, json.dumps(data, indent=2, default=float))
@@ -35,8 +40,9 @@ def save_json(path: Path, data) -> None:
 def results_table(results: dict[str, PolicyResult]) -> str:
     """Every figure of every policy (eval compare's report)."""
     lines = ["| policy | p99 SLO met | goodput | goodput req/s | TTFT p50 / p99 (s) | ITL p50 / p99 (ms) "
-             "| worst gap (ms) | TPOT p99 (ms) | smooth share | preemptions | mean budget |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| worst gap (ms) | passes over ITL target | TPOT p99 (ms) | smooth share | preemptions "
+             "| mean budget |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         s = r.summary()
         lines.append(
@@ -44,21 +50,8 @@ def results_table(results: dict[str, PolicyResult]) -> str:
             f"| {fmt(s['goodput_rps'], digits=2)} "
             f"| {fmt(s['ttft_p50_s'], digits=2)} / {fmt(s['ttft_p99_s'], digits=2)} "
             f"| {fmt(s['itl_p50_s'], 1e3, 1)} / {fmt(s['itl_p99_s'], 1e3, 1)} | {fmt(s['itl_max_s'], 1e3, 0)} "
-            f"| {fmt(s['tpot_p99_s'], 1e3, 1)} | {fmt(s['smooth_share'])} | {fmt(s['preemptions'], digits=0)} "
+            f"| {share(s['slow_pass_share'])} | {fmt(s['tpot_p99_s'], 1e3, 1)} | {fmt(s['smooth_share'])} | {fmt(s['preemptions'], digits=0)} "
             f"| {fmt(s['budget_mean'], digits=0)} |")
-    return "\n".join(lines)
-
-
-def short_table(rows: list[tuple[str, dict]]) -> str:
-    """The headline figures of (name, summary) rows (train.py's summary)."""
-    head = ("| policy | goodput | TTFT p99 (s) | ITL p99 (ms) | worst gap (ms) | smooth share "
-            "| mean budget |\n|---|---:|---:|---:|---:|---:|---:|")
-    lines = [head]
-    for name, s in rows:
-        lines.append(f"| {name} | {fmt(s['goodput'])} ± {fmt(s['goodput_ci95'])} | "
-                     f"{fmt(s['ttft_p99_s'], digits=2)} | {fmt(s['itl_p99_s'], 1e3, 1)} | "
-                     f"{fmt(s['itl_max_s'], 1e3, 0)} | {fmt(s['smooth_share'])} | "
-                     f"{fmt(s['budget_mean'], digits=0)} |")
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ from typing import ClassVar, NamedTuple, Sequence
 
 import numpy as np
 
-from envs.actions import DEFAULT_LADDER, clamp_budget
+from envs.actions import DEFAULT_LADDER, capped_budget, clamp_budget
 from envs.errors import MAX_TOKENS, ConfigError, show
 from envs.observation import ObservedState
 
@@ -68,6 +68,11 @@ class Param(NamedTuple):
         return v
 
 
+def tighter(a: float | None, b: float | None) -> float | None:
+    """The smaller of two caps, either None for no cap."""
+    return b if a is None else a if b is None else min(a, b)
+
+
 class BudgetPolicy:
     """Base class: subclasses implement :meth:`budget` and declare who they are."""
 
@@ -91,6 +96,9 @@ class BudgetPolicy:
     moves continuously; None for a policy that is not a time rule."""
     ladder: Sequence[int] = DEFAULT_LADDER
     max_num_seqs = 256
+    max_pass_s: float | None = None
+    """The longest pass this controller makes while anything decodes, seconds (None: no
+    cap): the operator's stall cap (``Scenario.max_pass_itl``, set by :meth:`limit_pass`)."""
 
     def budget(self, state) -> int:
         """Tokens for the next pass, given the scheduler's state."""
@@ -108,7 +116,16 @@ class BudgetPolicy:
         return "rule", self.name
 
     def __call__(self, state) -> int:
-        return clamp_budget(self.budget(state), state.running_decodes)
+        budget = self.budget(state)
+        if self.max_pass_s is not None:
+            budget = capped_budget(state, budget, self.max_pass_s)
+        return clamp_budget(budget, state.running_decodes)
+
+    def limit_pass(self, scenario) -> "BudgetPolicy":
+        """This policy under ``scenario``'s cap on the longest pass (``max_pass_itl``): every
+        adaptive policy honours it; a static budget, the engine's own setting, does not."""
+        self.max_pass_s = tighter(self.max_pass_s, scenario.max_pass_s())
+        return self
 
     def reset(self) -> None:
         """Forget anything remembered from an earlier run."""

@@ -50,6 +50,11 @@ class StaticPolicy(BudgetPolicy):
     def serving(self) -> tuple[str, str]:
         return ("default" if self.kind == "default" else "budget"), str(self.tokens)
 
+    def limit_pass(self, scenario) -> "StaticPolicy":
+        """Not capped: a static budget is the engine's own setting, what a controller with
+        a cap on its longest pass is measured against."""
+        return self
+
 
 
 def vllm_default_budget(hardware, entry_point: str = "server") -> int:

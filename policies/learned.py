@@ -25,7 +25,7 @@ from envs.errors import ConfigError
 from envs.files import load_json
 from envs.metrics import SLO
 from envs.observation import EARLIER_WIDTHS, OBSERVATION_FIELDS, observe, slo_features
-from policies.base import BudgetPolicy
+from policies.base import BudgetPolicy, tighter
 
 ALGORITHMS = ("ppo", "dqn", "a2c", "sac")
 """The stable-baselines3 algorithms a run may train with."""
@@ -133,8 +133,12 @@ class ModelPolicy(BudgetPolicy):
 
     def __init__(self, model, slo: SLO, ladder: Sequence[float] = FRACTION_LADDER,
                  action_type: str = "discrete", name: str = "learned", actions: str = "time",
-                 obs_norm: ObsNorm | None = None, run_dir: Path | None = None):
+                 obs_norm: ObsNorm | None = None, run_dir: Path | None = None,
+                 max_pass: float | None = None):
         self.model, self.slo, self.name = model, slo, name
+        self.max_pass = max_pass
+        """The longest pass it makes while anything decodes, in ITL targets: its run's cap
+        (``Scenario.max_pass_itl``), or a tighter one it serves under; None: none."""
         self.run_dir = run_dir
         """The train.py run the model comes from (what ``eval export`` turns into a table)."""
         self.ladder, self.action_type, self.actions = tuple(ladder), action_type, actions
@@ -149,6 +153,16 @@ class ModelPolicy(BudgetPolicy):
     def serving(self) -> tuple[str, str] | None:
         return ("model", str(self.run_dir)) if self.run_dir else None
 
+    @property
+    def max_pass_s(self) -> float | None:
+        return None if self.max_pass is None else self.max_pass * self.slo.itl_s
+
+    def limit_pass(self, scenario) -> "ModelPolicy":
+        """The tighter of its run's cap and ``scenario``'s: a model trained under a cap never
+        learned what its actions above it do."""
+        self.max_pass = tighter(self.max_pass, scenario.max_pass_itl)
+        return self
+
     def observation(self, state) -> np.ndarray:
         obs = observe(state, self.slo, self._slo_obs)[:self.width]
         return self.obs_norm(obs) if self.obs_norm is not None else obs
@@ -160,11 +174,15 @@ class ModelPolicy(BudgetPolicy):
         return self.model.predict(obs, deterministic=True)[0]
 
     def action_value(self, state) -> float:
-        """The fraction of the ITL target (or token budget) the model picks in ``state``."""
-        return action_value(self.action(state), self.ladder, self.action_type)
+        """The fraction of the ITL target (or token budget) the model picks in ``state``
+        (a fraction no larger than its cap)."""
+        value = action_value(self.action(state), self.ladder, self.action_type)
+        if self.max_pass is not None and self.actions == "time":
+            return min(value, self.max_pass)
+        return value
 
     def budget_for_value(self, state, value: float) -> int:
-        return pass_budget(state, self.actions, value, self.slo.itl_s)
+        return pass_budget(state, self.actions, value, self.slo.itl_s, self.max_pass)
 
     def budget(self, state) -> int:
         return self.budget_for_value(state, self.action_value(state))
@@ -241,7 +259,7 @@ def load_run(run_dir: str | Path, slo=None, name: str | None = None) -> ModelPol
     policy = ModelPolicy(model, slo, tuple(config["ladder"]),
                          config["action_type"], name=name or f"model:{run}",
                          actions=config.get("actions", "tokens"), obs_norm=load_obs_norm(norm),
-                         run_dir=run)
+                         run_dir=run, max_pass=config["scenario"].get("max_pass_itl"))
     policy.config = config
     return policy
 

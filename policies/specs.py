@@ -68,7 +68,8 @@ def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = Fals
                 if all(p.default is not None for p in cls.params) and cls.params
                 else "fill it in or drop it")
         raise ConfigError(f"policy: got {show(spec)}, an empty argument after ':'; {hint}")
-    return cls.from_spec(spec, args, scenario, {"allow_table_mismatch": allow_table_mismatch})
+    policy = cls.from_spec(spec, args, scenario, {"allow_table_mismatch": allow_table_mismatch})
+    return policy.limit_pass(scenario)
 
 
 def make_policies(specs: str, scenario: Scenario,

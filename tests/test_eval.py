@@ -97,8 +97,8 @@ def test_goodput_mean_and_interval_by_hand():
 def test_capacity_is_the_boundary_of_the_slo():
     sc = Scenario(rate=4.0, num_requests=150)
     res = capacity(sc, StaticPolicy(2048), seeds=1, num_requests=150)
-    passing = [f for _, f, t, i in res.probes if t <= sc.slo_ttft_s and i <= sc.slo_itl_s]
-    failing = [f for _, f, t, i in res.probes if not (t <= sc.slo_ttft_s and i <= sc.slo_itl_s)]
+    passing = [f for _, f, t, i, *_ in res.probes if t <= sc.slo_ttft_s and i <= sc.slo_itl_s]
+    failing = [f for _, f, t, i, *_ in res.probes if not (t <= sc.slo_ttft_s and i <= sc.slo_itl_s)]
     assert res.factors == (max(passing),) and res.capacity == pytest.approx(max(passing) * sc.rate)
     assert min(f for f in failing if f > max(passing)) <= max(passing) * 1.05
     # A budget whose every chunk stalls decodes past the ITL target has less capacity.

@@ -35,6 +35,10 @@ class ExportArgs:
     """The TTFT target the table serves, seconds (default: the run's serving SLO's)."""
     slo_itl_s: float | None = None
     """The ITL target the table serves, seconds (default: the run's serving SLO's)."""
+    max_pass_itl: float | None = None
+    """The longest pass the table makes while anything decodes, in ITL targets (default:
+    the run's cap, if it trained under one; a looser one than the run's is not taken: the
+    model never learned what its actions above its cap do)."""
     build_episodes: int = 24
     """Episodes of the training conditions whose decisions build the table."""
     held_episodes: int = 8

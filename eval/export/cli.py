@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from envs.actions import MAX_PASS_ITL, MIN_PASS_ITL
 from envs.cli import parse
 from envs.errors import ConfigError, integer, number, require, show
 from envs.files import check_distinct, check_output
@@ -20,6 +21,7 @@ from eval.export.features import MAX_BUCKETS, feature_specs
 from eval.export.refine import progress_path, refined_path
 from eval.export.report import report, serve_line
 from eval.export.rules import parse_rule, rule_specs, rule_table
+from policies.base import tighter
 from policies.learned import load_run
 from policies.table import DERIVED, write_atomic
 
@@ -53,6 +55,8 @@ def parse_args(argv: list[str]) -> ExportArgs:
     for f in ("slo_ttft_s", "slo_itl_s"):
         if getattr(args, f) is not None:
             number(f, getattr(args, f), 0, 3600, low_open=True)
+    if args.max_pass_itl is not None:
+        number("max_pass_itl", args.max_pass_itl, MIN_PASS_ITL, MAX_PASS_ITL)
     # The outputs before the run: an export is minutes of simulation.
     check_output("out", args.out)
     if args.csv is not None:
@@ -78,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     model = load_run(args.run_dir)
     serving = Scenario(**model.config["scenario"])
     serving = serving.with_fields(slo_ttft_s=args.slo_ttft_s or serving.slo_ttft_s,
-                                  slo_itl_s=args.slo_itl_s or serving.slo_itl_s)
+                                  slo_itl_s=args.slo_itl_s or serving.slo_itl_s,
+                                  max_pass_itl=tighter(serving.max_pass_itl, args.max_pass_itl))
+    model.limit_pass(serving)
     if args.features:
         bad = [n for n in feature_specs(args.features)[0]
                if n in DERIVED and not action_spec(model, serving)]

@@ -72,14 +72,16 @@ def collect(policy, episodes, driver=None) -> tuple[dict[str, np.ndarray], np.nd
 def policy_for(policy, scenario: Scenario):
     """The model policy asked to serve ``scenario``'s SLO."""
     return ModelPolicy(policy.model, scenario.slo(), policy.ladder, policy.action_type,
-                       policy.name, policy.actions, policy.obs_norm, policy.run_dir)
+                       policy.name, policy.actions, policy.obs_norm, policy.run_dir,
+                       policy.max_pass).limit_pass(scenario)
 
 
 def export_episodes(model, serving: Scenario, args: ExportArgs):
     """(build episodes, held-out episodes) of the run's training conditions at the table's SLO."""
     config = model.config
     sampler = run_sampler(config["args"], config.get("conditions", []), TABLE_BUILD_SEEDS)
-    slo = dict(slo_ttft_s=serving.slo_ttft_s, slo_itl_s=serving.slo_itl_s)
+    slo = dict(slo_ttft_s=serving.slo_ttft_s, slo_itl_s=serving.slo_itl_s,
+               max_pass_itl=serving.max_pass_itl)
 
     def at_slo(eps):
         return [(sc.with_fields(**slo), w) for sc, w in eps]

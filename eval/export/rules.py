@@ -98,7 +98,10 @@ def parse_rule(spec: str, scenario: Scenario, field: str = "rule") -> tuple:
     cells = rule.exact_table()
     if cells is None:
         raise ConfigError(not_a_table(spec, field))
-    return (rule, *cells)
+    features, fractions = cells
+    if scenario.max_pass_itl is not None:  # the rule under the cap, cell for cell
+        fractions = [min(f, scenario.max_pass_itl) for f in fractions]
+    return rule, features, fractions
 
 
 def rule_table(spec: str, scenario: Scenario, workload, field: str = "rule") -> BudgetTable:

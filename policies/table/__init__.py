@@ -167,9 +167,18 @@ class TimeFractionAction:
             raise TableError(f"{path}: action.itl_s: got {itl!r}, must be a number of seconds > 0")
         if not (isinstance(cap, int) and not isinstance(cap, bool) and cap > 0):
             raise TableError(f"{path}: action.cap: got {cap!r}, must be an integer > 0")
+        top = spec.get("max_fraction")
+        if top is not None and not (_is_positive(top) and top <= MAX_FRACTION):
+            raise TableError(f"{path}: action.max_fraction: got {_short(top)}, must be a number "
+                             f"in (0, {MAX_FRACTION:g}] (the longest pass, in ITL targets) or absent")
         self.cells, self.itl_s, self.cap = tuple(float(f) for f in fractions), itl, cap
+        self.max_fraction = None if top is None else float(top)
+        """The operator's cap on the longest pass while anything decodes, in ITL targets
+        (``Scenario.max_pass_itl``): no cell's fraction is used above it; None: no cap."""
         self.cost = Coefficients.of(cost)
         self.spec = {"kind": self.kind, "itl_s": itl, "cap": cap, "cost": dict(cost)}
+        if top is not None:
+            self.spec["max_fraction"] = top
         needs = {"running_decodes", "decode_context_tokens", "head_prefilled_tokens"}
         for name in table.features:
             needs.update(DERIVED.get(name, (name,)))
@@ -198,7 +207,8 @@ class TimeFractionAction:
         return idx
 
     def fraction(self, state: Mapping[str, float]) -> float:
-        return self.cells[self.cell(state)]
+        f = self.cells[self.cell(state)]
+        return f if self.max_fraction is None else min(f, self.max_fraction)
 
     def budget(self, state: Mapping[str, float], cost: Coefficients | None = None) -> int:
         """``cost`` overrides the stored coefficients when converting the fraction to tokens
@@ -473,6 +483,9 @@ class BudgetTable:
         budgets = (f"budgets {self.action.min_budget}-{self.max_budget}" if self.max_budget is not None
                    else f"time fractions {min(cells):g}-{max(cells):g} of the ITL target, budgets up "
                    f"to {self.action.cap} (the ceiling to serve it with)")
+        top = getattr(self.action, "max_fraction", None)
+        if top is not None:
+            budgets += f", no pass over {top:g} times the ITL target while anything decodes"
         rule = self.rule_spec()
         made = ", ".join([f"{k} {p[k]}" for k in ("exported", "run_dir", "algo", "commit") if p.get(k)
                           and not (rule and k == "algo")] + ([f"the {rule} rule exactly"] if rule else []))
