@@ -42,7 +42,7 @@ from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS
 from envs.workload import check_num_requests
 from eval.capacity_report import figure_count
 from eval.parallel import make_executor, progress_bar
-from eval.report import git_commit
+from eval.report import cap_words, git_commit
 from policies.learned import check_observations, load_run, read_config, run_sampler
 from policies.specs import make_policy
 
@@ -570,7 +570,8 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
                                        progress=bar)
     desc = (f"{scenario.hardware} + {scenario.model}; serving {args.trace or args.workload}"
             f"{'' if scenario.trace else f' at {scenario.rate:g} req/s'}, SLO TTFT {scenario.slo_ttft_s:g} s "
-            f"/ ITL {scenario.slo_itl_s * 1e3:g} ms; trained on {len(config['conditions'])} conditions")
+            f"/ ITL {scenario.slo_itl_s * 1e3:g} ms; trained on {len(config['conditions'])} conditions"
+            + (f"; {cap_words(scenario.max_pass_itl)}" if scenario.max_pass_itl is not None else ""))
     checks = config["checks"]
     speed = training_speed(model.num_timesteps, learned_steps, train_s, args.total_timesteps)
     facts = {"algorithm": f"{args.algo}, {speed}",

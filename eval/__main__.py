@@ -23,8 +23,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from envs.actions import MAX_PASS_ITL, MIN_PASS_ITL
 from envs.cli import given_fields, parse
-from envs.errors import ConfigError, did_you_mean, integer, run_cli, show
+from envs.errors import ConfigError, did_you_mean, integer, number, run_cli, show
 from envs.files import check_output
 from envs.scenario import Scenario
 from envs.seeds import PERIODIC_EVAL_SEEDS
@@ -129,6 +130,9 @@ class SuiteArgs(SweepArgs):
     """Also find the reference controller's capacity per scenario (slow)."""
     reference_scenarios: str | None = None
     """With --reference: only these comma-separated scenarios (default: all)."""
+    max_pass_itl: float | None = None
+    """Every scenario under this cap on the longest pass while anyone decodes, in ITL
+    targets (unset: each scenario's own, none); static budgets are not capped."""
     out: str = "reports/suite"
     """Report folder."""
 
@@ -241,6 +245,8 @@ def cmd_suite(argv) -> int:
                 f"reference_scenarios: got {show(args.reference_scenarios, 200)}; "
                 + (f"{', '.join(stray)} not among the suite's scenarios ({', '.join(names)})" if stray
                    else "given without --reference, which it narrows"))
+    if args.max_pass_itl is not None:
+        number("max_pass_itl", args.max_pass_itl, MIN_PASS_ITL, MAX_PASS_ITL)
     _check_args(args, ["suite"] + list(argv))
     specs = [s.strip() for s in args.policies.split(",") if s.strip()]
     print(run_suite(names, specs, args, args.executor()))

@@ -79,8 +79,16 @@ def scenario_line(sc: Scenario) -> str:
         extra.append(f"{sc.per_pass_overhead_s * 1e3:g} ms per pass")
     if sc.num_kv_blocks:
         extra.append(f"KV cache {sc.num_kv_blocks} blocks")
+    if sc.max_pass_itl is not None:
+        extra.append(cap_words(sc.max_pass_itl))
     return (f"{sc.hardware} + {sc.model}; {load}; SLO TTFT {sc.slo_ttft_s:g} s / ITL "
             f"{sc.slo_itl_s * 1e3:g} ms" + (f"; {', '.join(extra)}" if extra else ""))
+
+
+def cap_words(max_pass_itl: float) -> str:
+    """An operator's cap on the longest pass (``Scenario.max_pass_itl``), in words."""
+    return (f"adaptive policies make no pass over {max_pass_itl:g} times the ITL target while "
+            "anyone decodes (static budgets are not capped)")
 
 
 def ladder_words(budgets) -> str:

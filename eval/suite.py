@@ -14,7 +14,7 @@ from eval.capacity_report import capacity_figures, capacity_report, unbounded_no
 from eval.compare import Comparison, compare, comparison_figures, comparison_report
 from eval.harness import SIGN_STREAMS
 from eval.parallel import progress_bar
-from eval.report import git_commit, save_json, scenario_line
+from eval.report import cap_words, git_commit, save_json, scenario_line
 from eval.scenarios import SUITE
 from eval.table_use import tables_use
 from policies.specs import make_policies
@@ -25,7 +25,8 @@ def run_suite(names: list[str], specs: list[str], args, executor) -> str:
     scenario; writes ``args.out``/README.md, suite.json and a folder per scenario."""
     out = Path(args.out)
     t0 = time.perf_counter()
-    scenarios = [SUITE[n] for n in names]
+    scenarios = [SUITE[n] if args.max_pass_itl is None else
+                 SUITE[n].with_fields(max_pass_itl=args.max_pass_itl) for n in names]
     policies = [make_policies(",".join(specs), sc, args.allow_table_mismatch) for sc in scenarios]
     comparisons = []
     with progress_bar(len(names) * (len(specs) + 15) * args.seeds, "suite: goodput") as bar:
@@ -197,6 +198,8 @@ def suite_text(names, specs, comparisons, studies, args, wall_s: float, uses=Non
             "capacity, the 2^(1/4) token-budget bins and the cell values each holding at least 5% "
             "of them; one budget everywhere is a static budget, three or more is counted as "
             "state-dependent",
+            *([f"- --max-pass-itl {args.max_pass_itl:g}: {cap_words(args.max_pass_itl)}"]
+              if getattr(args, "max_pass_itl", None) is not None else []),
             "- a table beside its `table-flat:` twin (the same table, one fraction of the ITL "
             "target in every cell): the two paired stream by stream, what the table's dependence "
             "on state is worth apart from its time budget", ""]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from envs.actions import FINE_LADDER, clamp_budget
+from envs.actions import FINE_LADDER, capped_budget, clamp_budget
 from envs.engine import check_static_budget
 from envs.errors import MAX_TOKENS, ConfigError, require, show
 from envs.reward import RewardMeter
@@ -69,7 +69,10 @@ class ReferencePolicy(BudgetPolicy):
         state = f.state()
         while True:
             policy = first if f.now < switch else self.base
-            f.step(clamp_budget(policy(state), state.running_decodes))
+            budget = policy(state)
+            if self.max_pass_s is not None:  # rolled out as it would serve: under its cap
+                budget = capped_budget(state, budget, self.max_pass_s)
+            f.step(clamp_budget(budget, state.running_decodes))
             if not f.advance(until_s=end) or f.now >= end:
                 break
         return -meter.reward(*meter.charges())

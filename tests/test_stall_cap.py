@@ -135,6 +135,8 @@ def test_a_rule_s_table_under_a_cap_is_the_capped_rule_and_says_so(tmp_path):
     again = BudgetTable.load(str(path))
     assert again.action.max_fraction == 2.0
     assert "no pass over 2 times the ITL target while anything decodes" in again.describe()
+    assert "rule's exact table under a cap of 2 times the ITL target: a rule" in again.origin()
+    assert "while anything decodes" in again.provenance["rule"]
     # A cap in the file binds whatever the cells say.
     data = json.loads(path.read_text())
     data["fractions"] = [16.0] * len(data["fractions"])
@@ -155,6 +157,7 @@ def test_a_rule_s_table_under_a_cap_is_the_capped_rule_and_says_so(tmp_path):
 @pytest.mark.parametrize("argv", [
     ("eval", "capacity", "--max-pass-itl", "100"),
     ("eval", "compare", "--max-pass-itl", "0"),
+    ("eval", "suite", "--max-pass-itl", "0.1", "--scenarios", "laptop"),
     ("train.py", "--max-pass-itl", "-1"),
     ("eval", "export", "--run-dir", "nowhere", "--max-pass-itl", "20"),
 ])
@@ -181,3 +184,18 @@ def test_capacity_reports_the_stalls_at_each_stream_s_capacity():
     assert res.at_capacity() == (max(gaps), pytest.approx(np.mean(slow)))
     assert res.as_json()["itl_max_s_at_capacity"] == max(gaps)
     assert res.stall_text() == f"{max(gaps) * 1000:,.0f} ms, {np.mean(slow):.1%}"
+    from eval.report import scenario_line
+    assert scenario_line(sc).endswith("no pass over 1 times the ITL target while anyone decodes "
+                                      "(static budgets are not capped)")
+    assert "no pass over" not in scenario_line(A100)
+
+
+def test_the_reference_rolls_out_and_serves_under_the_cap():
+    """The MPC reference (a diagnostic) is capped like any adaptive policy, and scores its
+    candidates as they would serve: under the cap."""
+    sc = A100.with_fields(max_pass_itl=1.0, num_requests=30)
+    ref = make_policy("reference:8192:1:0.5", sc)
+    assert ref.max_pass_s == pytest.approx(0.05)
+    res = sc.simulator(sc.stream(0, 1, 7, 30)).run(ref)
+    stall = (res.pass_prefill_tokens > 0) & (res.pass_decodes > 0)
+    assert stall.any() and (res.pass_duration_s[stall] <= 0.05 * (1 + 1e-9)).all()

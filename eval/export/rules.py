@@ -113,7 +113,10 @@ def rule_table(spec: str, scenario: Scenario, workload, field: str = "rule") -> 
     data = {"schema_version": SCHEMA_VERSION, "kind": KIND, "action": time_action(scenario),
             "features": features, "fractions": fractions, "default_budget": 2048,
             "provenance": {**scenario_provenance(scenario), "exported": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                           "rule": f"the {rule.name} rule (policies/baselines.py), cell for cell",
+                           "rule": f"the {rule.name} rule (policies/baselines.py), cell for cell"
+                                   + (f", no pass over {scenario.max_pass_itl:g} times the ITL "
+                                      "target while anything decodes"
+                                      if scenario.max_pass_itl is not None else ""),
                            "rule_spec": rule.name}}
     check = RuleCheck(rule, BudgetTable(data))
     scenario.simulator(workload).run(check)

@@ -455,7 +455,9 @@ class BudgetTable:
         p, dagger = self.provenance, self.provenance.get("dagger") or {}
         kinds, spec = self.candidate_kinds(), self.rule_spec()
         if spec:
-            what = f"the {spec} rule's exact table: a rule, not a learned policy"
+            top = getattr(self.action, "max_fraction", None)
+            capped = "" if top is None else f" under a cap of {top:g} times the ITL target"
+            what = f"the {spec} rule's exact table{capped}: a rule, not a learned policy"
         elif kinds and kinds[dagger.get("chosen", 0)] == "refined":
             what = "a table of the model's decisions, refined cell by cell in closed loop"
         elif p.get("run_dir"):
@@ -488,7 +490,8 @@ class BudgetTable:
             budgets += f", no pass over {top:g} times the ITL target while anything decodes"
         rule = self.rule_spec()
         made = ", ".join([f"{k} {p[k]}" for k in ("exported", "run_dir", "algo", "commit") if p.get(k)
-                          and not (rule and k == "algo")] + ([f"the {rule} rule exactly"] if rule else []))
+                          and not (rule and k == "algo")] + ([f"the {rule} rule exactly" + (" under that cap" if top is not None else "")]
+                             if rule else []))
         overhead = hw.get("per_pass_overhead_s") or 0.0
         hw_name = hw["name"] + (f" (priced with {overhead * 1e3:g} ms per pass)" if overhead else "")
         return (f"{self.path} [{self.digest or '-'}]: {hw_name} + {m['name']} (TP "
