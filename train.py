@@ -174,6 +174,9 @@ class Args(ScenarioArgs):
                     f"must be one of {', '.join(TEACHER_NAMES)}")
             require(self.actions == "time", "teacher", self.teacher,
                     "needs --actions time (a teacher acts in time)")
+        require(self.max_pass_itl is None or self.actions == "time", "max_pass_itl",
+                self.max_pass_itl, "needs --actions time (a token table cannot hold a cap on "
+                "the pass's time)")
         self.layers()
 
     def teacher_spec(self) -> str | None:
@@ -210,7 +213,7 @@ RUN_FIELDS_KEPT = ("total_timesteps", "eval_every", "checkpoint_every")
 """Run-control flags a resume records in the run's config.json as its own."""
 
 
-FIELDS_ADDED = {"teacher": None, "clone_decisions": 20_000}
+FIELDS_ADDED = {"teacher": None, "clone_decisions": 20_000, "max_pass_itl": None}
 """Fields newer than some runs, with the value an older run behaved as: its resume takes it."""
 
 

@@ -162,7 +162,7 @@ def _room_task(scenario, workload, best, weights):
     base = make_policy(best, scenario)
     cands = [TimeBudgetPolicy(scenario.slo_itl_s, f) for f in FRACTION_LADDER]
     cands += [TimeBudgetKVPolicy(scenario.slo_itl_s, 1.0), TimeBudgetFewPolicy(scenario.slo_itl_s, 1.0)]
-    ref = ReferencePolicy(scenario.slo(), base, cands)
+    ref = ReferencePolicy(scenario.slo(), base, cands).limit_pass(scenario)
     return episode_cost(scenario, workload, ref, weights)
 
 

@@ -64,7 +64,7 @@ def pass_budget(state, actions: str, value: float, itl_s: float,
     """The budget of the next pass in scheduler ``state`` for an action's value: a token
     budget (``actions="tokens"``) or a fraction of the ITL target turned into tokens with
     this pass's decodes (``"time"``, :func:`envs.pricing.time_budget`); either no longer
-    than ``max_pass`` times the ITL target while anything decodes (None: no cap)."""
+    than ``max_pass`` times the ITL target while anyone decodes (None: no cap)."""
     if actions == "tokens":
         budget = clamp_budget(int(value), state.running_decodes)
         return budget if max_pass is None else capped_budget(state, budget, max_pass * itl_s)

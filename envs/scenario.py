@@ -19,6 +19,13 @@ from envs.workload import (MAX_SECONDS, SyntheticSpec, Workload, check_rate, loa
                            parse_lengths)
 
 
+def check_max_pass_itl(value) -> None:
+    """An operator's cap on the longest pass (``Scenario.max_pass_itl``): unset, or within the
+    action ladder's range of ITL targets."""
+    if value is not None:
+        number("max_pass_itl", value, MIN_PASS_ITL, MAX_PASS_ITL)
+
+
 @dataclass(frozen=True)
 class Scenario:
     """Hardware, model, workload, engine settings and SLO of one simulated deployment."""
@@ -97,8 +104,7 @@ class Scenario:
         if self.max_requests is not None:
             integer("max_requests", self.max_requests, 1)
         integer("seed", self.seed)
-        if self.max_pass_itl is not None:
-            number("max_pass_itl", self.max_pass_itl, MIN_PASS_ITL, MAX_PASS_ITL)
+        check_max_pass_itl(self.max_pass_itl)
         self.synthetic_spec()  # each of these checks its own fields
         self.engine_config()
         self.slo()

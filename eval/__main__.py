@@ -23,11 +23,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.actions import MAX_PASS_ITL, MIN_PASS_ITL
 from envs.cli import given_fields, parse
-from envs.errors import ConfigError, did_you_mean, integer, number, run_cli, show
+from envs.errors import ConfigError, did_you_mean, integer, run_cli, show
 from envs.files import check_output
-from envs.scenario import Scenario
+from envs.scenario import Scenario, check_max_pass_itl
 from envs.seeds import PERIODIC_EVAL_SEEDS
 from envs.workload import check_num_requests
 from eval.answer import unseparated
@@ -245,8 +244,7 @@ def cmd_suite(argv) -> int:
                 f"reference_scenarios: got {show(args.reference_scenarios, 200)}; "
                 + (f"{', '.join(stray)} not among the suite's scenarios ({', '.join(names)})" if stray
                    else "given without --reference, which it narrows"))
-    if args.max_pass_itl is not None:
-        number("max_pass_itl", args.max_pass_itl, MIN_PASS_ITL, MAX_PASS_ITL)
+    check_max_pass_itl(args.max_pass_itl)
     _check_args(args, ["suite"] + list(argv))
     specs = [s.strip() for s in args.policies.split(",") if s.strip()]
     print(run_suite(names, specs, args, args.executor()))

@@ -78,9 +78,8 @@ class CapacityResult:
                 at.append(found[-1])
         if not at:
             return math.nan, math.nan
-        gaps = [pr[4] for pr in at if not math.isnan(pr[4])]
-        slow = [pr[5] for pr in at if not math.isnan(pr[5])]
-        return (max(gaps) if gaps else math.nan), (float(np.mean(slow)) if slow else math.nan)
+        slow = [pr[5] for pr in at if not math.isnan(pr[5])]  # NaN: no pass with decodes
+        return max(pr[4] for pr in at), (float(np.mean(slow)) if slow else math.nan)
 
     def stall_text(self) -> str:
         """The worst gap and the slow-pass share at capacity, as a report's cell."""

@@ -17,6 +17,7 @@ from eval.parallel import progress_bar
 from eval.report import cap_words, git_commit, save_json, scenario_line
 from eval.scenarios import SUITE
 from eval.table_use import tables_use
+from policies.base import tighter
 from policies.specs import make_policies
 
 
@@ -25,8 +26,8 @@ def run_suite(names: list[str], specs: list[str], args, executor) -> str:
     scenario; writes ``args.out``/README.md, suite.json and a folder per scenario."""
     out = Path(args.out)
     t0 = time.perf_counter()
-    scenarios = [SUITE[n] if args.max_pass_itl is None else
-                 SUITE[n].with_fields(max_pass_itl=args.max_pass_itl) for n in names]
+    scenarios = [SUITE[n].with_fields(max_pass_itl=tighter(SUITE[n].max_pass_itl, args.max_pass_itl))
+                 for n in names]
     policies = [make_policies(",".join(specs), sc, args.allow_table_mismatch) for sc in scenarios]
     comparisons = []
     with progress_bar(len(names) * (len(specs) + 15) * args.seeds, "suite: goodput") as bar:

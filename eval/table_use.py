@@ -31,8 +31,17 @@ class TableTrace(ActionTrace):
     def __call__(self, state) -> int:
         b = self.policy(state)
         if state.running_decodes:
-            self.record(float(self.cells[self.policy.cell(state)]), b, state.running_decodes)
+            self.record(self.used(float(self.cells[self.policy.cell(state)])), b,
+                        state.running_decodes)
         return b
+
+    def used(self, cell: float) -> float:
+        """A cell's fraction as served: no more than the table's cap or the policy's."""
+        action, cap_s = self.policy.table.action, self.policy.max_pass_s
+        top = action.max_fraction
+        if cap_s is not None and hasattr(action, "itl_s"):
+            top = cap_s / action.itl_s if top is None else min(top, cap_s / action.itl_s)
+        return cell if top is None else min(cell, top)
 
 
 def _trace_task(scenario: Scenario, table: BudgetTable | TablePolicy, workload) -> tuple[list, list, list]:

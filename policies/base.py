@@ -97,7 +97,7 @@ class BudgetPolicy:
     ladder: Sequence[int] = DEFAULT_LADDER
     max_num_seqs = 256
     max_pass_s: float | None = None
-    """The longest pass this controller makes while anything decodes, seconds (None: no
+    """The longest pass this controller makes while anyone decodes, seconds (None: no
     cap): the operator's stall cap (``Scenario.max_pass_itl``, set by :meth:`limit_pass`)."""
 
     def budget(self, state) -> int:

@@ -137,7 +137,7 @@ class ModelPolicy(BudgetPolicy):
                  max_pass: float | None = None):
         self.model, self.slo, self.name = model, slo, name
         self.max_pass = max_pass
-        """The longest pass it makes while anything decodes, in ITL targets: its run's cap
+        """The longest pass it makes while anyone decodes, in ITL targets: its run's cap
         (``Scenario.max_pass_itl``), or a tighter one it serves under; None: none."""
         self.run_dir = run_dir
         """The train.py run the model comes from (what ``eval export`` turns into a table)."""

@@ -116,4 +116,5 @@ def reference_for(scenario, base_budget: int, horizon_s: float | None = None,
     rules = [TimeBudgetPolicy(itl, 1.0), TimeBudgetKVPolicy(itl, 1.0), TimeBudgetFewPolicy(itl, 1.0)]
     given = [f"{t:g}" for t in (horizon_s, replan_s) if t is not None]
     return ReferencePolicy(scenario.slo(), StaticPolicy(base_budget), statics + rules, horizon_s,
-                           replan_s, name=":".join(["reference", str(base_budget), *given]))
+                           replan_s, name=":".join(["reference", str(base_budget), *given])
+                           ).limit_pass(scenario)

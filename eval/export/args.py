@@ -36,7 +36,7 @@ class ExportArgs:
     slo_itl_s: float | None = None
     """The ITL target the table serves, seconds (default: the run's serving SLO's)."""
     max_pass_itl: float | None = None
-    """The longest pass the table makes while anything decodes, in ITL targets (default:
+    """The longest pass the table makes while anyone decodes, in ITL targets (default:
     the run's cap, if it trained under one; a looser one than the run's is not taken: the
     model never learned what its actions above its cap do)."""
     build_episodes: int = 24

@@ -8,11 +8,10 @@ import sys
 import time
 from pathlib import Path
 
-from envs.actions import MAX_PASS_ITL, MIN_PASS_ITL
 from envs.cli import parse
 from envs.errors import ConfigError, integer, number, require, show
 from envs.files import check_distinct, check_output
-from envs.scenario import Scenario
+from envs.scenario import Scenario, check_max_pass_itl
 from envs.workload import check_num_requests
 from eval.export import export_run
 from eval.export.args import MAX_EPISODES, ExportArgs, RuleExportArgs
@@ -55,8 +54,7 @@ def parse_args(argv: list[str]) -> ExportArgs:
     for f in ("slo_ttft_s", "slo_itl_s"):
         if getattr(args, f) is not None:
             number(f, getattr(args, f), 0, 3600, low_open=True)
-    if args.max_pass_itl is not None:
-        number("max_pass_itl", args.max_pass_itl, MIN_PASS_ITL, MAX_PASS_ITL)
+    check_max_pass_itl(args.max_pass_itl)
     # The outputs before the run: an export is minutes of simulation.
     check_output("out", args.out)
     if args.csv is not None:
@@ -84,6 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     serving = serving.with_fields(slo_ttft_s=args.slo_ttft_s or serving.slo_ttft_s,
                                   slo_itl_s=args.slo_itl_s or serving.slo_itl_s,
                                   max_pass_itl=tighter(serving.max_pass_itl, args.max_pass_itl))
+    require(serving.max_pass_itl is None or model.actions == "time", "max_pass_itl",
+            serving.max_pass_itl, "needs a run acting in time (a token table cannot hold a cap "
+            "on the pass's time)")
+    if args.max_pass_itl is not None and serving.max_pass_itl != args.max_pass_itl:
+        print(f"NOTE: max_pass_itl {args.max_pass_itl:g} is looser than the run's cap "
+              f"({serving.max_pass_itl:g}), which the table keeps: the model never learned "
+              "what its actions above it do")
     model.limit_pass(serving)
     if args.features:
         bad = [n for n in feature_specs(args.features)[0]

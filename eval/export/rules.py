@@ -115,7 +115,7 @@ def rule_table(spec: str, scenario: Scenario, workload, field: str = "rule") -> 
             "provenance": {**scenario_provenance(scenario), "exported": time.strftime("%Y-%m-%dT%H:%M:%S"),
                            "rule": f"the {rule.name} rule (policies/baselines.py), cell for cell"
                                    + (f", no pass over {scenario.max_pass_itl:g} times the ITL "
-                                      "target while anything decodes"
+                                      "target while anyone decodes"
                                       if scenario.max_pass_itl is not None else ""),
                            "rule_spec": rule.name}}
     check = RuleCheck(rule, BudgetTable(data))

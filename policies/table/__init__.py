@@ -110,6 +110,8 @@ class TokensAction:
     """Each cell holds a token budget; the budget of a pass is its cell's value."""
 
     kind = "tokens"
+    max_fraction = None
+    """A token table holds no cap on the longest pass (it cannot price one)."""
 
     def __init__(self, table: "BudgetTable", spec: dict, data: dict, path: str):
         budgets = _cells(data, "budgets", table, path)
@@ -173,7 +175,7 @@ class TimeFractionAction:
                              f"in (0, {MAX_FRACTION:g}] (the longest pass, in ITL targets) or absent")
         self.cells, self.itl_s, self.cap = tuple(float(f) for f in fractions), itl, cap
         self.max_fraction = None if top is None else float(top)
-        """The operator's cap on the longest pass while anything decodes, in ITL targets
+        """The operator's cap on the longest pass while anyone decodes, in ITL targets
         (``Scenario.max_pass_itl``): no cell's fraction is used above it; None: no cap."""
         self.cost = Coefficients.of(cost)
         self.spec = {"kind": self.kind, "itl_s": itl, "cap": cap, "cost": dict(cost)}
@@ -455,7 +457,7 @@ class BudgetTable:
         p, dagger = self.provenance, self.provenance.get("dagger") or {}
         kinds, spec = self.candidate_kinds(), self.rule_spec()
         if spec:
-            top = getattr(self.action, "max_fraction", None)
+            top = self.action.max_fraction
             capped = "" if top is None else f" under a cap of {top:g} times the ITL target"
             what = f"the {spec} rule's exact table{capped}: a rule, not a learned policy"
         elif kinds and kinds[dagger.get("chosen", 0)] == "refined":
@@ -485,9 +487,9 @@ class BudgetTable:
         budgets = (f"budgets {self.action.min_budget}-{self.max_budget}" if self.max_budget is not None
                    else f"time fractions {min(cells):g}-{max(cells):g} of the ITL target, budgets up "
                    f"to {self.action.cap} (the ceiling to serve it with)")
-        top = getattr(self.action, "max_fraction", None)
+        top = self.action.max_fraction
         if top is not None:
-            budgets += f", no pass over {top:g} times the ITL target while anything decodes"
+            budgets += f", no pass over {top:g} times the ITL target while anyone decodes"
         rule = self.rule_spec()
         made = ", ".join([f"{k} {p[k]}" for k in ("exported", "run_dir", "algo", "commit") if p.get(k)
                           and not (rule and k == "algo")] + ([f"the {rule} rule exactly" + (" under that cap" if top is not None else "")]
