@@ -117,6 +117,18 @@ def test_the_teacher_is_capped_too():
     one = int(np.argmin(np.abs(np.log(FRACTION_LADDER))))  # the rung nearest 1
     assert (free > one).any() and (free <= one).any()
     assert (capped == np.minimum(free, one)).all()
+    # The clone reads the cap from its episodes' scenarios, with a teacher per condition too.
+    from types import SimpleNamespace
+
+    from agents.setup import _teacher_actions_by_env
+
+    scs = [A100.with_fields(max_pass_itl=1.0)] * len(raw)
+    venv = SimpleNamespace(get_attr=lambda name: scs)
+    spec = "time-budget-deadline-kv:16"
+    assert (_teacher_actions_by_env(venv, raw, spec, FRACTION_LADDER, None, []) == capped).all()
+    conds = [dict(hardware="a100-80g", capacity_rps=1.0)]
+    assert (_teacher_actions_by_env(venv, raw, "time-budget:1", FRACTION_LADDER, [spec], conds)
+            == capped).all()
 
 
 def test_a_rule_s_table_under_a_cap_is_the_capped_rule_and_says_so(tmp_path):
