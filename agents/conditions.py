@@ -85,7 +85,8 @@ def with_capacities(base: Scenario, conditions: list[dict], seeds: int = 2, num_
     out = []
     for slo_ttft in sorted({c["slo_ttft_s"] for c in conditions}):
         group = [c for c in conditions if c["slo_ttft_s"] == slo_ttft]
-        pairs = [(sc, TimeBudgetPolicy(sc.slo_itl_s)) for sc in (base.with_fields(**c) for c in group)]
+        pairs = [(sc, TimeBudgetPolicy(sc.slo_itl_s).limit_pass(sc))  # under the run's cap
+                 for sc in (base.with_fields(**c) for c in group)]
         found = capacity_sweep(pairs, seeds, num_requests, executor=executor, progress=progress,
                                min_duration_s=10 * slo_ttft)
         out += [{**c, "capacity_rps": round(r.capacity, 4)} for c, r in zip(group, found)
