@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from envs.actions import FINE_LADDER, capped_budget, clamp_budget
+from envs.actions import FINE_LADDER, FRACTION_LADDER, capped_budget, clamp_budget
 from envs.engine import check_static_budget
 from envs.errors import MAX_TOKENS, ConfigError, require, show
-from envs.reward import RewardMeter
+from envs.reward import P99_ALLOWANCE, RewardMeter, SLOMeter
 from envs.workload import MAX_SECONDS
 from policies.base import BudgetPolicy, Param
 from policies.baselines import (StaticPolicy, TimeBudgetFewPolicy, TimeBudgetKVPolicy,
@@ -65,6 +65,12 @@ class ReferencePolicy(BudgetPolicy):
         f = sim.fork()
         per_request = self.mean_output or float(sim.workload.output_tokens.mean())
         meter = RewardMeter(f, self.slo, per_request)
+        self.roll(f, first)
+        return -meter.reward(*meter.charges())
+
+    def roll(self, f, first: BudgetPolicy) -> None:
+        """Run the fork ``f`` over the horizon: ``first`` for ``replan_s`` seconds, then the
+        base; every budget under the cap, as it would serve."""
         switch, end = f.now + self.replan_s, f.now + self.horizon_s
         state = f.state()
         while True:
@@ -75,7 +81,6 @@ class ReferencePolicy(BudgetPolicy):
             f.step(clamp_budget(budget, state.running_decodes))
             if not f.advance(until_s=end) or f.now >= end:
                 break
-        return -meter.reward(*meter.charges())
 
     def budget(self, state) -> int:
         sim = state.simulator
@@ -118,3 +123,60 @@ def reference_for(scenario, base_budget: int, horizon_s: float | None = None,
     return ReferencePolicy(scenario.slo(), StaticPolicy(base_budget), statics + rules, horizon_s,
                            replan_s, name=":".join(["reference", str(base_budget), *given])
                            ).limit_pass(scenario)
+
+
+class RolloutPolicy(ReferencePolicy):
+    """The rollout reference over a rule: what a controller that sees the future could add
+    to the best rule, judged as capacity judges (not deployable; a diagnostic).
+
+    At each re-plan (every quarter of the TTFT target) it forks the simulator, so every
+    candidate meets the same future arrivals (common random numbers), and rolls each
+    forward for ``horizon_s``: the candidate for one re-plan interval, then the rule. The
+    candidates are the action ladder's fractions of the ITL target held per pass and the
+    rules the export weighs; the rule itself is one, and ties go to it. The score is what
+    capacity counts against the p99 targets at the horizon's end: the TTFT deadlines
+    missed within it, plus the decode tokens over the ITL target beyond 1% of all decode
+    tokens so far (the simulator's slack count, so slack spent earlier is charged), in
+    requests' worth. The training reward charges the same two things but only within the
+    horizon, which can rank up a deviation that spends slack the stream no longer has. By
+    the rollout algorithm's cost improvement it should not lose to its rule beyond noise
+    (a finite horizon and a re-planned greedy choice do not make that a proof)."""
+
+    spec, kind, diagnostic = "rollout", "reference", True
+    params = (Param("horizon_s", float, None, 0.0, MAX_SECONDS, "HORIZON_S seconds"),)
+    summary = ("the rollout reference over RULE, scored by the p99 targets' excess over a "
+               "HORIZON_S-second horizon (not deployable: sees the future)")
+    RULES = ("time-budget-deadline-kv:4", "time-budget-deadline-kv:16", "time-budget-deadline:16",
+             "time-budget-slack:7")
+    """The rules among its candidates (the export's, and the plain deadline rule)."""
+
+    @classmethod
+    def usage(cls) -> str:
+        return "rollout:HORIZON_S:RULE"
+
+    @classmethod
+    def from_spec(cls, spec, args, scenario, options):
+        if len(args) < 2:
+            raise ConfigError(f"policy: got {show(spec)}, wrong number of arguments: {cls.usage()}")
+        horizon = cls.params[0].parse(spec, args[0])
+        make = options["make_policy"]
+        base = make(":".join(args[1:]), scenario)
+        if base.diagnostic or base.kind not in ("rule", "table"):
+            raise ConfigError(f"policy: got {show(spec)}, RULE must be a rule or a table, "
+                              f"not {base.kind}")
+        itl = scenario.slo_itl_s
+        candidates = [TimeBudgetPolicy(itl, f) for f in FRACTION_LADDER]
+        candidates += [make(r, scenario) for r in cls.RULES]
+        return cls(scenario.slo(), base, candidates, horizon_s=horizon, name=spec)
+
+    def score(self, sim, first: BudgetPolicy) -> float:
+        itl = self.slo.itl_s
+        sim.itl_slack(itl)  # the real run's slack count, kept from its first reading on
+        f = sim.fork()
+        per_request = self.mean_output or float(sim.workload.output_tokens.mean())
+        meter = SLOMeter(f, self.slo)
+        self.roll(f, first)
+        missed, _ = meter.charges()
+        slack = f.itl_slack(itl)
+        return missed + max(0.0, slack.slow - P99_ALLOWANCE * slack.tokens) / per_request
+

@@ -20,14 +20,14 @@ from policies.baselines import (FreeRidePolicy, NoDecodeBoostPolicy, QueueDepthP
                                 TimeBudgetPolicy, TimeBudgetSlackKVPolicy, TimeBudgetSlackPolicy,
                                 VllmDefaultPolicy)
 from policies.learned import ModelPolicy
-from policies.reference import ReferencePolicy
+from policies.reference import ReferencePolicy, RolloutPolicy
 from policies.table_policy import FlatTablePolicy, TablePolicy
 
 POLICIES: tuple[type[BudgetPolicy], ...] = (
     StaticPolicy, VllmDefaultPolicy, QueueDepthPolicy, NoDecodeBoostPolicy, SarathiSLOPolicy,
     FreeRidePolicy, TimeBudgetPolicy, TimeBudgetKVPolicy, TimeBudgetFewPolicy, TimeBudgetSlackPolicy,
     TimeBudgetSlackKVPolicy, TimeBudgetDeadlinePolicy, TimeBudgetDeadlineKVPolicy, ModelPolicy,
-    TablePolicy, FlatTablePolicy, ReferencePolicy)
+    TablePolicy, FlatTablePolicy, ReferencePolicy, RolloutPolicy)
 """Every spec's class, in the order the listing shows them (diagnostics last)."""
 BY_SPEC = {cls.spec: cls for cls in POLICIES}
 KNOWN = tuple(cls.usage() for cls in POLICIES)
@@ -68,7 +68,8 @@ def make_policy(spec: str, scenario: Scenario, allow_table_mismatch: bool = Fals
                 if all(p.default is not None for p in cls.params) and cls.params
                 else "fill it in or drop it")
         raise ConfigError(f"policy: got {show(spec)}, an empty argument after ':'; {hint}")
-    policy = cls.from_spec(spec, args, scenario, {"allow_table_mismatch": allow_table_mismatch})
+    policy = cls.from_spec(spec, args, scenario, {"allow_table_mismatch": allow_table_mismatch,
+                                                  "make_policy": make_policy})
     return policy.limit_pass(scenario)
 
 
