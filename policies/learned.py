@@ -11,6 +11,7 @@ model from its file: this module needs neither otherwise.
 
 from __future__ import annotations
 
+
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,9 +164,33 @@ class ModelPolicy(BudgetPolicy):
         self.max_pass = tighter(self.max_pass, scenario.max_pass_itl)
         return self
 
+    def at(self, scenario) -> "ModelPolicy":
+        """A copy serving ``scenario``'s SLO pair (what it observes and the ITL target its
+        fractions multiply), under the tighter of its cap and the scenario's."""
+        out = type(self).__new__(type(self))
+        out.__dict__.update(self.__dict__)  # not copy.copy: pickling's state drops the model
+        out.slo = scenario.slo()
+        out._slo_obs = slo_features(out.slo)
+        return out.limit_pass(scenario)
+
+    def raw_observation(self, state) -> np.ndarray:
+        """The environment's observation of ``state``, the entries the model reads, unnormalised."""
+        return observe(state, self.slo, self._slo_obs)[:self.width]
+
     def observation(self, state) -> np.ndarray:
-        obs = observe(state, self.slo, self._slo_obs)[:self.width]
+        obs = self.raw_observation(state)
         return self.obs_norm(obs) if self.obs_norm is not None else obs
+
+    def actions_of(self, raw: np.ndarray) -> np.ndarray:
+        """The ladder index the model takes for each row of raw observations."""
+        x = self.obs_norm(raw) if self.obs_norm is not None else np.asarray(raw, np.float32)
+        if self._actor is not None:
+            return np.asarray([self._actor.act(o) for o in x], dtype=np.int64)
+        return np.asarray(self.model.predict(x, deterministic=True)[0], dtype=np.int64).reshape(-1)
+
+    def refresh(self) -> None:
+        """Act with the model's weights as they are now (after training them in place)."""
+        self._actor = NumpyActor.of(self.model) if self.action_type == "discrete" else None
 
     def action(self, state):
         obs = self.observation(state)
