@@ -401,16 +401,23 @@ class Simulator:
                     "_finish_heap", "_by_residue", "_slack")
     _FORK_FRESH = ("log", "_shapes", "_view", "stream")
 
-    def fork(self) -> "Simulator":
+    def fork(self, future: Workload | None = None) -> "Simulator":
         """A copy of the live state that can run ahead without touching this simulator.
 
         Finished requests and the records of past passes are left behind (the fork starts
         with an empty log and only the live requests, cloned), so a fork costs about the
-        number of requests in flight. Used by look-ahead controllers.
+        number of requests in flight. Used by look-ahead controllers. With ``future`` (a
+        workload whose arrival times are this simulator's clock), the fork's requests yet
+        to arrive are those of ``future`` from now on instead of this stream's: a sampled
+        future, where the stream's own is one a controller could not know. A request of
+        it that could never fit in the KV cache is left out.
         """
         new = Simulator.__new__(Simulator)
         for name in self._FORK_SHARED + self._FORK_COPIED:
             setattr(new, name, getattr(self, name))
+        if future is not None:
+            new.workload = self._with_future(future)
+            new._view_workload()
         clones: dict[int, Request] = {}
 
         def clone(r: Request) -> Request:
@@ -436,6 +443,16 @@ class Simulator:
         new._shapes = None
         new._view = SchedulerState(new)
         return new
+
+    def _with_future(self, future: Workload) -> Workload:
+        """This stream's requests that have arrived, then ``future``'s from now on."""
+        w, k, bs = self.workload, self._next_arrival, self._block_size
+        keep = (future.arrival_s >= self.now) & (
+            (future.prompt_tokens + future.output_tokens + bs - 1) // bs <= self.total_blocks)
+        return Workload(np.concatenate([w.arrival_s[:k], future.arrival_s[keep]]),
+                        np.concatenate([w.prompt_tokens[:k], future.prompt_tokens[keep]]),
+                        np.concatenate([w.output_tokens[:k], future.output_tokens[keep]]),
+                        f"{w.name}+future")
 
     def itl_slack(self, itl_s: float) -> ItlSlackMeter:
         """The decode tokens so far over ``itl_s`` and in all, over the last few minutes

@@ -19,11 +19,13 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
+
 from envs.actions import FINE_LADDER, FRACTION_LADDER, capped_budget, clamp_budget
 from envs.engine import check_static_budget
 from envs.errors import MAX_TOKENS, ConfigError, require, show
 from envs.reward import P99_ALLOWANCE, RewardMeter, SLOMeter
-from envs.workload import MAX_SECONDS
+from envs.workload import MAX_SECONDS, Workload
 from policies.base import BudgetPolicy, Param
 from policies.baselines import (StaticPolicy, TimeBudgetFewPolicy, TimeBudgetKVPolicy,
                                 TimeBudgetPolicy)
@@ -170,13 +172,87 @@ class RolloutPolicy(ReferencePolicy):
         return cls(scenario.slo(), base, candidates, horizon_s=horizon, name=spec)
 
     def score(self, sim, first: BudgetPolicy) -> float:
+        return self.score_fork(sim, sim.fork(), first)
+
+    def score_fork(self, sim, f, first: BudgetPolicy) -> float:
+        """The score of ``first`` on ``f``, a fork of ``sim``."""
         itl = self.slo.itl_s
         sim.itl_slack(itl)  # the real run's slack count, kept from its first reading on
-        f = sim.fork()
         per_request = self.mean_output or float(sim.workload.output_tokens.mean())
         meter = SLOMeter(f, self.slo)
         self.roll(f, first)
         missed, _ = meter.charges()
         slack = f.itl_slack(itl)
         return missed + max(0.0, slack.slow - P99_ALLOWANCE * slack.tokens) / per_request
+
+
+class SampledRolloutPolicy(RolloutPolicy):
+    """The rollout over a rule on sampled futures: as ``rollout:`` but blind to the
+    stream's own future. At each re-plan it draws ``futures`` stretches of arrivals one
+    horizon long from elsewhere in the stream being served (a block bootstrap: the
+    stream's rate, mix and bursts, never the arrivals about to come; a stretch that would
+    overlap the next horizon is drawn again), and scores each candidate by its mean over
+    them, every candidate on the same stretches. What it improves on is then the base's
+    expected cost given what an engine can know now (Bertsekas' rollout with Monte Carlo
+    simulation), not its cost on one known future: the labels a learned policy can imitate
+    (agents/improve.py). Not deployable as it is (it simulates every re-plan), and it
+    knows the stream's distribution."""
+
+    spec = "rollout-sampled"
+    params = (Param("futures", int, None, 0, 64, "FUTURES sampled stretches"),
+              Param("horizon_s", float, None, 0.0, MAX_SECONDS, "HORIZON_S seconds"))
+    summary = ("the rollout reference over RULE on FUTURES sampled stretches of the stream "
+               "(blind to its own future), scored as rollout: over HORIZON_S seconds")
+
+    def __init__(self, *args, futures: int = 4, seed: int = 0, **kwargs):
+        self.futures, self.seed = int(futures), int(seed)
+        super().__init__(*args, **kwargs)
+
+    @classmethod
+    def usage(cls) -> str:
+        return "rollout-sampled:FUTURES:HORIZON_S:RULE"
+
+    @classmethod
+    def from_spec(cls, spec, args, scenario, options):
+        if len(args) < 3:
+            raise ConfigError(f"policy: got {show(spec)}, wrong number of arguments: {cls.usage()}")
+        futures = cls.params[0].parse(spec, args[0])
+        plain = RolloutPolicy.from_spec(spec, args[1:], scenario, options)
+        return cls(scenario.slo(), plain.base, plain.candidates, horizon_s=plain.horizon_s,
+                   futures=futures, name=spec)
+
+    def reset(self) -> None:
+        super().reset()
+        self._rng = np.random.default_rng(self.seed)
+        self._stretches: list = []
+
+    def stretch(self, sim):
+        """Arrivals of one horizon from a random place in the stream, moved to now."""
+        w, now, h = sim.workload, sim.now, self.horizon_s
+        span = w.duration_s
+        if not len(w) or span <= 0:
+            return w
+        for _ in range(16):  # away from the horizon about to come, where the stream allows
+            u = float(self._rng.uniform(0.0, span))
+            if span <= 3 * h or not (now - h < u < now + h):
+                break
+        a = w.arrival_s
+        lo, hi = np.searchsorted(a, u), np.searchsorted(a, u + h)
+        idx, times = [np.arange(lo, hi)], [a[lo:hi] - u + now]
+        if u + h > span:  # wraps around to the stream's start
+            hi2 = np.searchsorted(a, u + h - span)
+            idx.append(np.arange(0, hi2))
+            times.append(a[:hi2] + (span - u) + now)
+        i = np.concatenate(idx)
+        return Workload(np.concatenate(times), w.prompt_tokens[i], w.output_tokens[i], "stretch")
+
+    def budget(self, state) -> int:
+        sim = state.simulator
+        if sim.now >= self._until:
+            self._stretches = [self.stretch(sim) for _ in range(self.futures)]
+        return super().budget(state)
+
+    def score(self, sim, first: BudgetPolicy) -> float:
+        return float(np.mean([self.score_fork(sim, sim.fork(future=w), first)
+                              for w in self._stretches]))
 

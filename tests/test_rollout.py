@@ -69,3 +69,81 @@ def test_bad_rollout_specs_are_one_line(spec, needle):
     with pytest.raises(ConfigError, match=needle) as err:
         make_policy(spec, A100)
     assert "\n" not in str(err.value)
+
+
+# --- sampled futures: the rollout blind to the stream's own future ------------------------
+
+
+def _advanced(sc: Scenario, spec: str, passes: int = 40):
+    sim = sc.simulator(sc.with_fields(rate=12.0).stream(0, 1, 7, 120))
+    policy = make_policy(spec, sc)
+    policy.reset()
+    for _ in range(passes):
+        assert sim.advance()
+        sim.step(policy(sim.state()))
+    assert sim.advance()
+    return sim, policy
+
+
+def test_a_fork_given_the_stream_s_own_future_runs_as_a_plain_fork():
+    """``fork(future=...)`` with this stream's own requests is the plain fork, pass for
+    pass; with another future, the requests still to come are that future's from now on,
+    and the simulator forked is untouched."""
+    sim, rule = _advanced(A100, "time-budget-deadline-kv:16")
+    own, plain = sim.fork(future=sim.workload), sim.fork()
+    for f in (own, plain):
+        while f.advance():
+            f.step(rule(f.state()))
+    assert own.now == plain.now and own.pass_index == plain.pass_index
+    assert own.finished == plain.finished
+    other = A100.with_fields(rate=3.0).stream(0, 1, 99, 120)
+    k = sim._next_arrival
+    g = sim.fork(future=other)
+    later = other.arrival_s[other.arrival_s >= sim.now]
+    assert g.workload.arrival_s[:k].tolist() == sim.workload.arrival_s[:k].tolist()
+    assert g.workload.arrival_s[k:].tolist() == later.tolist()
+    assert len(sim.workload) == 120 and sim._next_arrival == k
+
+
+def test_sampled_stretches_are_one_horizon_long_and_miss_the_horizon_to_come():
+    """Each stretch's arrivals lie in [now, now + horizon) and come from a place in the
+    stream away from the next horizon, so the rollout cannot read the arrivals about to come."""
+    sim, ref = _advanced(A100, "rollout-sampled:3:2:time-budget-deadline-kv:16", passes=60)
+    a, now, h = sim.workload.arrival_s, sim.now, ref.horizon_s
+    coming = set(a[(a >= now) & (a < now + h)].round(9).tolist())
+    for _ in range(20):
+        w = ref.stretch(sim)
+        assert ((w.arrival_s >= now) & (w.arrival_s < now + h)).all()
+        if coming and len(w):
+            assert w.arrival_s.round(9).tolist() != sorted(coming)
+
+
+def test_sampled_rollouts_share_their_stretches_and_leave_the_run_as_it_was():
+    """Within a re-plan every candidate meets the same sampled stretches (common random
+    numbers): the same candidate scores the same twice, and scoring moves nothing."""
+    sim, ref = _advanced(A100, "rollout-sampled:2:2:time-budget-deadline-kv:16")
+    before = (sim.now, sim.pass_index, len(sim.waiting))
+    for c in (ref.base, *ref.candidates[::6]):
+        assert ref.score(sim, c) == ref.score(sim, c)
+    assert (sim.now, sim.pass_index, len(sim.waiting)) == before
+
+
+def test_with_nothing_to_gain_the_sampled_rollout_is_its_rule():
+    reqs = [(5.0 * i, 3000, 30) for i in range(4)]
+    base = make_sim(reqs, hardware="a100-80g", model="llama-3-8b").run(
+        make_policy("time-budget-deadline-kv:16", A100))
+    ref = make_policy("rollout-sampled:2:2:time-budget-deadline-kv:16", A100)
+    got = make_sim(reqs, hardware="a100-80g", model="llama-3-8b").run(ref)
+    assert list(ref.choices) == ["time-budget-deadline-kv:16"]
+    assert got.ttft_s.tolist() == base.ttft_s.tolist()
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("rollout-sampled:2:time-budget", "wrong number of arguments"),
+    ("rollout-sampled:0:2:time-budget", "FUTURES"),
+    ("rollout-sampled:x:2:time-budget", "FUTURES"),
+])
+def test_bad_sampled_rollout_specs_are_one_line(spec, needle):
+    with pytest.raises(ConfigError) as err:
+        make_policy(spec, A100)
+    assert needle in str(err.value) and "\n" not in str(err.value)
