@@ -59,6 +59,7 @@ class ReferencePolicy(BudgetPolicy):
     def reset(self) -> None:
         self._until = -math.inf
         self._choice = self.base
+        self.margin = 0.0
         self.choices: dict[str, int] = {}
 
     def score(self, sim, first: BudgetPolicy) -> float:
@@ -88,11 +89,14 @@ class ReferencePolicy(BudgetPolicy):
         sim = state.simulator
         if sim.now >= self._until:
             best, best_score = self.base, self.score(sim, self.base)
+            base_score = best_score
             for c in self.candidates:
                 s = self.score(sim, c)
                 if s < best_score:
                     best, best_score = c, s
             self._choice, self._until = best, sim.now + self.replan_s
+            self.margin = base_score - best_score
+            """How much better than the base the choice scored at the last re-plan."""
             self.choices[best.name] = self.choices.get(best.name, 0) + 1
         return self._choice(state)
 

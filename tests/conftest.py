@@ -47,7 +47,7 @@ def call(main, *argv) -> tuple[int, str, str]:
 
 COMMANDS = {"envs.probe": "envs.probe", "envs.simulate": "envs.simulate",
             "envs.calibrate": "envs.calibrate.__main__", "eval": "eval.__main__", "train.py": "train",
-            "policies.table": "policies.table.__main__"}
+            "policies.table": "policies.table.__main__", "agents.improve": "agents.improve"}
 
 
 def cli(command: str, *argv):
