@@ -55,17 +55,26 @@ CANDIDATES = ("all", "rules")
 (all), or the rules alone."""
 
 
-def rollout_over(base, scenario, horizon_ttft: float = HORIZON_TTFT, futures: int = FUTURES,
-                 candidates: str = "all") -> SampledRolloutPolicy:
-    """The rollout over ``base`` (a policy serving ``scenario``) on ``futures`` sampled
-    stretches of the stream, with the candidates of ``rollout:`` (``candidates="all"``:
-    the ladder's fractions held per pass and the export's rules) or the rules alone."""
-    itl = scenario.slo_itl_s
-    pool = [] if candidates == "rules" else [TimeBudgetPolicy(itl, f) for f in FRACTION_LADDER]
-    pool += [make_policy(r, scenario) for r in RolloutPolicy.RULES]
-    return SampledRolloutPolicy(scenario.slo(), base, pool,
-                                horizon_s=horizon_ttft * scenario.slo_ttft_s, futures=futures,
-                                name=f"rollout over {base.name}").limit_pass(scenario)
+@dataclass(frozen=True)
+class Rollout:
+    """The rollout that labels the states: its horizon in TTFT targets, its sampled
+    futures per re-plan (0: the stream's own future, which the policy cannot see), its
+    candidates, and the margin a deviation must score by to be labelled (requests' worth)."""
+
+    horizon_ttft: float = HORIZON_TTFT
+    futures: int = FUTURES
+    candidates: str = "all"
+    min_margin: float = 0.0
+
+    def over(self, base, scenario) -> RolloutPolicy:
+        """The rollout over ``base``, a policy serving ``scenario``."""
+        itl = scenario.slo_itl_s
+        pool = [] if self.candidates == "rules" else [TimeBudgetPolicy(itl, f) for f in FRACTION_LADDER]
+        pool += [make_policy(r, scenario) for r in RolloutPolicy.RULES]
+        kw = dict(horizon_s=self.horizon_ttft * scenario.slo_ttft_s, name=f"rollout over {base.name}")
+        policy = (SampledRolloutPolicy(scenario.slo(), base, pool, futures=self.futures, **kw)
+                  if self.futures else RolloutPolicy(scenario.slo(), base, pool, **kw))
+        return policy.limit_pass(scenario)
 
 
 class RolloutLabels:
@@ -116,22 +125,20 @@ class RolloutLabels:
         return budget
 
 
-def _label_task(scenario, workload, base, horizon_ttft, min_margin, candidates):
+def _label_task(scenario, workload, base, rollout: Rollout):
     policy = base.at(scenario)
-    rec = RolloutLabels(rollout_over(policy, scenario, horizon_ttft, candidates=candidates),
-                        policy, min_margin)
+    rec = RolloutLabels(rollout.over(policy, scenario), policy, rollout.min_margin)
     run_policy(scenario, rec, [workload])
     return np.asarray(rec.obs, dtype=np.float32), np.asarray(rec.labels, dtype=np.int64), rec.deviations
 
 
-def rollout_decisions(base, episodes, horizon_ttft: float = HORIZON_TTFT,
-                      min_margin: float = 0.0, candidates: str = "all", executor=None,
+def rollout_decisions(base, episodes, rollout: Rollout = Rollout(), executor=None,
                       progress=None) -> tuple[np.ndarray, np.ndarray, float]:
-    """(raw observations, ladder labels, the share of passes where the reference left its
-    base) of ``episodes`` (scenario, arrivals each) served by the rollout reference over
-    ``base`` (a ModelPolicy)."""
+    """(raw observations, ladder labels, the share of passes where the rollout's choice was
+    labelled over its base's) of ``episodes`` (scenario, arrivals each) served by the
+    rollout over ``base`` (a ModelPolicy)."""
     found = (executor or LocalExecutor()).map(
-        _label_task, [(sc, w, base, horizon_ttft, min_margin, candidates) for sc, w in episodes], progress)
+        _label_task, [(sc, w, base, rollout) for sc, w in episodes], progress)
     obs = np.concatenate([f[0] for f in found])
     labels = np.concatenate([f[1] for f in found])
     return obs, labels, sum(f[2] for f in found) / max(len(labels), 1)
@@ -175,8 +182,7 @@ def served_states(base, episodes, executor=None, progress=None) -> np.ndarray:
 
 
 def improve(model, base, episodes_per_round, rounds: int, anchor=None,
-            horizon_ttft: float = HORIZON_TTFT, min_margin: float = 0.0, candidates: str = "all",
-            seed: int = 0, executor=None, progress=None,
+            rollout: Rollout = Rollout(), seed: int = 0, executor=None, progress=None,
             log=print, on_round=None) -> list[dict]:
     """``rounds`` of approximate policy iteration on ``model`` (an SB3 model whose policy
     ``base``, a ModelPolicy, serves; its observation normalisation stays as it is).
@@ -195,8 +201,8 @@ def improve(model, base, episodes_per_round, rounds: int, anchor=None,
     has_anchor = anchor is not None and len(anchor) > 0
     raws, ys, devs, out = [], [], [], []
     for r in range(rounds):
-        obs, labels, deviated = rollout_decisions(base, episodes_per_round(r), horizon_ttft,
-                                                  min_margin, candidates, executor, progress)
+        obs, labels, deviated = rollout_decisions(base, episodes_per_round(r), rollout,
+                                                  executor, progress)
         raws.append(obs)
         ys.append(labels)
         devs.append(labels != base.actions_of(obs))
@@ -243,6 +249,9 @@ class ImproveArgs:
     """Label a deviation only where it scored this much better than the model (requests' worth)."""
     candidates: str = field(default="all", metadata={"choices": list(CANDIDATES)})
     """The rollout's candidates: the ladder's fractions and the rules (all), or the rules alone."""
+    futures: int = FUTURES
+    """Sampled stretches of the stream per re-plan; 0 rolls out on the stream's own future,
+    which the policy cannot see (a clairvoyant teacher)."""
     eval_episodes: int = 24
     """Held-out episodes each round's model is compared on with the start, paired."""
     workers: int | None = None
@@ -259,6 +268,7 @@ class ImproveArgs:
         integer("eval_episodes", self.eval_episodes, 2, 1000)
         number("horizon_ttft", self.horizon_ttft, 0.25, 100.0)
         number("min_margin", self.min_margin, 0.0, 1000.0)
+        integer("futures", self.futures, 0, 64)
         integer("seed", self.seed, 0, 2**31 - 1)
 
 
@@ -286,8 +296,10 @@ def main(argv: list[str] | None = None) -> int:
 
     start = costs()
     print(f"the start ({run}): cost {start.mean():.2f} on {len(held)} held-out episodes", flush=True)
-    anchor = served_states(policy, draw_episodes(serving, sampler, args.anchor_episodes,
-                                                 args.seed + 5000), executor) if args.anchor_episodes else None
+    anchor = None
+    if args.anchor_episodes:
+        anchor = served_states(policy, draw_episodes(serving, sampler, args.anchor_episodes,
+                                                     args.seed + 5000), executor)
     records = []
     t0 = time.time()
 
@@ -311,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     train = replace(sampler, load_range=TRAIN_LOADS)
     improve(policy.model, policy,
             lambda r: draw_episodes(serving, train, args.episodes, args.seed + 10_000 * (r + 1)),
-            args.rounds, anchor, args.horizon_ttft, args.min_margin, args.candidates, args.seed,
-            executor, on_round=on_round)
+            args.rounds, anchor, Rollout(args.horizon_ttft, args.futures, args.candidates,
+                                         args.min_margin), args.seed, executor, on_round=on_round)
     better = [r for r in records if r["verdict"] == "falls short"]  # costs less than the start
     if better:
         kept = min(better, key=lambda r: r["cost"])

@@ -47,12 +47,12 @@ def test_fit_actions_learns_a_labelled_map(tiny):
 
 
 def test_where_the_rollout_keeps_its_base_the_labels_are_the_model_s_own_actions(tiny):
-    from agents.improve import RolloutLabels, rollout_over
+    from agents.improve import Rollout, RolloutLabels
     from eval.harness import run_policy
 
     _, policy = tiny
     base = policy.at(A100)
-    rec = RolloutLabels(rollout_over(base, A100, horizon_ttft=2.0), base)
+    rec = RolloutLabels(Rollout(horizon_ttft=2.0).over(base, A100), base)
     sc, w = lone_requests()[0]
     run_policy(sc, rec, [w])
     assert rec.deviations == 0 and len(rec.labels) >= 4
@@ -62,14 +62,14 @@ def test_where_the_rollout_keeps_its_base_the_labels_are_the_model_s_own_actions
 def test_a_round_with_nothing_to_improve_keeps_the_model_s_actions(tiny):
     """With no deviation to learn, a round fitted on its labels and the anchor states
     (labelled with the model's own actions) leaves what the model does almost as it was."""
-    from agents.improve import improve, served_states
+    from agents.improve import Rollout, improve, served_states
 
     model, policy = tiny
     base = policy.at(A100)
     episodes = [(A100, A100.with_fields(rate=8.0).stream(0, 1, 5, 60))]
     anchor = served_states(base, episodes)
     before = base.actions_of(anchor)
-    rounds = improve(model, base, lambda r: lone_requests(), 1, anchor, horizon_ttft=2.0,
+    rounds = improve(model, base, lambda r: lone_requests(), 1, anchor, Rollout(horizon_ttft=2.0),
                      log=lambda line: None)
     after = base.actions_of(anchor)
     assert rounds[0]["deviated"] == 0 and rounds[0]["changed"] == 0
