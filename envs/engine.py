@@ -401,7 +401,8 @@ class Simulator:
                     "_finish_heap", "_by_residue", "_slack")
     _FORK_FRESH = ("log", "_shapes", "_view", "stream")
 
-    def fork(self, future: Workload | None = None) -> "Simulator":
+    def fork(self, future: Workload | None = None,
+             outputs: dict[int, int] | None = None) -> "Simulator":
         """A copy of the live state that can run ahead without touching this simulator.
 
         Finished requests and the records of past passes are left behind (the fork starts
@@ -410,7 +411,10 @@ class Simulator:
         workload whose arrival times are this simulator's clock), the fork's requests yet
         to arrive are those of ``future`` from now on instead of this stream's: a sampled
         future, where the stream's own is one a controller could not know. A request of
-        it that could never fit in the KV cache is left out.
+        it that could never fit in the KV cache is left out. With ``outputs`` (request id ->
+        output tokens, for requests in flight), those requests end after that many tokens
+        in the fork instead of their own (never before the next token, never beyond what
+        the KV cache holds): an engine does not know when a request will stop.
         """
         new = Simulator.__new__(Simulator)
         for name in self._FORK_SHARED + self._FORK_COPIED:
@@ -434,6 +438,8 @@ class Simulator:
         new._finish_heap = list(self._finish_heap)
         new._by_residue = list(self._by_residue)
         new.log = PassLog(self.pass_index)
+        if outputs:
+            new._set_outputs(clones, outputs)
         new._slack = {itl: c.forked(self.log, self.now, new.log.position())
                       for itl, c in self._slack.items()}  # this simulator's counts stay as they are
         new.stream = None
@@ -443,6 +449,32 @@ class Simulator:
         new._shapes = None
         new._view = SchedulerState(new)
         return new
+
+    def generated_so_far(self) -> dict[int, int]:
+        """Output tokens sampled so far by each request in flight (waiting, prefilling or
+        decoding), by request id."""
+        out = {r.rid: r.generated for r in self.waiting}
+        out.update((r.rid, r.generated) for r in self.prefilling)
+        p = self.pass_index
+        out.update((rid, r.generated_at_start + p - r.decode_start) for rid, r in self._decodes.items())
+        return out
+
+    def _set_outputs(self, clones: dict[int, Request], outputs: dict[int, int]) -> None:
+        """(fork) The cloned requests' output lengths set to ``outputs``, their finishes anew."""
+        room = self.total_blocks * self._block_size
+        generated = self.generated_so_far()
+        for rid, out in outputs.items():
+            r = clones.get(rid)
+            if r is None:
+                continue
+            out = max(min(int(out), room - r.prompt), generated[rid] + 1)
+            if rid in self._decodes:
+                r.finish_pass += out - r.output
+            r.output = out
+        self._finish_at = {}
+        for r in self._decodes.values():
+            self._finish_at.setdefault(r.finish_pass, []).append(r)
+        self._finish_heap = sorted(self._finish_at)  # a sorted list is a heap
 
     def _with_future(self, future: Workload) -> Workload:
         """This stream's requests that have arrived, then ``future``'s from now on."""

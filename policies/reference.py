@@ -195,8 +195,10 @@ class SampledRolloutPolicy(RolloutPolicy):
     stream's own future. At each re-plan it draws ``futures`` stretches of arrivals one
     horizon long from elsewhere in the stream being served (a block bootstrap: the
     stream's rate, mix and bursts, never the arrivals about to come; a stretch that would
-    overlap the next horizon is drawn again), and scores each candidate by its mean over
-    them, every candidate on the same stretches. What it improves on is then the base's
+    overlap the next horizon is drawn again), each with an output length for every
+    request in flight drawn from the stream's lengths longer than what it has generated
+    (an engine does not know when a request stops), and scores each candidate by its mean
+    over them, every candidate on the same draws. What it improves on is then the base's
     expected cost given what an engine can know now (Bertsekas' rollout with Monte Carlo
     simulation), not its cost on one known future: the labels a learned policy can imitate
     (agents/improve.py). Not deployable as it is (it simulates every re-plan), and it
@@ -250,13 +252,23 @@ class SampledRolloutPolicy(RolloutPolicy):
         i = np.concatenate(idx)
         return Workload(np.concatenate(times), w.prompt_tokens[i], w.output_tokens[i], "stretch")
 
+    def outputs(self, sim) -> dict[int, int]:
+        """An output length for each request in flight, drawn from the stream's output
+        lengths longer than what it has generated so far (one token more where none is)."""
+        pool = np.sort(sim.workload.output_tokens)
+        out = {}
+        for rid, done in sim.generated_so_far().items():
+            k = int(np.searchsorted(pool, done, side="right"))
+            out[rid] = int(pool[self._rng.integers(k, len(pool))]) if k < len(pool) else done + 1
+        return out
+
     def budget(self, state) -> int:
         sim = state.simulator
         if sim.now >= self._until:
-            self._stretches = [self.stretch(sim) for _ in range(self.futures)]
+            self._stretches = [(self.stretch(sim), self.outputs(sim)) for _ in range(self.futures)]
         return super().budget(state)
 
     def score(self, sim, first: BudgetPolicy) -> float:
-        return float(np.mean([self.score_fork(sim, sim.fork(future=w), first)
-                              for w in self._stretches]))
+        return float(np.mean([self.score_fork(sim, sim.fork(future=w, outputs=o), first)
+                              for w, o in self._stretches]))
 

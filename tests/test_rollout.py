@@ -147,3 +147,33 @@ def test_bad_sampled_rollout_specs_are_one_line(spec, needle):
     with pytest.raises(ConfigError) as err:
         make_policy(spec, A100)
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_fork_given_each_request_s_own_output_runs_as_a_plain_fork():
+    """``fork(outputs=...)`` with the requests' own lengths is the plain fork; with other
+    lengths the requests in flight finish after those, never before their next token."""
+    sim, rule = _advanced(A100, "time-budget-deadline-kv:16")
+    live = sim.generated_so_far()
+    assert live and all(g >= 0 for g in live.values())
+    by_rid = {r.rid: r for r in [*sim.waiting, *sim.prefilling, *sim._decodes.values()]}
+    own = sim.fork(outputs={rid: by_rid[rid].output for rid in live})
+    plain = sim.fork()
+    for f in (own, plain):
+        while f.advance():
+            f.step(rule(f.state()))
+    assert own.now == plain.now and own.pass_index == plain.pass_index
+    decoding = len(sim._decodes)
+    assert decoding
+    short = sim.fork(outputs={rid: 1 for rid in live})  # raised to one token more each
+    short.step(rule(short.state()))  # every decode in flight samples its last token
+    assert short.finished == sim.finished + decoding
+    assert len(sim._decodes) == decoding  # the simulator forked is untouched
+
+
+def test_sampled_output_lengths_are_longer_than_what_each_request_has_generated():
+    sim, ref = _advanced(A100, "rollout-sampled:2:2:time-budget-deadline-kv:16", passes=80)
+    live = sim.generated_so_far()
+    for _ in range(5):
+        drawn = ref.outputs(sim)
+        assert drawn.keys() == live.keys()
+        assert all(drawn[rid] > g for rid, g in live.items())
