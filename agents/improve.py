@@ -1,18 +1,21 @@
-"""Approximate policy iteration: the learned policy imitates the rollout reference over itself.
+"""Approximate policy iteration: the learned policy imitates the rollout over itself.
+
+    python -m agents.improve --run RUN_DIR --out runs/api --rounds 2
 
 A round: the current model, as the policy it serves (``policies.learned.ModelPolicy``),
-is the base of the rollout reference (``policies.reference.RolloutPolicy``); the
-reference serves training episodes, and every pass's observation is recorded with the
-action the reference's choice takes there (its fraction of the ITL target, as the
-nearest rung of the model's ladder). The model is then trained by maximum likelihood on
-every round's decisions so far (dataset aggregation, as in DAgger: Ross et al. 2011), and
-the next round rolls out over the model so trained. This is rollout-based policy
-iteration with a classifier as the policy (Lagoudakis and Parr, ICML 2003; Bertsekas,
-"Rollout, Policy Iteration, and Distributed Reinforcement Learning", 2020): each round's
-labels are, by the rollout's cost improvement, at least as good as the base they improve,
-judged as capacity judges (deadlines missed and slow tokens beyond the p99 allowance),
-not by the training reward. Each round's model is kept only where a paired comparison on
-held-out arrivals says it beats its start (train.py).
+is the base of a rollout (by default ``policies.reference.SampledRolloutPolicy``, blind to
+the stream's own future); the rollout serves training episodes, and every pass's
+observation is recorded with the action the rollout's choice takes there (its fraction
+of the ITL target, as the nearest rung of the model's ladder). The model is then trained
+by maximum likelihood on every round's decisions so far (dataset aggregation, as in
+DAgger: Ross et al. 2011) plus anchor states that keep its own action, and the next
+round rolls out over the model so trained. This is rollout-based policy iteration with a
+classifier as the policy (Lagoudakis and Parr, ICML 2003; Bertsekas, "Rollout, Policy
+Iteration, and Distributed Reinforcement Learning", 2020): each round's labels improve on
+the base they roll out over, judged as capacity judges (deadlines missed and slow tokens
+beyond the p99 allowance), not by the training reward. Each round's model is compared
+with the start on the run's held-out episodes, paired, and the command says whether any
+beat it. docs/learning.md ("Learning from the rollout") has what it gained: nothing, so far.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS
 from envs.actions import FRACTION_LADDER
 from eval.harness import paired_difference, run_policy
 from eval.parallel import LocalExecutor, make_executor
+from agents.setup import fit_actions
 from policies.baselines import TimeBudgetPolicy
 from policies.learned import load_run, run_sampler
 from policies.reference import RolloutPolicy, SampledRolloutPolicy
@@ -142,29 +146,6 @@ def rollout_decisions(base, episodes, rollout: Rollout = Rollout(), executor=Non
     obs = np.concatenate([f[0] for f in found])
     labels = np.concatenate([f[1] for f in found])
     return obs, labels, sum(f[2] for f in found) / max(len(labels), 1)
-
-
-def fit_actions(policy, x: np.ndarray, y: np.ndarray, epochs: int = 8, batch: int = 256,
-                seed: int = 0, learning_rate: float = 1e-3, progress=None) -> float:
-    """Train an SB3 policy's action distribution by maximum likelihood on normalised
-    observations ``x`` and ladder indices ``y``; the share it then agrees on."""
-    import torch  # heavy: only fitting needs it here
-
-    xt = torch.as_tensor(np.asarray(x), dtype=torch.float32)
-    yt = torch.as_tensor(np.asarray(y), dtype=torch.long)
-    opt = torch.optim.Adam(policy.parameters(), lr=learning_rate)
-    gen = torch.Generator().manual_seed(seed)
-    for _ in range(epochs):
-        for idx in torch.randperm(len(yt), generator=gen).split(batch):
-            loss = -policy.get_distribution(xt[idx]).log_prob(yt[idx]).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        if progress is not None:
-            progress.update(len(yt) // epochs)
-    with torch.no_grad():
-        pred = policy.get_distribution(xt).distribution.probs.argmax(dim=1)
-    return float((pred == yt).float().mean())
 
 
 def _served_task(scenario, workload, base):

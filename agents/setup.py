@@ -102,8 +102,6 @@ def imitate(model, teacher: str, ladder, steps: int = 20_000, epochs: int = 8,
     teacher, and ``teacher`` where the episode comes from none of ``conditions``. Returns
     the share of those decisions on which the cloned policy agrees with the teacher.
     ``progress`` (a bar), where given, counts the decisions and then the epochs."""
-    import torch  # heavy: only behaviour cloning needs it here
-
     venv = model.get_env()
     obs_norm, acts = [], []
     venv.reset()
@@ -115,19 +113,28 @@ def imitate(model, teacher: str, ladder, steps: int = 20_000, epochs: int = 8,
         venv.step(a)
         if progress is not None:
             progress.update(venv.num_envs)
-    x = torch.as_tensor(np.concatenate(obs_norm), dtype=torch.float32)
-    y = torch.as_tensor(np.concatenate(acts), dtype=torch.long)
-    policy = model.policy
-    opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    return fit_actions(model.policy, np.concatenate(obs_norm), np.concatenate(acts), epochs, batch,
+                       seed, progress=progress)
+
+
+def fit_actions(policy, x: np.ndarray, y: np.ndarray, epochs: int = 8, batch: int = 256,
+                seed: int = 0, learning_rate: float = 1e-3, progress=None) -> float:
+    """Train an SB3 policy's action distribution by maximum likelihood on normalised
+    observations ``x`` and ladder indices ``y``; the share it then agrees on."""
+    import torch  # heavy: only fitting needs it here
+
+    xt = torch.as_tensor(np.asarray(x), dtype=torch.float32)
+    yt = torch.as_tensor(np.asarray(y), dtype=torch.long)
+    opt = torch.optim.Adam(policy.parameters(), lr=learning_rate)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(epochs):
-        for idx in torch.randperm(len(y), generator=gen).split(batch):
-            loss = -policy.get_distribution(x[idx]).log_prob(y[idx]).mean()
+        for idx in torch.randperm(len(yt), generator=gen).split(batch):
+            loss = -policy.get_distribution(xt[idx]).log_prob(yt[idx]).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
         if progress is not None:
-            progress.update(len(y) // epochs)
+            progress.update(len(yt) // epochs)
     with torch.no_grad():
-        pred = policy.get_distribution(x).distribution.probs.argmax(dim=1)
-    return float((pred == y).float().mean())
+        pred = policy.get_distribution(xt).distribution.probs.argmax(dim=1)
+    return float((pred == yt).float().mean())

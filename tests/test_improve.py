@@ -37,7 +37,7 @@ def lone_requests() -> list:
 
 
 def test_fit_actions_learns_a_labelled_map(tiny):
-    from agents.improve import fit_actions
+    from agents.setup import fit_actions
 
     model, _ = tiny
     rng = np.random.default_rng(0)
