@@ -60,6 +60,7 @@ class ReferencePolicy(BudgetPolicy):
         self._until = -math.inf
         self._choice = self.base
         self.margin = 0.0
+        """How much better than the base the choice scored at the last re-plan."""
         self.choices: dict[str, int] = {}
 
     def score(self, sim, first: BudgetPolicy) -> float:
@@ -95,8 +96,7 @@ class ReferencePolicy(BudgetPolicy):
                 if s < best_score:
                     best, best_score = c, s
             self._choice, self._until = best, sim.now + self.replan_s
-            self.margin = base_score - best_score
-            """How much better than the base the choice scored at the last re-plan."""
+            self.margin = base_score - best_score  # the choice's lead over the base at it
             self.choices[best.name] = self.choices.get(best.name, 0) + 1
         return self._choice(state)
 
