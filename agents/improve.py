@@ -40,13 +40,8 @@ from eval.parallel import LocalExecutor, make_executor
 from agents.setup import fit_actions
 from policies.baselines import TimeBudgetPolicy
 from policies.learned import load_run, run_sampler
-from policies.reference import RolloutPolicy, SampledRolloutPolicy
+from policies.reference import HORIZON_TTFT, RolloutPolicy, SampledRolloutPolicy
 from policies.specs import make_policy
-
-HORIZON_TTFT = 5.0
-"""The rollout's horizon in TTFT targets: on the H100 mix the room it finds grows from a
-2 s horizon (a loss) to 10 s, five TTFT targets (docs/learning.md, "The room beyond the
-best rule"), and a TTFT target's worth of queue is what a deviation's cost plays out over."""
 
 
 FUTURES = 2

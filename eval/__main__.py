@@ -100,7 +100,9 @@ class CapacityArgs(SweepArgs, Scenario):
     requests: int = 600
     """Requests per stream."""
     reference: bool = False
-    """Also find the reference controller's capacity (MPC over the hindsight-best static)."""
+    """Also find the reference controller's capacity: the rollout over the best time-budget
+    rule among --policies (it sees the future; slow), or MPC over the hindsight-best static
+    where no such rule is given."""
     figures: bool = True
     """Draw the report's pictures (--no-figures: the text alone; the goodput curve runs every
     policy again at 7 loads on 3 streams)."""
@@ -126,7 +128,9 @@ class SuiteArgs(SweepArgs):
     """Find every policy's capacity per scenario, the suite's headline (--no-capacity: only
     goodput at each scenario's base load)."""
     reference: bool = False
-    """Also find the reference controller's capacity per scenario (slow)."""
+    """Also find the reference controller's capacity per scenario: the rollout over the
+    scenario's best time-budget rule among --policies (it sees the future; slow), or MPC
+    over the hindsight-best static where no such rule is given."""
     reference_scenarios: str | None = None
     """With --reference: only these comma-separated scenarios (default: all)."""
     max_pass_itl: float | None = None

@@ -28,7 +28,8 @@ from envs.workload import MAX_RATE
 from eval.harness import meets_p99, paired_verdict, serving_of
 from eval.parallel import LocalExecutor
 from policies.baselines import StaticPolicy
-from policies.reference import reference_for
+from policies.reference import HORIZON_TTFT, RolloutPolicy, reference_for
+from policies.specs import BY_SPEC, make_policy
 
 
 @dataclass(frozen=True)
@@ -282,6 +283,26 @@ class CapacityStudy:
                                                          self.policies[flat].per_stream)))
         return out
 
+    def best_rule(self) -> str | None:
+        """The time-budget rule of highest capacity among the policies measured (the one a
+        careful user would serve here, picked in hindsight); None where none was."""
+        rules = [n for n, r in self.policies.items()
+                 if r.kind == "rule" and getattr(BY_SPEC.get(n.split(":")[0]), "acts_in_time", False)]
+        return max(rules, key=lambda n: self.policies[n].capacity, default=None)
+
+    def room_verdicts(self) -> list[tuple[str, str, object]]:
+        """(rollout reference, the rule it is over, the reference against that rule paired
+        stream by stream) for each rollout measured with its rule: the room a controller
+        that sees the future finds beyond the rule."""
+        out = []
+        for name, result in self.policies.items():
+            head, _, rest = name.partition(":")
+            base = rest.partition(":")[2]
+            if head == RolloutPolicy.spec and base in self.policies:
+                out.append((name, base, paired_verdict(result.per_stream,
+                                                       self.policies[base].per_stream)))
+        return out
+
     @property
     def has_held_out(self) -> bool:
         """Whether there is a held-out pick: it needs another stream to pick on."""
@@ -310,6 +331,10 @@ class CapacityStudy:
         out = {n: {**r.as_json(), "verdict": str(self.verdict(n))} for n, r in self.policies.items()}
         for table, flat, v in self.flat_verdicts():
             out[table].setdefault("against_flat", {})[flat] = str(v)
+        for ref, rule, v in self.room_verdicts():
+            out[ref]["against_rule"] = {rule: str(v), "per_stream": [
+                a / b - 1.0 if b > 0 else None for a, b in zip(self.policies[ref].per_stream,
+                                                               self.policies[rule].per_stream)]}
         out["_hindsight_static"] = {"budget": self.best_budget, "capacity": self.best.capacity,
                                     "ci95": self.best.ci95}
         held, picks = self.held_out_static()
@@ -350,11 +375,21 @@ def capacity_studies(jobs: list[tuple[Scenario, list]], seeds: int, num_requests
 
 def add_references(studies: list[CapacityStudy], seeds: int, num_requests: int, executor=None,
                    progress=None, **kwargs) -> None:
-    """Each study's reference controller (MPC over its hindsight-best static budget),
-    its capacity searched from that budget's, added to ``study.policies``."""
-    refs = [reference_for(st.scenario, st.best_budget) for st in studies]
+    """Each study's reference controller, its capacity searched from its base's, added to
+    ``study.policies``: the rollout over the study's best rule (``rollout:HORIZON:RULE``,
+    a horizon of :data:`HORIZON_TTFT` TTFT targets) where a time-budget rule was measured,
+    else MPC over the hindsight-best static budget (``reference:BUDGET``)."""
+    refs, starts = [], []
+    for st in studies:
+        rule = st.best_rule()
+        if rule is None:
+            refs.append(reference_for(st.scenario, st.best_budget))
+            starts.append(list(st.best.factors))
+        else:
+            refs.append(make_policy(f"{RolloutPolicy.spec}:{HORIZON_TTFT * st.scenario.slo_ttft_s:g}:{rule}",
+                                    st.scenario))
+            starts.append(list(st.policies[rule].factors))
     found = capacity_sweep([(st.scenario, r) for st, r in zip(studies, refs)], seeds, num_requests,
-                           executor=executor, progress=progress,
-                           starts=[list(st.best.factors) for st in studies], **kwargs)
+                           executor=executor, progress=progress, starts=starts, **kwargs)
     for st, r in zip(studies, found):
         st.policies[r.policy] = r

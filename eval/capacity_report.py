@@ -167,6 +167,11 @@ def capacity_report(study, out: Path, seeds: int, num_requests: int, uses: dict 
         lines += ["", "What each table's cells are worth (the table against itself flattened, every "
                   "cell at one fraction of the ITL target, paired stream by stream):", ""]
         lines += [f"- {t} against {f}: {v.cell}" for t, f, v in worth]
+    room = study.room_verdicts()
+    if room:
+        lines += ["", "The room beyond the best rule (the rollout reference, which sees the future, "
+                  "against the rule it is over, paired stream by stream):", ""]
+        lines += [f"- {ref} against {rule}: {v.cell}" for ref, rule, v in room]
     if uses:
         lines += ["", "## What the tables do at their capacity", ""]
         lines += [f"- {n}: {use_line(u, u['action'], 'streams')}" for n, u in uses.items()]

@@ -178,6 +178,19 @@ def flat_counts(names, studies) -> list[str]:
     return lines
 
 
+def room_lines(names, studies) -> list[str]:
+    """Per scenario with a rollout reference: the room it finds beyond the best rule."""
+    found = [(name, ref, rule, v) for name, st in zip(names, studies) for ref, rule, v in st.room_verdicts()]
+    if not found:
+        return []
+    kinds = {}
+    for name, ref, rule, v in found:
+        kinds.setdefault(v.kind, []).append(f"{name} {v.figure} over {rule}")
+    return ["- the rollout reference (sees the future) against the best rule it is over: "
+            + "; ".join(f"{k} in {len(kinds[k])} ({', '.join(kinds[k])})"
+                        for k in ("beats", "ties", "falls short", "not judged") if k in kinds)]
+
+
 def suite_text(names, specs, comparisons, studies, args, wall_s: float, uses=None) -> str:
     head = ["# chunkpilot evaluation suite", "",
             f"- policies: {','.join(specs)}; {args.seeds} stream{'s' * (args.seeds != 1)} of {args.requests} requests per "
@@ -214,7 +227,7 @@ def suite_text(names, specs, comparisons, studies, args, wall_s: float, uses=Non
         note = unbounded_note(studies)
         body += [note, ""] if note else []
         counts = use_counts(names, specs, comparisons, uses or [{} for _ in names])
-        counts += flat_counts(names, studies)
+        counts += flat_counts(names, studies) + room_lines(names, studies)
         body += counts + ([""] if counts else [])
     body += ["## Goodput at each scenario's base load", ""] + goodput_table(names, specs, comparisons)
     body += ["", "## Scenarios", ""] + [f"- [{n}]({n}/report.md): {scenario_line(SUITE[n])}" for n in names]

@@ -131,6 +131,13 @@ def reference_for(scenario, base_budget: int, horizon_s: float | None = None,
                            ).limit_pass(scenario)
 
 
+HORIZON_TTFT = 5.0
+"""The rollout's horizon in TTFT targets where none is given: on the H100 mix the room it
+finds grows from a 2 s horizon (a loss) to 10 s, five TTFT targets (docs/learning.md, "The
+room beyond the best rule"), and a TTFT target's worth of queue is what a deviation's cost
+plays out over."""
+
+
 class RolloutPolicy(ReferencePolicy):
     """The rollout reference over a rule: what a controller that sees the future could add
     to the best rule, judged as capacity judges (not deployable; a diagnostic).
