@@ -3,7 +3,9 @@
     python benchmarks/bench_table.py [--table tables/h100-sxm__llama-3-8b.json]
 
 ``budget(state)`` is what an engine calls before each pass (a dict of the quantities the
-table needs); ``lookup_values`` is the export's path (feature values in order).
+table needs); ``lookup_values`` is the export's path (feature values in order). For a
+time-fraction table, also what the speed correction adds per step: the price of the
+step's shape (64 decodes and a chunk) and one ``StepScale.observe``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import random
 import time
 
 from policies.table import BudgetTable
+from policies.table.correction import StepScale, shape_price
 
 
 def per_call_us(fn, args: list, n: int) -> float:
@@ -41,6 +44,16 @@ def main() -> None:
     print(f"{table.cells} cells, {len(table.features)} features ({table.action.kind}): "
           f"budget(state) {budget_us:.2f} us ({1e6 / budget_us:,.0f}/s); lookup_values "
           f"{values_us:.2f} us ({1e6 / values_us:,.0f}/s)")
+    cost = getattr(table.action, "cost", None)
+    if cost is not None:
+        shapes = [[(1, rng.randint(100, 4000), True)] * 64
+                  + [(rng.randint(1, 2048), rng.randint(0, 8000), False)] for _ in range(1000)]
+        speed = StepScale()
+        price_us = per_call_us(lambda shape: shape_price(cost, shape), shapes, args.lookups // 10)
+        observe_us = per_call_us(lambda r: speed.observe(1.0, r), [rng.uniform(0.5, 2) for _ in range(1000)],
+                                 args.lookups)
+        print(f"speed correction per step: shape_price (64 decodes, 1 chunk) {price_us:.2f} us; "
+              f"StepScale.observe {observe_us:.2f} us")
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ class TablePolicy(BudgetPolicy):
     def budget_of(self, values: dict, state) -> int:
         """The budget for ``values`` (:meth:`values` of ``state``)."""
         if self._time:
-            return self.table.action.budget(values, state.cost)
+            return self.table.action.budget(values, cost=state.cost)
         return self.table.budget(values)
 
 

@@ -14,6 +14,10 @@ seconds and tokens in the name, counters exposed with ``_total``, and the same
 ``chunkpilot:budget_fallbacks`` counter    steps whose lookup failed and took the default
 ``chunkpilot:budget_clamps``    counter    steps whose budget was raised to the running
                                            decodes
+``chunkpilot:speed_scale``      gauge      the engine's measured step time per second
+                                           its table's cost model prices
+                                           (``policies.table.correction``; 1 until warmed
+                                           up, and for token tables)
 ==============================  =========  ===============================================
 
 How they reach ``/metrics``: vLLM 0.32 runs the scheduler in the engine-core process and
@@ -84,6 +88,9 @@ class Metrics:
         self.clamps = Counter("chunkpilot:budget_clamps",
                               "Steps whose table budget was raised to the running decodes.",
                               labelnames=labels)
+        self.speed_scale = Gauge("chunkpilot:speed_scale",
+                                 "Measured step time per second the table's cost model prices.",
+                                 labelnames=labels, multiprocess_mode="mostrecent")
 
 
 class EngineMetrics:
@@ -95,6 +102,8 @@ class EngineMetrics:
         self.budget = m.budget.labels(**self._labels)
         self.fallbacks = m.fallbacks.labels(**self._labels)
         self.clamps = m.clamps.labels(**self._labels)
+        self.speed_scale = m.speed_scale.labels(**self._labels)
+        self.speed_scale.set(1.0)
         self._reloads = m.reloads
         for outcome in ("applied", "rejected"):  # 0 from the start, not absent until the first
             self._reloads.labels(**self._labels, outcome=outcome)
@@ -130,13 +139,15 @@ class Summary:
         self.fallbacks = 0
         self.lookup_s = 0.0
 
-    def line(self, elapsed_s: float, table_path: str) -> str:
+    def line(self, elapsed_s: float, table_path: str, scale: float | None = None) -> str:
+        """``scale``: the speed correction in use (None: none, a token table or turned off)."""
         rate = self.steps / elapsed_s if elapsed_s > 0 else 0.0
         lookup_us = self.lookup_s / self.steps * 1e6 if self.steps else 0.0
+        speed = "" if scale is None else f"; steps take {scale:.2f}x the table's cost model"
         return (f"chunkpilot: last {elapsed_s:.0f} s: {self.steps} steps ({rate:.1f} lookups/s, "
                 f"{lookup_us:.1f} us each); budgets {histogram(self.budgets)}; raised to the "
                 f"running decodes {self.clamps}x; default budget after a failed lookup "
-                f"{self.fallbacks}x; table {table_path}")
+                f"{self.fallbacks}x{speed}; table {table_path}")
 
 
 def histogram(counts: collections.Counter, max_bins: int = 8) -> str:

@@ -30,6 +30,13 @@ Before every ``schedule()`` the scheduler
 4. raises the budget to the number of running decodes if needed (each must get its
    token), caps it at the engine's ceiling, and stores it in
    ``max_num_scheduled_tokens``, which ``Scheduler.schedule`` reads as its budget.
+
+For a time-fraction table it also learns this engine's speed: each completed step's
+duration against the price the table's cost model gives the shape it scheduled (its
+decodes and chunks), as ``policies.table.correction.StepScale`` keeps it; the budgets of
+the next steps are the time budgets divided by that scale, so that a pass budgeted at a
+fraction of the ITL target takes that fraction here, whatever day or machine the cost
+model was fitted on (``CHUNKPILOT_CORRECT_SPEED=0`` turns it off).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from envs.slack import StepSlack
 from envs.state import SLACK_COUNTS, read_requests
 from policies.table import BudgetTable, TableError
+from policies.table.correction import StepScale, shape_price
 from policies.vllm_metrics import EngineMetrics, Summary
 from policies.vllm_startup import (ALLOW_MISMATCH_ENV, RELOAD_ENV, SUMMARY_ENV, TABLE_ENV,
                                    check_startup, check_table, engine_ceiling, logger,
@@ -111,6 +119,17 @@ class TableBudget:
         self.chunkpilot_table = table.with_step_overhead(self.chunkpilot_settings.step_overhead_s)
         self._cp_budget = self.chunkpilot_table.budget
         self._cp_needs = table.needs
+        # The engine's speed against the table's cost model (priced with the step overhead
+        # it serves with); a replacing table with the same cost model keeps what was learnt.
+        cost = getattr(table.action, "cost", None)
+        if cost is not None and self.chunkpilot_settings.correct_speed:
+            cost = cost._replace(fixed_s=cost.fixed_s + self.chunkpilot_settings.step_overhead_s)
+            if getattr(self, "_cp_cost", None) != cost:
+                self.chunkpilot_speed = StepScale()
+                self.chunkpilot_metrics.speed_scale.set(1.0)
+        else:
+            cost, self.chunkpilot_speed = None, None
+        self._cp_cost = cost
         # The p99 ITL slack, counted from the steps' durations; a table replaced by one
         # with the same ITL target keeps the count.
         kept = getattr(self, "_cp_slack", None)
@@ -152,7 +171,8 @@ class TableBudget:
         state = None
         try:
             state = self.chunkpilot_state(now)
-            budget = self._cp_budget(state)
+            budget = self._cp_budget(state, self.chunkpilot_speed.value) if self._cp_cost else \
+                self._cp_budget(state)
             if budget.__class__ is not int:
                 budget = int(budget)  # an action kind may compute a float; NaN raises here
             if budget <= 0:
@@ -171,7 +191,9 @@ class TableBudget:
         self.chunkpilot_metrics.budget.observe(budget)
         self.chunkpilot_history.append((state or {}, budget))
         if now >= self._cp_next_summary and self.chunkpilot_settings.summary_interval_s > 0:
-            logger.info("%s", stats.line(now - self._cp_summary_from, self.chunkpilot_table.path))
+            speed = self.chunkpilot_speed
+            logger.info("%s", stats.line(now - self._cp_summary_from, self.chunkpilot_table.path,
+                                         speed.value if speed is not None else None))
             stats.reset()
             self._cp_summary_from = now
             self._cp_next_summary = now + self.chunkpilot_settings.summary_interval_s
@@ -223,12 +245,18 @@ class TableBudget:
         start = time.monotonic()
         self.max_num_scheduled_tokens = self.chunkpilot_budget()
         output = super().schedule(*args, **kwargs)
-        self._cp_steps.append((start, _decodes_in(self, output) if self._cp_slack else 0))
+        decodes, priced = 0, 0.0
+        if self._cp_slack is not None or self._cp_cost is not None:
+            shape = step_shape(self, output)
+            decodes = sum(decode for _, _, decode in shape)
+            if self._cp_cost is not None:
+                priced = shape_price(self._cp_cost, shape)
+        self._cp_steps.append((start, decodes, priced))
         return output
 
     def update_from_output(self, scheduler_output, model_runner_output):
         if self._cp_steps:  # a step completes: its duration and its decodes' tokens
-            start, decodes = self._cp_steps.popleft()
+            start, decodes, priced = self._cp_steps.popleft()
             # A step runs from its scheduling, or from the previous step's output when it
             # was scheduled before that (async scheduling overlaps the two), to its output.
             now = time.monotonic()
@@ -236,24 +264,40 @@ class TableBudget:
             self._cp_last_done = now
             if self._cp_slack is not None:
                 self._cp_slack.step_done(duration, decodes)
+            if priced:
+                self._cp_observe_speed(priced, duration)
         return super().update_from_output(scheduler_output, model_runner_output)
 
+    def _cp_observe_speed(self, priced: float, duration: float) -> None:
+        speed = self.chunkpilot_speed
+        was = speed.at_bound
+        speed.observe(priced, duration)
+        self.chunkpilot_metrics.speed_scale.set(speed.value)
+        if speed.at_bound and not was:
+            logger.warning("chunkpilot: this engine's steps take %.2fx what %s's cost model "
+                           "prices, the correction's bound: the table was built for another "
+                           "deployment, or the engine is far from its usual speed", speed.value,
+                           self.chunkpilot_table.path)
 
-def _decodes_in(scheduler, output) -> int:
-    """The requests a scheduled step decodes: one token each, completing no prefill chunk,
-    by a request that has sampled before. (A recomputation after a preemption whose last
-    chunk is one token reads the same; it is priced as a decode, and counted as one.)"""
+
+def step_shape(scheduler, output) -> list[tuple[int, int, bool]]:
+    """Each request a scheduled step carries: (its tokens this step, its tokens computed
+    before the step, whether it decodes). ``Scheduler.schedule`` has already advanced
+    ``num_computed_tokens`` by the step's tokens (``_update_after_schedule``). A decode is
+    one token, completing no prefill chunk, by a request that has sampled before (a
+    recomputation after a preemption whose last chunk is one token reads the same; it is
+    priced as a decode, and counted as one)."""
     requests = scheduler.requests
     # The async scheduler has already added this step's own placeholder to each request
     # it samples for; the others are tokens of steps still in flight, sampled before it.
     own = 1 if isinstance(scheduler, AsyncScheduler) else 0
-    decodes = 0
+    out = []
     for rid, tokens in output.num_scheduled_tokens.items():
-        if tokens == 1:
-            r = requests[rid]
-            if not r.is_prefill_chunk and r.num_output_tokens + r.num_output_placeholders - own > 0:
-                decodes += 1
-    return decodes
+        r = requests[rid]
+        decode = (tokens == 1 and not r.is_prefill_chunk
+                  and r.num_output_tokens + r.num_output_placeholders - own > 0)
+        out.append((tokens, r.num_computed_tokens - tokens, decode))
+    return out
 
 
 def _file_signature(path: str) -> tuple:

@@ -43,6 +43,7 @@ SLO_ITL_ENV = "CHUNKPILOT_SLO_ITL_S"
 RELOAD_ENV = "CHUNKPILOT_RELOAD_INTERVAL_S"
 SUMMARY_ENV = "CHUNKPILOT_SUMMARY_INTERVAL_S"
 STEP_OVERHEAD_ENV = "CHUNKPILOT_STEP_OVERHEAD_S"
+CORRECT_SPEED_ENV = "CHUNKPILOT_CORRECT_SPEED"
 
 # vLLM configures the "vllm" logger tree (handlers, format, VLLM_LOGGING_LEVEL) and lets
 # nothing propagate to the root; a child of it lands in the server's log like vLLM's own.
@@ -69,6 +70,10 @@ class Settings:
     step_overhead_s: float = 0.0
     """CHUNKPILOT_STEP_OVERHEAD_S: the engine's own cost per step beyond the table's cost
     model (a time-fraction table turns fractions into tokens with it)."""
+    correct_speed: bool = True
+    """CHUNKPILOT_CORRECT_SPEED=0: take the table's cost model as this engine's speed;
+    otherwise a time-fraction table's budgets follow the engine's measured step times
+    (``policies.table.correction``)."""
 
     @classmethod
     def from_env(cls, table_path: str | None = None) -> "Settings":
@@ -76,10 +81,9 @@ class Settings:
         path = table_path or env.get(TABLE_ENV)
         if not path:
             raise TableError(f"{TABLE_ENV}: set it to the path of a chunkpilot table (JSON)")
-        allow = env.get(ALLOW_MISMATCH_ENV, "0").strip().lower()
-        if allow not in ("", "0", "1", "true", "false", "yes", "no"):
-            raise TableError(f"{ALLOW_MISMATCH_ENV}: got {allow!r}, must be 1 or 0")
-        return cls(table_path=path, allow_mismatch=allow in ("1", "true", "yes"),
+        allow = _env_switch(ALLOW_MISMATCH_ENV, False)
+        return cls(table_path=path, allow_mismatch=allow,
+                   correct_speed=_env_switch(CORRECT_SPEED_ENV, True),
                    slo_ttft_s=_env_number(SLO_TTFT_ENV, None, positive=True, high=MAX_SLO_TTFT_S),
                    slo_itl_s=_env_number(SLO_ITL_ENV, None, positive=True, high=MAX_SLO_ITL_S),
                    reload_interval_s=_env_number(RELOAD_ENV, cls.reload_interval_s),
@@ -91,6 +95,16 @@ class Settings:
         if self.slo_ttft_s is None and self.slo_itl_s is None:
             return None
         return {"ttft_s": self.slo_ttft_s, "itl_s": self.slo_itl_s}
+
+
+def _env_switch(name: str, default: bool) -> bool:
+    """A yes/no setting from the environment (1/0, true/false, yes/no; unset: ``default``)."""
+    text = os.environ.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text not in ("0", "1", "true", "false", "yes", "no"):
+        raise TableError(f"{name}: got {text!r}, must be 1 or 0")
+    return text in ("1", "true", "yes")
 
 
 def _env_number(name: str, default: float | None, positive: bool = False,

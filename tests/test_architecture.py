@@ -70,11 +70,12 @@ def module_level_imports(path: pathlib.Path) -> set[str]:
     return names
 
 
-RUNTIME = {"policies.table", "policies.vllm_metrics", "policies.vllm_startup", "policies.vllm_scheduler",
+RUNTIME = {"policies.table", "policies.table.correction", "policies.vllm_metrics",
+           "policies.vllm_startup", "policies.vllm_scheduler",
            "envs.pricing", "envs.state", "envs.slack", "envs.errors"}
-"""What a serving engine imports: the table runtime, the vLLM adapter, and the four
-standard-library modules of envs they rest on (the pass price, the state vocabulary, the
-slack count, the input checks)."""
+"""What a serving engine imports: the table runtime and its speed correction, the vLLM
+adapter, and the four standard-library modules of envs they rest on (the pass price, the
+state vocabulary, the slack count, the input checks)."""
 
 
 def test_serving_runtime_imports_only_stdlib_and_vllm():

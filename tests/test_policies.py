@@ -461,7 +461,7 @@ def test_a_table_for_other_hardware_is_evaluated_with_its_own_cost_model(tmp_pat
         b = policy(state)
         if state.running_decodes:
             values = policy.values(state)
-            asked.append((b, policy.table.action.budget(values), policy.table.action.budget(values, h100)))
+            asked.append((b, policy.table.action.budget(values), policy.table.action.budget(values, cost=h100)))
         return b
 
     sc.simulator(sc.arrivals()).run(spy)

@@ -134,7 +134,9 @@ class TokensAction:
             idx += bisect_right(edges, state[name]) * stride
         return idx
 
-    def budget(self, state: Mapping[str, float]) -> int:
+    def budget(self, state: Mapping[str, float], scale: float = 1.0) -> int:
+        """The cell's budget (``scale``, the engine's speed against a cost model, does not
+        apply: a token table stores none)."""
         return self.cells[self.cell(state)]
 
 
@@ -212,16 +214,19 @@ class TimeFractionAction:
         f = self.cells[self.cell(state)]
         return f if self.max_fraction is None else min(f, self.max_fraction)
 
-    def budget(self, state: Mapping[str, float], cost: Coefficients | None = None) -> int:
-        """``cost`` overrides the stored coefficients when converting the fraction to tokens
-        (an engine calibrated apart, say with its own per-step overhead); the cells are
-        looked up with the stored ones."""
+    def budget(self, state: Mapping[str, float], scale: float = 1.0,
+               cost: Coefficients | None = None) -> int:
+        """``scale``: this engine's measured time per second the cost model prices
+        (``policies.table.correction.StepScale``), so that the pass takes its fraction of
+        the ITL target on this engine; ``cost`` overrides the stored coefficients when
+        converting the fraction to tokens (an engine calibrated apart, say with its own
+        per-step overhead). The cells are looked up with the stored coefficients."""
         n = int(state["running_decodes"])
         if n == 0:
             return self.cap
         return time_budget(cost or self.cost, n, int(state["decode_context_tokens"]),
-                           int(state["head_prefilled_tokens"]), self.fraction(state) * self.itl_s,
-                           self.cap)
+                           int(state["head_prefilled_tokens"]),
+                           self.fraction(state) * self.itl_s / scale, self.cap)
 
 
 # One entry per action kind. A kind reads its cells (and any coefficients) from the
@@ -337,9 +342,11 @@ class BudgetTable:
         gap over which an engine counts a decode token as slow."""
         return float(getattr(self.action, "itl_s", None) or self.provenance["slo"]["itl_s"])
 
-    def budget(self, state: Mapping[str, float]) -> int:
-        """The token budget for a pass in ``state`` (a mapping holding ``needs``)."""
-        return self._budget(state)
+    def budget(self, state: Mapping[str, float], scale: float = 1.0) -> int:
+        """The token budget for a pass in ``state`` (a mapping holding ``needs``); ``scale``:
+        the serving engine's measured time per priced second (a time-fraction table
+        divides its time budget by it; 1: the stored cost model is this engine's)."""
+        return self._budget(state, scale)
 
     def with_step_overhead(self, seconds: float) -> "BudgetTable":
         """This table, turning its time fractions into tokens for an engine that adds
@@ -349,7 +356,7 @@ class BudgetTable:
             return self
         cost = self.action.cost._replace(fixed_s=self.action.cost.fixed_s + seconds)
         action = self.action
-        self._budget = lambda state: action.budget(state, cost)
+        self._budget = lambda state, scale=1.0: action.budget(state, scale, cost)
         return self
 
     def flattened(self, fraction: float = 1.0) -> "BudgetTable":

@@ -102,7 +102,7 @@ def test_missing_table_is_a_clear_error(model, monkeypatch):
         create_scheduler(TableScheduler, model, max_num_batched_tokens=1024)
 
 
-def test_time_fraction_table_turns_its_fraction_into_tokens_each_step(model):
+def test_time_fraction_table_turns_its_fraction_into_tokens_each_step(model, monkeypatch):
     """A time-fraction table in vLLM's scheduler: each step's budget is the running decodes
     plus the chunk the stored cost model fits in the cell's fraction of the ITL target,
     computed from the scheduler's own queues (decode contexts, the head's prefix)."""
@@ -116,6 +116,7 @@ def test_time_fraction_table_turns_its_fraction_into_tokens_each_step(model):
     data.update(action={"kind": "time_fraction", "itl_s": 0.02, "cap": 1024, "cost": cost},
                 fractions=[1.0, 0.5])
     table = BudgetTable(data)
+    monkeypatch.setenv("CHUNKPILOT_CORRECT_SPEED", "0")  # the stored model's speed: no fake runner has one
     sched = create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=1024,
                              chunkpilot_table=table)
     for i in range(4):
@@ -162,6 +163,7 @@ def test_slack_table_counts_slow_tokens_from_step_times(model, monkeypatch):
     import policies.vllm_scheduler as vs
 
     data = two_fraction_table("itl_slack_passes", 1.0)
+    monkeypatch.setenv("CHUNKPILOT_CORRECT_SPEED", "0")  # 10 ms steps: not this cost model's
     clock = [100.0]
     monkeypatch.setattr(vs, "time", types.SimpleNamespace(
         monotonic=lambda: clock[0], time=vs.time.time, perf_counter=vs.time.perf_counter))
@@ -194,7 +196,7 @@ def test_slack_table_counts_slow_tokens_from_step_times(model, monkeypatch):
     assert any(b == 1024 for _, _, b in seen[1:]) and any(b < 1024 for _, _, b in seen[1:])
 
 
-def test_due_time_table_reads_the_queue_vllm_holds(model):
+def test_due_time_table_reads_the_queue_vllm_holds(model, monkeypatch):
     """A table over prefill_due_s in vLLM's scheduler: the adapter hands the runtime the
     waiting prompt tokens, the oldest request's wait and the head's prefix, and the
     runtime's due time from them picks the cell (4x the target once the queue is due
@@ -205,6 +207,7 @@ def test_due_time_table_reads_the_queue_vllm_holds(model):
 
     cost = Coefficients.of(COST)
     data = two_fraction_table("prefill_due_s", 0.05)
+    monkeypatch.setenv("CHUNKPILOT_CORRECT_SPEED", "0")
     sched = create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=1024,
                              chunkpilot_table=BudgetTable(data))
     for i in range(4):
@@ -226,3 +229,55 @@ def test_due_time_table_reads_the_queue_vllm_holds(model):
             seen.add(fraction)
         sched.update_from_output(out, fake_output(sched, out))
     assert seen == {1.0, 4.0}
+
+
+@pytest.mark.parametrize("cls_name", ["TableScheduler", "AsyncTableScheduler"])
+@pytest.mark.parametrize("speed", [0.5, 2.0])
+def test_the_scheduler_learns_the_engine_speed_from_its_steps(model, monkeypatch, cls_name, speed):
+    """On a fake clock where each step takes ``speed`` times the stored cost model's price
+    of the shape vLLM scheduled (each request's tokens after what it had computed, as read
+    from vLLM's requests before the step), the scheduler's scale reaches ``speed`` once
+    warmed up, the gauge shows it, and the budgets are the time budgets divided by it."""
+    import types
+
+    import policies.vllm_scheduler as vs
+    from envs.pricing import Coefficients, time_budget
+    from policies.table.correction import WARMUP, shape_price
+
+    cost = Coefficients.of(COST)
+    data = two_fraction_table("kv_usage", 2.0)  # one fraction in use: the target, 20 ms
+    clock = [100.0]
+    monkeypatch.setattr(vs, "time", types.SimpleNamespace(
+        monotonic=lambda: clock[0], time=vs.time.time, perf_counter=vs.time.perf_counter))
+    sched = create_scheduler(getattr(vs, cls_name), model, max_num_batched_tokens=1024,
+                             chunkpilot_table=BudgetTable(data))
+    for i in range(6):
+        sched.add_request(make_request(f"short{i}", 20, 300))
+    pending, checked = [], 0
+    for step in range(120):
+        if step % 15 == 3:
+            sched.add_request(make_request(f"long{step}", 2500, 4))
+        queued = list(sched.running) + list(sched.waiting)
+        before = {r.request_id: r.num_computed_tokens for r in queued}
+        sampled = {r.request_id: r.num_output_tokens for r in list(sched.running)}
+        scale = sched.chunkpilot_speed.value
+        out = sched.schedule()
+        state, got = sched.chunkpilot_history[-1]
+        n = state["running_decodes"]
+        if n and step > WARMUP + 2:
+            want = time_budget(cost, n, state["decode_context_tokens"], state["head_prefilled_tokens"],
+                               0.02 / scale, 1024)
+            assert got == max(want, n), (step, got, scale)
+            checked += want < 1024
+        shape = [(k, before.get(rid, 0), k == 1 and sampled.get(rid, 0) > 0
+                  and before.get(rid, 0) >= sched.requests[rid].num_prompt_tokens)
+                 for rid, k in out.num_scheduled_tokens.items()]
+        pending.append((out, fake_output(sched, out), shape_price(cost, shape)))
+        if cls_name == "TableScheduler" or len(pending) > 1:  # async: the output a step later
+            done, runner, priced = pending.pop(0)
+            clock[0] += speed * priced  # the step runs until its output arrives
+            sched.update_from_output(done, runner)
+    assert sched.chunkpilot_speed.value == pytest.approx(speed, rel=1e-6)
+    assert checked >= 20
+    gauge = sched.chunkpilot_metrics.speed_scale._value.get()
+    assert gauge == pytest.approx(speed, rel=1e-6)
