@@ -146,10 +146,11 @@ def stream_capacity(scenario: Scenario, policy, stream: int, streams: int, num_r
                     progress=None):
     """One stream's (capacity in req/s, load factor, probes): bracket the SLO's boundary by
     dividing or multiplying the load by ``step`` from ``start`` times the scenario's own,
-    then bisect to ``rel_tol`` (at most ``max_probes`` bisection probes). A stream that
-    meets the SLO at every load tried returns the highest (``CapacityResult.unbounded``
-    flags it); one that meets it at none, 0. Synthetic streams are seeded from ``seed_base``;
-    ``progress`` (a bar), where given, counts the probes."""
+    then bisect to ``rel_tol`` (at most ``max_probes`` bisection probes; :func:`search_load`).
+    A stream that meets the SLO at every load tried returns the highest
+    (``CapacityResult.unbounded`` flags it); one that meets it at none, 0. Synthetic
+    streams are seeded from ``seed_base``; ``progress`` (a bar), where given, counts the
+    probes."""
     probes, rates = [], {}
 
     def meets(factor: float) -> bool:
@@ -163,11 +164,37 @@ def stream_capacity(scenario: Scenario, policy, stream: int, streams: int, num_r
 
     # The loads a scenario accepts: rates (or trace speed-ups) in [1/MAX_RATE, MAX_RATE].
     base = scenario.rate_scale if scenario.trace else scenario.rate
-    low, high = 1 / (MAX_RATE * base), MAX_RATE / base
+    lo = search_load(meets, start, step, rel_tol, max_probes, 1 / (MAX_RATE * base), MAX_RATE / base)
+    return (rates[lo], lo, probes) if lo else (0.0, 0.0, probes)
+
+
+def search_load(meets, start: float = 1.0, step: float = 2.0, rel_tol: float = 0.02,
+                max_probes: int = 16, low: float = 0.0, high: float = math.inf) -> float:
+    """The highest load factor at which ``meets(factor)`` holds (:func:`load_probes`, each
+    probe asked of ``meets`` in turn)."""
+    probes = load_probes(start, step, rel_tol, max_probes, low, high)
+    try:
+        factor = next(probes)
+        while True:
+            factor = probes.send(meets(factor))
+    except StopIteration as end:
+        return end.value
+
+
+def load_probes(start: float = 1.0, step: float = 2.0, rel_tol: float = 0.02,
+                max_probes: int = 16, low: float = 0.0, high: float = math.inf):
+    """The search for the highest load factor that meets the SLO, as a generator: it
+    yields the next factor to probe, is sent whether that probe met, and returns the
+    factor found. It brackets the boundary by dividing or multiplying by ``step`` from
+    ``start`` (at most :data:`BRACKET_STEPS` tries, within [``low``, ``high``]), then
+    bisects to ``rel_tol`` (at most ``max_probes`` probes). Where every load tried meets,
+    the highest; 0 where none does. A simulated stream's search asks the simulator
+    (:func:`stream_capacity`); a real engine's takes turns with other searches, probe by
+    probe (``benchmarks/engine_capacity.py``)."""
     lo, hi, factor = None, None, start
     for _ in range(BRACKET_STEPS):  # bracket: lower until it meets, raise until it fails
         factor = min(max(factor, low), high)
-        if meets(factor):
+        if (yield factor):
             lo = factor
             if hi is not None or factor >= high:
                 break
@@ -178,16 +205,17 @@ def stream_capacity(scenario: Scenario, policy, stream: int, streams: int, num_r
                 break
             factor /= step
     if lo is None:
-        return 0.0, 0.0, probes
+        return 0.0
     hi = hi if hi is not None else lo
-    bracketed = len(probes)  # max_probes bounds the bisection, whatever the bracketing took
-    while hi - lo > rel_tol * hi and len(probes) - bracketed < max_probes:
+    for _ in range(max_probes):  # max_probes bounds the bisection, whatever the bracketing took
+        if hi - lo <= rel_tol * hi:
+            break
         mid = (lo + hi) / 2
-        if meets(mid):
+        if (yield mid):
             lo = mid
         else:
             hi = mid
-    return rates[lo], lo, probes
+    return lo
 
 
 def capacity(scenario: Scenario, policy, seeds: int = 5, num_requests: int = 600,

