@@ -33,11 +33,13 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import numpy as np  # noqa: E402
 
+VOCAB = 8000
 SHAPE = dict(hidden_size=768, intermediate_size=2048, num_attention_heads=12, num_key_value_heads=4,
-             head_dim=64, num_hidden_layers=8, vocab_size=8000)
+             head_dim=64, num_hidden_layers=8, vocab_size=VOCAB)
 
 
-def write_model(path: Path) -> None:
+def write_model(path: Path, shape: dict = SHAPE) -> None:
+    """A randomly initialised Llama of ``shape`` (Hugging Face format; no download)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -45,21 +47,22 @@ def write_model(path: Path) -> None:
         return
     torch.manual_seed(0)
     LlamaForCausalLM(LlamaConfig(max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
-                                 **SHAPE)).save_pretrained(path)
+                                 **shape)).save_pretrained(path)
 
 
-def model_profile_toml(path: Path) -> None:
+def model_profile_toml(path: Path, shape: dict = SHAPE, name: str = "tiny-llama") -> None:
+    """The model profile of ``shape`` for the simulator and the export."""
     import types
 
     from policies.vllm_startup import dense_params
 
-    h, L = SHAPE["hidden_size"], SHAPE["num_hidden_layers"]
-    heads, kvh, d = SHAPE["num_attention_heads"], SHAPE["num_key_value_heads"], SHAPE["head_dim"]
+    h, L = shape["hidden_size"], shape["num_hidden_layers"]
+    heads, kvh, d = shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"]
     # Counted as the table schedulers count the served model (embeddings included, as the
     # presets count theirs), so that a table built on this profile passes their check; a
     # step-calibrated profile's fit absorbs what the embeddings do not cost per token.
-    params = dense_params(types.SimpleNamespace(**SHAPE, tie_word_embeddings=False))
-    path.write_text(f'[model]\nname = "tiny-llama"\nlayers = {L}\nhidden_size = {h}\nheads = {heads}\n'
+    params = dense_params(types.SimpleNamespace(**shape, tie_word_embeddings=False))
+    path.write_text(f'[model]\nname = "{name}"\nlayers = {L}\nhidden_size = {h}\nheads = {heads}\n'
                     f'kv_heads = {kvh}\nhead_dim = {d}\nparams = {float(params)}\n'
                     'bytes_per_weight = 4.0\nbytes_per_kv_element = 4.0\n')
 
@@ -135,7 +138,7 @@ def run_vllm(model: Path, w, budget: int | None, steps: list | None = None, **en
         now = time.monotonic() - t0
         while pending and w.arrival_s[pending[0]] <= now:
             i = pending.pop(0)
-            ids = rng.integers(3, SHAPE["vocab_size"] - 1, int(w.prompt_tokens[i])).tolist()
+            ids = rng.integers(3, VOCAB - 1, int(w.prompt_tokens[i])).tolist()
             engine.add_request(str(i), TokensPrompt(prompt_token_ids=ids),
                                SamplingParams(max_tokens=int(w.output_tokens[i]), temperature=0,
                                               ignore_eos=True))

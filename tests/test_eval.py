@@ -407,3 +407,48 @@ def test_suite_lines_by_hand():
                            "the passes it decides in 1 of 1 scenarios; at least 3 of its cell values "
                            "in 0; no capacity in s0;")
     assert use_counts(["s1", "s0"], ["p"], cmps, [{}, {}]) == []
+
+
+def test_the_reference_is_the_rollout_over_the_best_time_budget_rule(tmp_path, monkeypatch):
+    """The suite's reference rests on the time-budget rule of highest capacity among those
+    measured (not a static, not a rule outside the family, not a table), and is judged
+    against it stream by stream in the report, its JSON and the suite's lines; without a
+    time-budget rule it is MPC over the best static."""
+    from envs.scenario import Scenario
+    from eval import capacity as cap
+    from eval.capacity import CapacityResult, CapacityStudy
+    from eval.capacity_report import capacity_report
+    from eval.suite import room_lines
+
+    def res(name, kind, *per):
+        return CapacityResult(name, kind, per, ())
+
+    pols = {"time-budget": res("time-budget", "rule", 1.0, 1.0),
+            "time-budget-deadline-kv": res("time-budget-deadline-kv", "rule", 1.2, 1.1),
+            "queue-depth": res("queue-depth", "rule", 3.0, 3.0),
+            "table:T": res("table:T", "table", 2.0, 2.0), "static:512": res("static:512", "static", 2.5, 2.5)}
+    rungs = {1000: CapacityResult("static:1000", "static", (1.0, 1.0), (), factors=(1.0, 1.0))}
+    study = CapacityStudy(Scenario(), dict(pols), rungs)
+    assert study.best_rule() == "time-budget-deadline-kv"
+    built = []
+
+    def sweep(pairs, seeds, num_requests, executor=None, progress=None, starts=None, **kw):
+        built.extend((p.name, s) for (_, p), s in zip(pairs, starts))
+        return [res(p.name, p.kind, 1.32, 1.1) for _, p in pairs]
+
+    monkeypatch.setattr(cap, "capacity_sweep", sweep)
+    cap.add_references([study], 2, 100)
+    name = "rollout:10:time-budget-deadline-kv"  # five TTFT targets of 2 s
+    assert built == [(name, [])] and name in study.policies
+    (ref, rule, v), = study.room_verdicts()
+    assert (ref, rule, v.kind, round(v.rel, 4)) == (name, "time-budget-deadline-kv", "ties", 0.05)
+    assert f"- {name} against time-budget-deadline-kv: {v.cell}" in capacity_report(study, tmp_path, 2, 100)
+    assert study.as_json()[name]["against_rule"]["per_stream"] == pytest.approx([0.1, 0.0])
+    assert room_lines(["s"], [study]) == [
+        "- the rollout reference (sees the future) against the best rule it is over: ties in 1 "
+        f"(s {v.figure} over time-budget-deadline-kv)"]
+    plain = CapacityStudy(Scenario(), {"static:512": pols["static:512"]}, rungs)
+    assert plain.best_rule() is None
+    built.clear()
+    cap.add_references([plain], 2, 100)
+    assert built == [("reference:1000", [1.0, 1.0])] and plain.room_verdicts() == []
