@@ -202,6 +202,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--slo-itl-s", type=float, default=0.1)
     ap.add_argument("--requests", type=int, default=200, help="requests per replay")
     ap.add_argument("--streams", type=int, default=3, help="judged streams (each its own search)")
+    ap.add_argument("--calibration-requests", type=int, default=48,
+                    help="requests per replay whose steps the profile is fitted to (6 replays)")
     ap.add_argument("--base-rate", type=float, default=1.0, help="req/s at load factor 1")
     ap.add_argument("--rules", default="time-budget,time-budget-deadline-kv:4",
                     help="rules served as tables exported for this deployment")
@@ -241,7 +243,7 @@ def main(argv=None) -> int:
     write_model(model, SHAPE)
     model_profile_toml(model_toml, SHAPE, "small-llama")
     t0 = time.monotonic()
-    fit = calibrate(model, model_toml, out, 48)
+    fit = calibrate(model, model_toml, out, args.calibration_requests)
     print(fit, flush=True)
     default = vllm_default_budget(model)
     scenario = Scenario(hardware=str(out / "cpu.toml"), model=str(model_toml), max_num_seqs=16,
@@ -254,6 +256,7 @@ def main(argv=None) -> int:
     statics = [ladder[i] for i in range(k - 2 * args.neighbours, k + 2 * args.neighbours + 1, 2)
                if 0 <= i < len(ladder)]
     tables = export_tables([r.strip() for r in args.rules.split(",") if r.strip()], out, model_toml, args)
+    statics = [b for b in statics if b != default]  # vLLM's default is served as itself
     policies = ([Policy("vllm-default", None)] + [Policy(f"static:{b}", b) for b in statics]
                 + [Policy(f"table:{rule}", table=path, rule=rule) for rule, path in tables.items()])
     predicted = predict(policies, scenario, default, args)
@@ -299,8 +302,9 @@ def report(out: Path) -> str:
     sides = {"measured": measured, "predicted": data["predicted"]}
     caps = {side: {n: per_stream(block, n, streams, base) for n in names
                    if all(f"{n}|{s}" in block for s in streams)} for side, block in sides.items()}
-    best = {side: max((n for n in c if n.startswith("static:")), key=lambda n: np.mean(c[n]), default=None)
-            for side, c in caps.items()}
+    # vLLM's default is a static budget too (the one vLLM picks)
+    best = {side: max((n for n in c if n.startswith("static:") or n == "vllm-default"),
+                      key=lambda n: np.mean(c[n]), default=None) for side, c in caps.items()}
     lines = ["| policy | measured on vLLM (req/s) | against the best static measured | "
              "predicted by the simulator (req/s) | against the best static predicted |",
              "|---|---:|---|---:|---|"]
@@ -316,7 +320,8 @@ def report(out: Path) -> str:
                       "the best static" if n == best[side] else v.cell]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     ratios = []
-    for label, a, b in (("table / best static", None, "best"), ("best static / vLLM's default", "best", "vllm-default")):
+    for label, a, b in (("table / best static", None, "best"),
+                        ("best static / vLLM's default", "best", "vllm-default")):
         for rule_table in ([n for n in names if n.startswith("table:")] if a is None else [None]):
             row = []
             for side in ("measured", "predicted"):
