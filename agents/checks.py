@@ -121,8 +121,8 @@ def condition_teachers(base: Scenario, sampler: EpisodeSampler, names: list[str]
     where ``time-budget-slack`` takes 1.
 
     No one rule serves every condition: among an H100's training conditions, the KV-aware
-    rules serve tight caches of 2K-8K-token prompts better than the slack rule, and a
-    tight cache of short conversations far worse (tests/test_train.py). A policy cloned
+    rules serve a tight cache of short conversations better than the slack rule, and
+    where every choice meets the SLO none beats it (tests/test_train.py). A policy cloned
     from each condition's own best rule has to tell the conditions apart from what it
     observes."""
     names = list(dict.fromkeys([teacher, *names]))

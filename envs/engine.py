@@ -3,12 +3,27 @@
 Each pass the scheduler fills a token budget: every running decode gets one token
 first, then partially prefilled requests (in admission order) and then waiting
 requests (in arrival order, preempted ones at the front) share what is left, each
-capped by ``long_prefill_token_threshold``; a prompt larger than what is left is
-chunked over several passes. The KV cache is paged (``block_size`` tokens a
-block); when a pass needs blocks that are not free, the most recently admitted
+capped by ``long_prefill_token_threshold`` (lifted, as vLLM does, when a single request
+is running or waiting); a prompt larger than what is left is chunked over several
+passes. The KV cache is paged (``block_size`` tokens a block); a waiting request is
+admitted only if its whole sequence fits in the free blocks (vLLM's
+``scheduler_reserve_full_isl``, on by default), though only its chunk's blocks are
+allocated; when a pass needs blocks that are not free, the most recently admitted
 running request is preempted and later recomputed from scratch, as vLLM V1 does
-(``Scheduler.schedule``: ``self.running.pop()``). Waiting requests are not
-admitted in a pass that preempted. Every pass is priced by :mod:`envs.cost`.
+(``Scheduler.schedule``: ``self.running.pop()``). Waiting requests are not admitted in a
+pass that preempted. Every pass is priced by :mod:`envs.cost`.
+
+vLLM V1 walks its running list in admission order instead, each request taking what it
+needs from the budget left. The two schedule the same tokens for every request at every
+step (``tests/engine_vllm/test_scheduler_agreement.py`` drives vLLM's ``Scheduler`` and
+this one through the same requests and budgets, preemptions included) except in one
+case: with a chunk cap, a decode admitted behind a request whose prompt is still being
+chunked gets its token in vLLM only if that chunk leaves budget for it, and here always.
+Without a cap (vLLM's default) the case cannot arise: a chunk then takes all the budget
+left, so nothing is admitted behind a partial prefill. Modelling it would make a decode's
+tokens depend on the order of the running list, which the decode stretches below (every
+decode advances every pass) cannot express. A budget that covers the decodes and the
+capped chunks avoids the case in vLLM too.
 
 As in vLLM, a pass is scheduled first and executed second: :meth:`Simulator._schedule`
 decides preemptions, admissions and chunks (allocating KV blocks, as vLLM's
@@ -73,6 +88,8 @@ MAX_KV_BLOCKS = 2**40
 device, and small enough that block counts and their token totals stay int64."""
 MAX_BLOCK_SIZE = 1024
 """Largest KV block in tokens (vLLM's are 8 to 256)."""
+NO_CAP = 1 << 62
+"""A chunk cap no request reaches (``long_prefill_token_threshold`` 0, or lifted)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +99,9 @@ class EngineConfig:
     max_num_seqs: int = 256
     """Most requests running at once (decoding or partially prefilled)."""
     long_prefill_token_threshold: int = 0
-    """Cap on one request's chunk in a pass; 0 means no cap (vLLM's default)."""
+    """Cap on one request's chunk in a pass; 0 means no cap (vLLM's default). With a cap
+    and a budget below the decodes plus the capped chunks, vLLM can starve a decode that
+    the simulator serves (see the module docstring)."""
     block_size: int = 16
     """Tokens per KV-cache block."""
     gpu_memory_utilization: float = 0.9
@@ -309,7 +328,7 @@ class Simulator:
         loops below unroll the formula; tests check every pass against pass_price)."""
         self.total_blocks = self.config.kv_blocks(self.hardware, self.model)
         self._block_size = self.config.block_size
-        self._chunk_cap = self.config.long_prefill_token_threshold or (1 << 62)
+        self._chunk_cap = self.config.long_prefill_token_threshold or NO_CAP
         self.workload = workload if workload is not None else Workload.from_arrays([], [], [])
         self._check_every_request_fits()
         self._view_workload()
@@ -661,10 +680,12 @@ class Simulator:
             self._allocate_decode_slots(p, victims)
         chunks: list[tuple[Request, int, int]] = []
         left = budget - self._num_decodes
+        # vLLM lifts the cap when a single request is running or waiting: nobody to starve
+        cap = self._chunk_cap if self._num_decodes + len(self.prefilling) + len(self.waiting) > 1 else NO_CAP
         if self.prefilling:
-            left = self._schedule_partials(left, chunks, victims)
+            left = self._schedule_partials(left, chunks, victims, cap)
         if not victims and self.waiting:
-            self._admit_waiting(left, chunks)
+            self._admit_waiting(left, chunks, cap)
         n = self._num_decodes
         pre_tokens = pre_prefix = pairs = 0
         for _, x, q in chunks:
@@ -690,9 +711,10 @@ class Simulator:
         self._kv_used += need
         self._decode_alloc_pass = p  # decodes hold this pass's slot from here on
 
-    def _schedule_partials(self, left: int, chunks: list, victims: list[Request]) -> int:
-        """Chunks for partially prefilled requests, in admission order; the budget left."""
-        bs, total, thresh = self._block_size, self.total_blocks, self._chunk_cap
+    def _schedule_partials(self, left: int, chunks: list, victims: list[Request], thresh: int) -> int:
+        """Chunks for partially prefilled requests, in admission order, each at most
+        ``thresh`` tokens; the budget left."""
+        bs, total = self._block_size, self.total_blocks
         for r in list(self.prefilling) if self.prefilling else ():
             # A request preempted earlier in this pass is not scheduled, and neither is
             # anything admitted after it (victims go latest-first).
@@ -715,17 +737,20 @@ class Simulator:
             left -= x
         return left
 
-    def _admit_waiting(self, left: int, chunks: list) -> None:
-        """Admit waiting requests in arrival order while budget, sequences and KV blocks last."""
+    def _admit_waiting(self, left: int, chunks: list, thresh: int) -> None:
+        """Admit waiting requests in arrival order while budget, sequences and KV blocks
+        last, each chunk at most ``thresh`` tokens."""
         waiting, prefilling = self.waiting, self.prefilling
-        bs, total, thresh = self._block_size, self.total_blocks, self._chunk_cap
+        bs, total = self._block_size, self.total_blocks
         max_seqs = self.config.max_num_seqs
         used = self._kv_used
         while waiting and left > 0 and self._num_decodes + len(prefilling) < max_seqs:
             r = waiting[0]
             x = min(r.prompt + r.generated, thresh, left)
             nb = -(-x // bs)
-            if used + nb > total:
+            # vLLM admits a request only if its whole sequence fits in the free blocks
+            # (scheduler_reserve_full_isl, on by default), though it allocates the chunk's
+            if used + -(-(r.prompt + r.generated) // bs) > total:
                 break
             waiting.popleft()
             r.admit_seq = self._admit_seq

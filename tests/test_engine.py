@@ -65,6 +65,29 @@ def test_long_prefill_token_threshold_caps_each_request():
     assert sim.shapes[0] == PassShape.of([], [(128, 0), (128, 0)])
 
 
+def test_a_lone_request_is_not_capped():
+    # vLLM lifts the cap when one request is running or waiting: nobody to starve. The
+    # second request arrives after the first has finished, and is alone too.
+    sim = make_sim([(0.0, 1000, 2), (5.0, 300, 2)], long_prefill_token_threshold=128)
+    run_static(sim, 512)
+    prefills = [s.prefill_tokens for s in sim.shapes if s.prefill_tokens]
+    assert prefills == [512, 488, 300]
+
+
+def test_a_request_is_admitted_only_when_its_whole_prompt_fits():
+    # Cache of 10 blocks. A (100-token prompt, 7 blocks) decodes; B's 80-token prompt
+    # needs 5 blocks in all, though its first 32-token chunk needs only 2: as vLLM
+    # (scheduler_reserve_full_isl) B waits until A finishes and frees its blocks.
+    sim = make_sim([(0.0, 100, 6), (0.0015, 80, 2)], budget_blocks=10)
+    while sim.advance():
+        sim.step(132 if sim.pass_index == 0 else 32)
+    a, b = sim.requests
+    ends = sim.result().pass_end_s
+    first_b = next(i for i, s in enumerate(sim.shapes) if i > 0 and s.prefill_tokens)
+    assert ends[first_b - 1] == a.finish_s  # B's first chunk runs once A is gone
+    assert sim.shapes[first_b].prefill_tokens == 32
+
+
 def test_max_num_seqs_limits_admission():
     sim = make_sim([(0.0, 10, 20)] * 3, max_num_seqs=2)
     run_static(sim, 512)
@@ -117,11 +140,14 @@ def test_preempted_request_goes_to_the_front_of_the_queue():
     assert c.first_token_s == ends[recompute] and len(b.resume_gaps) == 1
 
 
-def test_a_pass_that_preempted_admits_no_waiting_request():
-    # With 16-token chunks, the victim's first chunk needs one block and its preemption
-    # frees two or more: it would fit in the same pass, but vLLM admits nobody from the
-    # waiting queue in a pass that preempted (it retries in the next pass).
-    sim = make_sim([(0.0, 30, 40), (0.0, 30, 40)], budget_blocks=5,
+def test_a_preempted_request_waits_until_its_whole_sequence_fits():
+    # A and B (30-token prompts) grow to a third block each in a 5-block cache; C waits
+    # behind them, so that every pass asks for a budget. B, admitted last, is preempted
+    # in the pass where both need that block. Its first 16-token chunk would fit in the
+    # two blocks its preemption leaves free, but its 33 tokens need three: as vLLM
+    # (scheduler_reserve_full_isl) it waits until A finishes, instead of being admitted
+    # and evicted again, and nothing behind it is admitted meanwhile.
+    sim = make_sim([(0.0, 30, 40), (0.0, 30, 40), (0.003, 17, 2)], budget_blocks=5,
                    long_prefill_token_threshold=16)
     preempting_passes = 0
     while sim.advance():
@@ -129,12 +155,17 @@ def test_a_pass_that_preempted_admits_no_waiting_request():
         sim.step(256)
         if sim.preemptions > before:
             preempting_passes += 1
-            victim = sim.waiting[0]
-            assert victim.computed == 0 and waiting <= set(map(id, sim.waiting))
-            assert sim.shapes[-1].prefill_tokens == 0  # nothing else was prefilling
-            assert sim.total_blocks - sim.state().kv_used_blocks >= 1  # its first chunk would fit
-    assert preempting_passes >= 3
-    assert all(r.generated == 40 for r in sim.requests)
+            preempted_in = sim.pass_index - 1
+            a, b, c = sim.requests
+            assert list(sim.waiting) == [b, c] and b.computed == 0 and waiting <= set(map(id, sim.waiting))
+            assert sim.shapes[-1].prefill_tokens == 0
+            assert sim.total_blocks - sim.state().kv_used_blocks == 2
+    assert preempting_passes == 1
+    a, b, c = sim.requests
+    ends = sim.result().pass_end_s
+    resumed = next(i for i, s in enumerate(sim.shapes) if i > preempted_in and s.prefill_tokens)
+    assert ends[resumed - 1] == a.finish_s
+    assert all(r.generated == r.output for r in sim.requests) and b.preemptions == 1
 
 
 def test_kv_usage_never_exceeds_capacity_under_pressure():
