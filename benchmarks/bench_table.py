@@ -5,15 +5,19 @@
 ``budget(state)`` is what an engine calls before each pass (a dict of the quantities the
 table needs); ``lookup_values`` is the export's path (feature values in order). For a
 time-fraction table, also what the speed correction adds per step: the price of the
-step's shape (64 decodes and a chunk) and one ``StepScale.observe``.
+step's shape (64 decodes and a chunk) and one ``StepScale.observe``; and what
+``CHUNKPILOT_RECORD_STEPS`` adds per step (a row of that shape, its share of the writes).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import tempfile
 import time
 
+from policies.step_record import StepRecorder
 from policies.table import BudgetTable
 from policies.table.correction import StepScale, shape_price
 
@@ -44,10 +48,16 @@ def main() -> None:
     print(f"{table.cells} cells, {len(table.features)} features ({table.action.kind}): "
           f"budget(state) {budget_us:.2f} us ({1e6 / budget_us:,.0f}/s); lookup_values "
           f"{values_us:.2f} us ({1e6 / values_us:,.0f}/s)")
+    shapes = [[(1, rng.randint(100, 4000), True)] * 64
+              + [(rng.randint(1, 2048), rng.randint(0, 8000), False)] for _ in range(1000)]
+    with tempfile.TemporaryDirectory() as tmp:
+        rec = StepRecorder(os.path.join(tmp, "steps.csv"), max_steps=10**9)
+        record_us = per_call_us(lambda shape: rec.add(shape, 0.0123), shapes, args.lookups // 10)
+        rec.flush()
+        size = os.path.getsize(rec.path) / rec.recorded
+    print(f"step record per step (64 decodes, 1 chunk): {record_us:.2f} us, {size:.0f} bytes")
     cost = getattr(table.action, "cost", None)
     if cost is not None:
-        shapes = [[(1, rng.randint(100, 4000), True)] * 64
-                  + [(rng.randint(1, 2048), rng.randint(0, 8000), False)] for _ in range(1000)]
         speed = StepScale()
         price_us = per_call_us(lambda shape: shape_price(cost, shape), shapes, args.lookups // 10)
         observe_us = per_call_us(lambda r: speed.observe(1.0, r), [rng.uniform(0.5, 2) for _ in range(1000)],

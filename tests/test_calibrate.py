@@ -149,6 +149,7 @@ def test_engine_overhead_on_top_of_a_device_profile(tmp_path):
     hw = get_hardware(str(out))
     assert hw.per_pass_overhead_s == pytest.approx(0.012, rel=1e-6)
     assert (hw.hbm_bytes_per_s, hw.overlap, hw.attention_bandwidth_ratio) == (40e9, 0.3, 0.5)
+    assert hw.name == "dev"  # the same device, with this engine: a table for it serves there
     res = cli("envs.calibrate", "--steps", str(steps), "--model",
                           str(tmp_path / "m.toml"), "--out", str(out))
     assert res.returncode == 0, res.stderr

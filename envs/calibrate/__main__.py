@@ -85,7 +85,9 @@ class CalibrateArgs:
     scale: float = 1.0
     """Multiply the grid's token counts (lower it on slow machines)."""
     name: str | None = None
-    """Profile name (default: calibrated-DEVICE)."""
+    """Profile name (default: calibrated-DEVICE; with --steps, --hardware's name, else
+    calibrated-steps). A table exported with the profile is served only on a device of this
+    name (``cpu``, ``h100-sxm``, ...; ``python -m policies.table check`` says which)."""
     out: str = "profiles/calibrated.toml"
     """Where to write the hardware profile."""
     csv: str | None = None
@@ -171,7 +173,10 @@ def calibrate_steps(args: CalibrateArgs) -> int:
     fit, plain, parts, secs = fit_steps(steps, model, args.form == "refined", base)
     held = held_out(len(steps))
     err = ape(fit, parts, secs)[held]
-    profile = fit.profile(args.name or "calibrated-steps",
+    # On top of a device's profile the result is that device serving with this engine: it
+    # keeps the device's name, so that a table exported with it passes the provenance check
+    # of an engine on that device.
+    profile = fit.profile(args.name or (base.name if base else "calibrated-steps"),
                           base.memory_bytes if base else machine_memory_bytes())
     what = f"the per-step overhead on top of {args.hardware}" if base else ""
     write_profile(Path(args.out),

@@ -154,9 +154,11 @@ def two_fraction_table(feature: str, edge: float) -> dict:
 
 def test_slack_table_counts_slow_tokens_from_step_times(model, monkeypatch):
     """A table over the p99 ITL slack in vLLM's scheduler: each completed step adds its
-    decodes to the counts, and to the slow ones when the step (from its scheduling to its
-    output, on a fake clock here) took longer than the 20 ms target; the table spends the
-    slack (4x the target) while 0.8% of the decode tokens cover one more slow step."""
+    decodes to the counts, and to the slow ones when their gap (from the previous step's
+    output to this one's, on a fake clock here) was longer than the 20 ms target: a slow
+    step, or time the engine spent between two steps while they waited for a token; the
+    table spends the slack (4x the target) while 0.8% of the decode tokens cover one more
+    slow step."""
     import math
     import types
 
@@ -174,7 +176,7 @@ def test_slack_table_counts_slow_tokens_from_step_times(model, monkeypatch):
     seen, read_at = [], []
     for step in range(260):
         if step == 100:
-            clock[0] += 2.0  # the engine waits 2 s between two steps: no step is slower for it
+            clock[0] += 2.0  # 2 s between two steps: the four decodes waited that long
         read_at.append(clock[0])
         out = sched.schedule()
         state, got = sched.chunkpilot_history[-1]
@@ -188,7 +190,7 @@ def test_slack_table_counts_slow_tokens_from_step_times(model, monkeypatch):
     for k in range(1, 260):
         keep = math.exp(-(read_at[k] - read_at[k - 1]) / 300.0)
         tokens = tokens * keep + (4 if k > 1 else 0)
-        slow_want = slow_want * keep + (4 if k - 1 == 200 else 0)
+        slow_want = slow_want * keep + (4 if k - 1 in (100, 200) else 0)
         slow, decode_tokens, budget = seen[k]
         assert (slow, decode_tokens) == pytest.approx((slow_want, tokens), rel=1e-9), k
         spend = 0.008 * decode_tokens - slow >= 4  # the slack covers one more slow step of 4
@@ -281,3 +283,62 @@ def test_the_scheduler_learns_the_engine_speed_from_its_steps(model, monkeypatch
     assert checked >= 20
     gauge = sched.chunkpilot_metrics.speed_scale._value.get()
     assert gauge == pytest.approx(speed, rel=1e-6)
+
+
+@pytest.mark.parametrize("cls_name", ["TableScheduler", "AsyncTableScheduler"])
+def test_the_step_record_is_what_vllm_scheduled_and_fits_the_engine_overhead(
+        model, monkeypatch, tmp_path, cls_name):
+    """With CHUNKPILOT_RECORD_STEPS a token table's scheduler (no cost model of its own)
+    writes each step vLLM scheduled, every decode's context and chunk's prefix as read from
+    vLLM's requests before the step, with the time the step took on a fake clock; the
+    calibration reads the record back, and a fake engine 3 ms per step slower than the
+    a100-80g's price of Llama-3-8B is fitted to exactly that overhead on top of it."""
+    import types
+
+    import policies.vllm_scheduler as vs
+    from envs.calibrate.steps import fit_steps, read_steps
+    from envs.cost import PassShape, Roofline, price
+    from envs.profiles import get_hardware, get_model
+
+    hw, mp = get_hardware("a100-80g"), get_model("llama-3-8b")
+    roofline = Roofline.of(hw, mp)
+    path = tmp_path / "steps.csv"
+    monkeypatch.setenv("CHUNKPILOT_RECORD_STEPS", str(path))
+    clock = [100.0]
+    monkeypatch.setattr(vs, "time", types.SimpleNamespace(
+        monotonic=lambda: clock[0], time=vs.time.time, perf_counter=vs.time.perf_counter))
+    sched = create_scheduler(getattr(vs, cls_name), model, max_num_batched_tokens=1024,
+                             chunkpilot_table=BudgetTable(TABLE))
+    for i in range(6):
+        sched.add_request(make_request(f"short{i}", 20, 60))
+    pending, expected = [], []
+    for step in range(80):
+        if step % 15 == 3:
+            sched.add_request(make_request(f"long{step}", 1500, 4))
+        before = {r.request_id: r.num_computed_tokens for r in list(sched.running) + list(sched.waiting)}
+        sampled = {r.request_id: r.num_output_tokens for r in sched.running}
+        out = sched.schedule()
+        decodes, chunks = [], []
+        for rid, k in out.num_scheduled_tokens.items():
+            done = before.get(rid, 0)
+            if k == 1 and sampled.get(rid, 0) > 0 and done >= sched.requests[rid].num_prompt_tokens:
+                decodes.append(done)
+            else:
+                chunks.append((k, done))
+        seconds = price(roofline, PassShape.of(decodes, chunks)).total_s + 0.003
+        pending.append((out, fake_output(sched, out), decodes, chunks, seconds))
+        if cls_name == "TableScheduler" or len(pending) > 1:  # async: the output a step later
+            done_out, runner, decodes, chunks, seconds = pending.pop(0)
+            clock[0] += seconds
+            sched.update_from_output(done_out, runner)
+            if decodes or chunks:
+                expected.append((decodes, chunks, seconds))
+    sched.chunkpilot_recorder.flush()
+    steps = read_steps(str(path))
+    assert len(steps) == len(expected) >= 60
+    for (ctx, chunks, sec), (want_ctx, want_chunks, want_s) in zip(steps, expected):
+        assert (ctx, chunks) == (want_ctx, want_chunks)
+        assert sec == pytest.approx(want_s, rel=1e-5)
+    assert any(c for _, c, _ in steps) and any(d for d, _, _ in steps)
+    fit = fit_steps(steps, mp, True, hw)[0]
+    assert fit.overhead_s == pytest.approx(hw.per_pass_overhead_s + 0.003, rel=1e-3)
