@@ -2,7 +2,7 @@
 vLLM's default and chunkpilot tables on the same arrivals in real time, against the
 simulator's prediction for the same arrivals with a profile calibrated on this engine.
 
-    PYTHONPATH=$PWD .venv-vllm/bin/python benchmarks/engine_capacity.py --out docs/engine_capacity
+    .venv-vllm/bin/python benchmarks/engine_capacity.py --out docs/engine_capacity
 
 1. Writes a random-weight Llama (``SHAPE``; no download) and its model profile.
 2. Records vLLM's own steps on calibration arrivals (other seeds than the judged ones)
@@ -37,6 +37,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere, as a module under tests
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -49,12 +51,28 @@ STREAM_SEEDS = (100, 101, 102, 103, 104)
 """The judged streams, in order (``--streams`` takes the first)."""
 CEILING = 2048
 """The engine's ``max_num_batched_tokens`` under a table: the model's length."""
+WORKLOADS = {
+    "mixed": "the mixed workload of `benchmarks/sim_vs_vllm.py` (a quarter 900-1,100-token "
+             "prompts with 8 output tokens, the rest 48-96-token prompts with 24-40)",
+    "azure-conv": "consecutive windows of the Azure LLM inference trace 2023 (conversation; "
+                  "`envs/data/azure_conv_2023.csv`), its own arrival gaps scaled to the load, every "
+                  "prompt and output a quarter of its length in the trace (prompts then at most 1,536 "
+                  "tokens, outputs 512), since the model is a small fraction of an 8B model's cost "
+                  "per token and holds 2,048 tokens",
+}
+"""The streams a run can judge on (``--workload``)."""
+TRACE_PROMPT_MAX, TRACE_OUTPUT_MAX = 1536, 512
+TRACE_LENGTH_SCALE = 0.25
+"""The trace's lengths at this share: at full length its conversations (median 1,020-token
+prompts, 129-token outputs) leave this engine a capacity near 1 req/s, replays of minutes."""
 SHAPE = dict(hidden_size=384, intermediate_size=1024, num_attention_heads=6, num_key_value_heads=2,
              head_dim=64, num_hidden_layers=6, vocab_size=8000)
-"""A Llama a fifth of ``sim_vs_vllm``'s per token: on 2 cores a step of decodes takes
-about 10-20 ms (the engine's own cost) and a 1,000-token prompt two to three ITL targets
-of 100 ms, as an 8B model's decode pass and a few-thousand-token prompt do on an H100
-against its 100 ms target; a replay of 200 requests then lasts under a minute."""
+"""A Llama a fifth of ``sim_vs_vllm``'s per token. On the 2-core machine of the tests a
+step of a few decodes takes about 6 ms, a 1,000-token prompt in one step about 150 ms (one
+and a half ITL targets of 100 ms) and a 2,000-token one about 540 ms, so that the budget
+decides whether long prompts stall the decodes, as a few-thousand-token prompt does for an
+8B model on an H100 against its 100 ms target; a replay of 200 mixed requests at its
+capacity lasts about 15 s (measured with ``benchmarks/sim_vs_vllm.py``'s step recorder)."""
 
 
 @dataclass
@@ -77,6 +95,29 @@ class Policy:
         return f"static:{self.budget if self.budget is not None else default_budget}"
 
 
+def stream(kind: str, seed: int, rate: float, requests: int):
+    """Judged stream ``seed`` of a workload at ``rate`` req/s: for ``mixed`` drawn with that
+    seed; for ``azure-conv`` the trace's ``k``-th window of ``requests`` consecutive
+    requests (``k`` the seed's place in ``STREAM_SEEDS``), its arrival times rebased and
+    scaled so that the window's mean rate is ``rate``, its lengths scaled by
+    ``TRACE_LENGTH_SCALE``."""
+    from benchmarks.sim_vs_vllm import workload
+    from envs.workload import Workload, load_trace
+
+    if kind == "mixed":
+        return workload(seed, rate, requests)
+    trace = load_trace("azure_conv_2023")
+    lo = STREAM_SEEDS.index(seed) * requests
+    arrival = trace.arrival_s[lo:lo + requests] - trace.arrival_s[lo]
+    arrival = arrival * (len(arrival) / rate) / arrival[-1]
+    def scaled(tokens, top):
+        return np.clip(np.rint(tokens[lo:lo + requests] * TRACE_LENGTH_SCALE), 1, top).astype(int)
+
+    return Workload.from_arrays(arrival, scaled(trace.prompt_tokens, TRACE_PROMPT_MAX),
+                                scaled(trace.output_tokens, TRACE_OUTPUT_MAX),
+                                name=f"azure-conv[{lo}:{lo + requests}]")
+
+
 def replay_meets(summary: dict, ttft_s: float, itl_s: float) -> bool:
     """Whether a replay's p99 TTFT and p99 ITL meet the targets."""
     from eval.harness import meets_p99
@@ -84,14 +125,16 @@ def replay_meets(summary: dict, ttft_s: float, itl_s: float) -> bool:
     return meets_p99(summary["ttft_p99_s"], summary["itl_p99_s"], ttft_s, itl_s)
 
 
-def round_robin(searches: dict, probe, step: float, rel_tol: float, max_probes: int) -> dict:
+def round_robin(searches: dict, probe, step: float, rel_tol: float, max_probes: int,
+                low: float = 0.0) -> dict:
     """Every search to its end, one probe of each in turn (``eval.capacity.load_probes``):
     ``searches`` maps a key (policy, stream) to the factor its search starts at;
-    ``probe(key, factor)`` replays and returns whether the SLO was met. Returns {key:
-    (capacity factor, [(factor, met), ...])}."""
+    ``probe(key, factor)`` replays and returns whether the SLO was met; no search probes
+    below ``low`` (0 where the SLO fails even there). Returns {key: (capacity factor,
+    [(factor, met), ...])}."""
     from eval.capacity import load_probes
 
-    live = {k: load_probes(start, step, rel_tol, max_probes) for k, start in searches.items()}
+    live = {k: load_probes(start, step, rel_tol, max_probes, low=low) for k, start in searches.items()}
     asked = {k: next(gen) for k, gen in live.items()}
     tried: dict = {k: [] for k in searches}
     out = {}
@@ -138,7 +181,7 @@ def export_tables(rules: list[str], out: Path, model_toml: Path, args) -> dict[s
                "--slo-ttft-s", f"{args.slo_ttft_s:g}", "--slo-itl-s", f"{args.slo_itl_s:g}",
                "--out", str(path)]
         print(" ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": os.getcwd()},
+        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
                        stdout=subprocess.DEVNULL)
         tables[rule] = str(path)
     return tables
@@ -156,7 +199,6 @@ def vllm_default_budget(model: Path) -> int:
 
 def predict(policies: list[Policy], scenario, default_budget: int, args) -> dict:
     """The simulator's capacity factor of each policy on each judged stream."""
-    from benchmarks.sim_vs_vllm import workload
     from eval.capacity import search_load
     from policies.specs import make_policy
 
@@ -166,7 +208,7 @@ def predict(policies: list[Policy], scenario, default_budget: int, args) -> dict
         for seed in STREAM_SEEDS[:args.streams]:
             def meets(factor: float) -> bool:
                 policy.reset()
-                w = workload(seed, args.base_rate * factor, args.requests)
+                w = stream(args.workload, seed, args.base_rate * factor, args.requests)
                 s = scenario.simulator(w).run(policy).summary(scenario.slo())
                 return replay_meets(s, args.slo_ttft_s, args.slo_itl_s)
 
@@ -182,12 +224,12 @@ def best_static(predicted: dict, streams: list[int], floor: int = 16) -> int:
 
 def replay(model: Path, policy: Policy, seed: int, factor: float, args) -> dict:
     """One real-time replay of a judged stream at a load factor; its latency summary."""
-    from benchmarks.sim_vs_vllm import run_vllm, workload
+    from benchmarks.sim_vs_vllm import run_vllm
 
     os.environ.pop("CHUNKPILOT_ALLOW_MISMATCH", None)  # a deployment's own table must pass its check
     if policy.table is not None:
         os.environ["CHUNKPILOT_TABLE"] = policy.table
-    w = workload(seed, args.base_rate * factor, args.requests)
+    w = stream(args.workload, seed, args.base_rate * factor, args.requests)
     t0 = time.monotonic()
     s = run_vllm(model, w, CEILING if policy.table else policy.budget, **policy.engine_args())
     s.pop("ttft_s", None)
@@ -200,6 +242,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--work", default="/tmp/chunkpilot-engine-capacity")
     ap.add_argument("--slo-ttft-s", type=float, default=2.0)
     ap.add_argument("--slo-itl-s", type=float, default=0.1)
+    ap.add_argument("--workload", default="mixed", choices=sorted(WORKLOADS),
+                    help="the judged streams: " + "; ".join(f"{k}: {v}" for k, v in WORKLOADS.items()))
     ap.add_argument("--requests", type=int, default=200, help="requests per replay")
     ap.add_argument("--streams", type=int, default=3, help="judged streams (each its own search)")
     ap.add_argument("--calibration-requests", type=int, default=48,
@@ -212,17 +256,21 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--step", type=float, default=1.25, help="bracketing step from the prediction")
     ap.add_argument("--rel-tol", type=float, default=0.05)
     ap.add_argument("--max-probes", type=int, default=3, help="bisection probes per search")
+    ap.add_argument("--longest-replay-s", type=float, default=120.0,
+                    help="no load is probed whose replay would last longer (REQUESTS / its rate): a "
+                         "policy failing the SLO there is reported as below that rate")
     ap.add_argument("--chunkpilot-python", default="python",
                     help="the Python of chunkpilot's own environment (for the export)")
     ap.add_argument("--report-only", action="store_true", help="re-render README.md from results.json")
     args = ap.parse_args(argv)
-    for name in ("slo_ttft_s", "slo_itl_s", "base_rate", "rel_tol"):
+    for name in ("slo_ttft_s", "slo_itl_s", "base_rate", "rel_tol", "longest_replay_s"):
         if not getattr(args, name) > 0:
             ap.error(f"--{name.replace('_', '-')}: got {getattr(args, name)}, must be > 0")
     if not 1 <= args.streams <= len(STREAM_SEEDS):
         ap.error(f"--streams: got {args.streams}, must lie in [1, {len(STREAM_SEEDS)}]")
-    if args.requests < 20 or args.step <= 1:
-        ap.error("--requests must be at least 20 and --step above 1")
+    if not 20 <= args.requests <= 3000 or args.step <= 1:
+        ap.error(f"--requests: got {args.requests}, must lie in [20, 3000]; --step: got {args.step}, "
+                 "must be above 1")
     return args
 
 
@@ -261,6 +309,9 @@ def main(argv=None) -> int:
                 + [Policy(f"table:{rule}", table=path, rule=rule) for rule, path in tables.items()])
     predicted = predict(policies, scenario, default, args)
     results = {"meta": {"slo": [args.slo_ttft_s, args.slo_itl_s], "requests": args.requests,
+                        "workload": args.workload,
+                        "command": " ".join([".venv-vllm/bin/python benchmarks/engine_capacity.py",
+                                             *(argv if argv is not None else sys.argv[1:])]),
                         "streams": streams, "base_rate": args.base_rate, "vllm_default": default,
                         "best_static_predicted": best, "fit": fit, "rules": tables,
                         "search": [args.step, args.rel_tol, args.max_probes]},
@@ -277,8 +328,10 @@ def main(argv=None) -> int:
         (out / "results.json").write_text(json.dumps(results, indent=1))
         return met
 
-    starts = {(p.name, s): max(predicted[(p.name, s)], 0.05) for p in policies for s in streams}
-    found = round_robin(starts, probe, args.step, args.rel_tol, args.max_probes)
+    floor = args.requests / (args.base_rate * args.longest_replay_s)
+    results["meta"]["floor"] = floor
+    starts = {(p.name, s): max(predicted[(p.name, s)], floor) for p in policies for s in streams}
+    found = round_robin(starts, probe, args.step, args.rel_tol, args.max_probes, low=floor)
     results["measured"] = {f"{n}|{s}": f for (n, s), (f, _) in found.items()}
     results["meta"]["wall_s"] = time.monotonic() - t0
     (out / "results.json").write_text(json.dumps(results, indent=1))
@@ -290,6 +343,19 @@ def per_stream(block: dict, name: str, streams: list[int], base_rate: float) -> 
     return [block[f"{name}|{s}"] * base_rate for s in streams]
 
 
+def ratio_of(top, bottom, floor: float) -> tuple[float, str]:
+    """The mean over streams of top / bottom, and "" or the side it bounds: a stream that
+    failed at the floor counts at the floor, which makes the ratio a lower bound ('>')
+    where it is the bottom's, an upper bound ('<') where it is the top's."""
+    if not top or not bottom:
+        return float("nan"), ""
+    top, bottom = np.asarray(top, dtype=float), np.asarray(bottom, dtype=float)
+    mark = ">" if np.any(bottom <= 0) else "<" if np.any(top <= 0) else ""
+    if mark and floor <= 0:
+        return float("nan"), ""
+    return float(np.mean(np.maximum(top, floor) / np.maximum(bottom, floor))), mark
+
+
 def report(out: Path) -> str:
     """README.md and capacity.png from results.json: measured and predicted capacity per
     policy, each paired stream by stream against its side's best static."""
@@ -297,6 +363,7 @@ def report(out: Path) -> str:
 
     data = json.loads((out / "results.json").read_text())
     meta, streams, base = data["meta"], data["meta"]["streams"], data["meta"]["base_rate"]
+    floor = meta.get("floor", 0.0) * base
     names = list(dict.fromkeys(k.split("|")[0] for k in data["predicted"]))
     measured = data.get("measured") or {}
     sides = {"measured": measured, "predicted": data["predicted"]}
@@ -316,31 +383,32 @@ def report(out: Path) -> str:
                 cells += ["not run", ""]
                 continue
             v = paired_verdict(c, caps[side][best[side]])
-            cells += [f"{np.mean(c):.2f} ({', '.join(f'{x:.2f}' for x in c)})",
+            below = f"<{floor:.2f}"  # failed the SLO at the slowest load probed
+            cells += [(below if not np.any(c) else f"{np.mean(c):.2f}")
+                      + f" ({', '.join(f'{x:.2f}' if x > 0 else below for x in c)})",
                       "the best static" if n == best[side] else v.cell]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     ratios = []
-    for label, a, b in (("table / best static", None, "best"),
-                        ("best static / vLLM's default", "best", "vllm-default")):
-        for rule_table in ([n for n in names if n.startswith("table:")] if a is None else [None]):
-            row = []
-            for side in ("measured", "predicted"):
-                c = caps[side]
-                top = c.get(rule_table) if rule_table else c.get(best[side])
-                bottom = c.get(best[side]) if b == "best" else c.get(b)
-                row.append(np.mean(np.asarray(top) / np.asarray(bottom)) if top and bottom else float("nan"))
-            what = f"{rule_table} / best static" if rule_table else label
-            ratios.append(f"- {what}: measured {row[0]:.3f}, predicted {row[1]:.3f} "
-                          f"({(row[1] - row[0]) * 100:+.1f} points)")
+    pairs = [(f"{n} / best static", n, None) for n in names if n.startswith("table:")]
+    pairs.append(("best static / vLLM's default", None, "vllm-default"))
+    for what, top_name, bottom_name in pairs:
+        row = []
+        for side in ("measured", "predicted"):
+            top, bottom = caps[side].get(top_name or best[side]), caps[side].get(bottom_name or best[side])
+            row.append(ratio_of(top, bottom, floor))
+        (m, mk), (p, pk) = row
+        ratios.append(f"- {what}: measured {mk}{m:.3f}, predicted {pk}{p:.3f}"
+                      + ("" if mk or pk else f" ({(p - m) * 100:+.1f} points)"))
     probes = data["probes"]
     wall = sum(p["wall_s"] for p in probes)
     speed = [p["speed_scale"] for p in probes if "speed_scale" in p]
     text = "\n".join([
         "# Capacity under the SLO on a real engine: vllm-cpu against the simulator", "",
+        *([f"Regenerate with `{meta['command']}` (then `--report-only` with chunkpilot's Python "
+           "draws `capacity.png`)."] if meta.get("command") else []), "",
         f"SLO: p99 TTFT {meta['slo'][0]:g} s, p99 ITL {meta['slo'][1] * 1e3:g} ms. Each stream is "
-        f"{meta['requests']} requests of the mixed workload of `benchmarks/sim_vs_vllm.py` "
-        f"(a quarter 900-1,100-token prompts, the rest short), {len(streams)} streams (seeds "
-        f"{', '.join(map(str, streams))}); load factor 1 is {base:g} req/s. vLLM's default budget "
+        f"{meta['requests']} requests of {WORKLOADS[meta.get('workload', 'mixed')]}, {len(streams)} "
+        f"streams ({', '.join(map(str, streams))}); load factor 1 is {base:g} req/s. vLLM's default budget "
         f"here: {meta['vllm_default']} tokens. The simulator's best static on the fine ladder: "
         f"{meta['best_static_predicted']} tokens.", "",
         f"- Profile fitted to this engine's steps in the same sitting: {meta['fit']}.",
@@ -348,7 +416,10 @@ def report(out: Path) -> str:
         "`TableScheduler` without `CHUNKPILOT_ALLOW_MISMATCH`, learning the engine's speed).",
         f"- Search per policy and stream: from the simulator's capacity, steps of "
         f"{meta['search'][0]:g}x, then bisection to {meta['search'][1]:.0%} (at most "
-        f"{meta['search'][2]} probes); policies take turns probe by probe.",
+        f"{meta['search'][2]} probes); policies take turns probe by probe"
+        + (f"; no load below {floor:.2f} req/s is probed (a replay of {meta['requests']} requests "
+           f"would last over {meta['requests'] / floor:.0f} s): `<{floor:.2f}` is a policy that "
+           "failed the SLO there" if floor > 0 else "") + ".",
         f"- {len(probes)} real-time replays, {wall / 60:.0f} minutes of serving"
         + (f"; {meta['wall_s'] / 60:.0f} minutes in all" if "wall_s" in meta else "") + ".",
         *([f"- The tables' learnt speed scale at the end of each replay: median "

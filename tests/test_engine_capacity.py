@@ -90,13 +90,37 @@ def test_the_prediction_uses_the_simulator_as_the_search_does(bench):
     sc = Scenario(hardware="m5-max", model="llama-3-8b-q4", max_num_seqs=16, slo_ttft_s=10.0,
                   slo_itl_s=0.2)
     args = types.SimpleNamespace(streams=1, base_rate=0.05, requests=40, slo_ttft_s=10.0,
-                                 slo_itl_s=0.2)
+                                 slo_itl_s=0.2, workload="mixed")
     got = bench.predict([bench.Policy("static:512", 512), bench.Policy("vllm-default")], sc, 2048, args)
     seed = bench.STREAM_SEEDS[0]
     assert set(got) == {("static:512", seed), ("vllm-default", seed)}
     assert all(f > 0 for f in got.values())
     again = bench.predict([bench.Policy("static:2048", 2048)], sc, 2048, args)
     assert again[("static:2048", seed)] == got[("vllm-default", seed)]  # the default is its budget
+
+
+def test_a_trace_stream_is_a_window_of_the_trace_at_the_load_asked(bench):
+    """The k-th judged stream of the Azure trace is its k-th run of consecutive requests:
+    the same arrival gaps up to one factor, which makes the mean rate the one asked; the
+    lengths at a quarter, clipped to the model; other loads of one stream are the same
+    requests."""
+    import numpy as np
+
+    from envs.workload import load_trace
+
+    trace = load_trace("azure_conv_2023")
+    w = bench.stream("azure-conv", bench.STREAM_SEEDS[2], 3.0, 50)
+    assert len(w) == 50 and w.arrival_s[0] == 0
+    assert w.mean_rate == pytest.approx(3.0)
+    gaps = np.diff(trace.arrival_s[100:150])
+    assert np.allclose(np.diff(w.arrival_s), gaps * (50 / 3.0) / gaps.sum())
+    assert list(w.prompt_tokens) == [min(max(round(p / 4), 1), 1536) for p in trace.prompt_tokens[100:150]]
+    assert list(w.output_tokens) == [min(max(round(o / 4), 1), 512) for o in trace.output_tokens[100:150]]
+    slower = bench.stream("azure-conv", bench.STREAM_SEEDS[2], 1.5, 50)
+    assert np.allclose(slower.arrival_s, 2 * w.arrival_s)
+    assert list(slower.prompt_tokens) == list(w.prompt_tokens)
+    mixed = bench.stream("mixed", bench.STREAM_SEEDS[0], 2.0, 40)
+    assert len(mixed) == 40 and max(mixed.prompt_tokens) <= 1100
 
 
 def test_the_report_pairs_each_side_against_its_own_best_static(bench, tmp_path):
@@ -125,3 +149,27 @@ def test_the_report_pairs_each_side_against_its_own_best_static(bench, tmp_path)
     want = ((1.7 / 0.8 + 2.2 / 1.0) / 2, (2.0 / 1.0 + 2.2 / 1.2) / 2)
     assert f"measured {want[0]:.3f}" in default and f"predicted {want[1]:.3f}" in default
     assert math.isclose(json.loads((tmp_path / "results.json").read_text())["meta"]["wall_s"], 60.0)
+
+
+def test_a_policy_failing_at_the_floor_is_reported_below_it_and_bounds_the_ratios(bench, tmp_path):
+    """A search that failed at the slowest load probed found 0: the report shows it as
+    below the floor, and a ratio over it counts it at the floor, as a bound."""
+    assert bench.ratio_of([2.0, 3.0], [1.0, 1.5], 0.5) == (2.0, "")
+    assert bench.ratio_of([2.0, 3.0], [0.0, 1.5], 0.5) == ((4.0 + 2.0) / 2, ">")
+    assert bench.ratio_of([0.0, 3.0], [1.0, 1.5], 0.5) == ((0.5 + 2.0) / 2, "<")
+    assert math.isnan(bench.ratio_of([2.0], [0.0], 0.0)[0])
+    assert math.isnan(bench.ratio_of(None, [1.0], 0.5)[0])
+    streams = [100, 101]
+    both = {"vllm-default|100": 0.0, "vllm-default|101": 0.0, "static:256|100": 2.0,
+            "static:256|101": 2.2, "table:r|100": 2.2, "table:r|101": 2.2}
+    data = {"meta": {"slo": [2.0, 0.1], "requests": 200, "streams": streams, "base_rate": 1.0,
+                     "vllm_default": 2048, "best_static_predicted": 256, "fit": "fit",
+                     "rules": {"r": "t.json"}, "search": [1.25, 0.05, 3], "floor": 1.6},
+            "predicted": both, "measured": both, "probes": [{"wall_s": 30.0}]}
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    text = bench.report(tmp_path)
+    row = next(line for line in text.splitlines() if line.startswith("| vllm-default |"))
+    assert "<1.60 (<1.60, <1.60)" in row and "-100.0%" in row
+    default = next(line for line in text.splitlines() if line.startswith("- best static / vLLM"))
+    assert f"measured >{(2.0 + 2.2) / 2 / 1.6:.3f}" in default and "points" not in default
+    assert "no load below 1.60 req/s is probed" in text
