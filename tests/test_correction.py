@@ -16,7 +16,7 @@ from envs import pricing
 from envs.scenario import Scenario
 from eval.export.cells import scenario_provenance
 from policies.table import BudgetTable
-from policies.table.correction import BOUNDS, WARMUP, WINDOW, StepScale, shape_price
+from policies.table.correction import BOUNDS, WARMUP, WINDOW, StepScale, shape_price, weighted_median
 
 
 def fraction_table(fractions=(1.0,), edges=()) -> tuple[BudgetTable, pricing.Coefficients]:
@@ -35,7 +35,7 @@ def test_the_scale_is_the_median_of_the_window_within_its_bounds():
     s = StepScale(window=5, warmup=3, bounds=(0.5, 3.0))
     assert s.observe(1.0, 2.0) == 1.0  # warming up: the stored model
     assert s.observe(1.0, 4.0) == 1.0
-    assert s.observe(2.0, 3.0) == 2.0  # ratios 2, 4, 1.5: their median
+    assert s.observe(1.0, 1.5) == 2.0  # ratios 2, 4, 1.5 priced alike: their median
     s.observe(1.0, 1.0)  # 1, 1.5, 2, 4: the mean of the middle two
     assert s.value == 1.75
     for _ in range(5):  # the window forgets: five ratios of 10, held at the upper bound
@@ -48,6 +48,31 @@ def test_the_scale_is_the_median_of_the_window_within_its_bounds():
     for priced, measured in ((0.0, 1.0), (1.0, 0.0), (math.nan, 1.0), (1.0, math.inf), (1e-9, 1.0)):
         s.observe(priced, measured)  # nothing to learn from: ignored
     assert s.seen == seen and s.value == 0.5
+
+
+def test_the_median_weighs_each_ratio_by_its_price():
+    """A long pass counts for more than short ones: ratios 0.5 (priced 3 s) and 2.0 (two
+    passes of 1 s) have 0.5 as their weighted median; with the weights 1, 1, 1, 1 of
+    ratios 1, 2, 3, 4 the median is the mean of the middle two, as unweighted."""
+    s = StepScale(window=8, warmup=1)
+    s.observe(3.0, 1.5)
+    s.observe(1.0, 2.0)
+    assert s.observe(1.0, 2.0) == 0.5
+    assert weighted_median([(1.0, 0.1), (2.0, 0.1), (3.0, 0.1), (4.0, 0.1)]) == 2.5
+    assert weighted_median([(1.0, 1.0), (2.0, 1.0), (3.0, 2.5)]) == 3.0
+    assert weighted_median([(1.0, 2.0), (2.0, 1.0), (3.0, 1.0)]) == 1.5
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.01, 100.0), st.floats(0.01, 100.0)), min_size=1, max_size=40))
+def test_the_weighted_median_splits_the_weight_in_halves(items):
+    """At most half the weight lies strictly below the weighted median and at most half
+    strictly above it."""
+    items = sorted(items)
+    m = weighted_median(items)
+    total = sum(w for _, w in items)
+    assert sum(w for v, w in items if v < m) <= total / 2 * (1 + 1e-9)
+    assert sum(w for v, w in items if v > m) <= total / 2 * (1 + 1e-9)
 
 
 def test_bad_settings_are_refused():

