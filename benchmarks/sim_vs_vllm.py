@@ -116,10 +116,13 @@ def attach_step_recorder(engine):
     return shapes
 
 
-def run_vllm(model: Path, w, budget: int | None, steps: list | None = None, **engine_args) -> dict:
+def run_vllm(model: Path, w, budget: int | None, steps: list | None = None,
+             served: list | None = None, **engine_args) -> dict:
     """Replay ``w`` in real time through vLLM at a static ``budget`` (None: vLLM's
     default; ``engine_args``: more of ``EngineArgs``, a ``scheduler_cls`` say), timing every
-    token; ``steps``, where given, collects every step's shape and wall time."""
+    token; ``steps``, where given, collects every step's shape and wall time; ``served``,
+    under a table's scheduler, every step's (state read, budget set, shape, wall time,
+    time it ended on ``time.monotonic``)."""
     from vllm import EngineArgs, LLMEngine, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -130,6 +133,7 @@ def run_vllm(model: Path, w, budget: int | None, steps: list | None = None, **en
         max_num_seqs=16, enforce_eager=True, async_scheduling=False, seed=0,
         enable_prefix_caching=False, **engine_args))
     shapes = attach_step_recorder(engine)
+    scheduler = engine.engine_core.engine_core.scheduler
     rng = np.random.default_rng(1)
     pending = list(range(len(w)))
     token_times: dict[str, list[float]] = {}
@@ -152,12 +156,14 @@ def run_vllm(model: Path, w, budget: int | None, steps: list | None = None, **en
         t = time.monotonic()
         if steps is not None and len(shapes) > n_shapes and (shapes[-1][0] or shapes[-1][1]):
             steps.append((shapes[-1], t - t_step))
+        if served is not None and len(shapes) > n_shapes and (shapes[-1][0] or shapes[-1][1]):
+            served.append((*scheduler.chunkpilot_history[-1], shapes[-1], t - t_step, t))
         for o in outs:
             produced = len(o.outputs[0].token_ids) if o.outputs else 0
             times = token_times[o.request_id]
             while len(times) - 1 < produced:
                 times.append(t)
-    speed = getattr(engine.engine_core.engine_core.scheduler, "chunkpilot_speed", None)
+    speed = getattr(scheduler, "chunkpilot_speed", None)
     del engine
     ttft = [ts[1] - ts[0] for ts in token_times.values()]
     itl = [b - a for ts in token_times.values() for a, b in zip(ts[1:], ts[2:])]
