@@ -155,7 +155,6 @@ def calibrate(model: Path, model_toml: Path, out: Path, requests: int) -> str:
     """Record vLLM's steps on the calibration streams at three budgets and fit the ``cpu``
     profile to them; returns the fit's summary line."""
     from benchmarks.sim_vs_vllm import run_vllm, workload, write_steps
-    from envs.calibrate import __main__ as calibrate_cli
 
     steps: list = []
     for seed, rate in zip(CALIBRATION_SEEDS, (1.5, 3.0)):
@@ -163,6 +162,14 @@ def calibrate(model: Path, model_toml: Path, out: Path, requests: int) -> str:
             print(f"recording vLLM's steps: budget {budget}, {rate:g} req/s ...", flush=True)
             run_vllm(model, workload(seed, rate, requests), budget, steps)
     write_steps(steps, out / "vllm-steps.csv")
+    return fit_profile(out, model_toml)
+
+
+def fit_profile(out: Path, model_toml: Path) -> str:
+    """Fit the ``cpu`` profile (its step spread included) to the steps recorded in
+    ``out/vllm-steps.csv``; returns the fit's summary lines, joined."""
+    from envs.calibrate import __main__ as calibrate_cli
+
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         calibrate_cli.main(["--steps", str(out / "vllm-steps.csv"), "--model", str(model_toml),
@@ -264,6 +271,10 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--chunkpilot-python", default="python",
                     help="the Python of chunkpilot's own environment (for the export)")
     ap.add_argument("--report-only", action="store_true", help="re-render README.md from results.json")
+    ap.add_argument("--repredict", action="store_true",
+                    help="redo the simulator's side only: refit the profile to the recorded steps "
+                         "(vllm-steps.csv), predict every policy of results.json again and re-render; "
+                         "the engine's measurements are kept (with chunkpilot's Python)")
     args = ap.parse_args(argv)
     for name in ("slo_ttft_s", "slo_itl_s", "base_rate", "rel_tol", "longest_replay_s"):
         if not getattr(args, name) > 0:
@@ -281,6 +292,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     if args.report_only:
         print(report(out))
+        return 0
+    if args.repredict:
+        print(repredict(out, args))
         return 0
     from benchmarks.sim_vs_vllm import model_profile_toml, write_model
     from envs.actions import FINE_LADDER
@@ -339,6 +353,36 @@ def main(argv=None) -> int:
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print(report(out))
     return 0
+
+
+def repredict(out: Path, args) -> str:
+    """The simulator's side of ``results.json`` again, on a profile refitted to the steps the
+    run recorded: for a change to the simulator or the calibration, judged against the same
+    measurements without replaying them."""
+    from envs.actions import FINE_LADDER
+    from envs.scenario import Scenario
+
+    data = json.loads((out / "results.json").read_text())
+    meta = data["meta"]
+    args.slo_ttft_s, args.slo_itl_s = meta["slo"]
+    args.requests, args.workload, args.base_rate = meta["requests"], meta["workload"], meta["base_rate"]
+    args.streams = len(meta["streams"])
+    meta["fit"] = fit_profile(out, out / "small-llama.toml")
+    print(meta["fit"], flush=True)
+    scenario = Scenario(hardware=str(out / "cpu.toml"), model=str(out / "small-llama.toml"),
+                        max_num_seqs=16, slo_ttft_s=args.slo_ttft_s, slo_itl_s=args.slo_itl_s)
+    default = meta["vllm_default"]
+    ladder = [b for b in FINE_LADDER if 16 <= b <= CEILING]
+    rungs = predict([Policy(f"static:{b}", b) for b in ladder], scenario, default, args)
+    meta["best_static_predicted"] = best_static(rungs, meta["streams"])
+    names = list(dict.fromkeys(k.split("|")[0] for k in data["predicted"]))
+    policies = [Policy(n, None) if n == "vllm-default"
+                else Policy(n, table=meta["rules"][n[len("table:"):]], rule=n[len("table:"):])
+                if n.startswith("table:") else Policy(n, int(n.split(":")[1])) for n in names]
+    data["predicted"] = {f"{n}|{s}": f for (n, s), f in predict(policies, scenario, default, args).items()}
+    data["ladder_predicted"] = {f"{n}|{s}": f for (n, s), f in rungs.items()}
+    (out / "results.json").write_text(json.dumps(data, indent=1))
+    return report(out)
 
 
 def per_stream(block: dict, name: str, streams: list[int], base_rate: float) -> list[float]:

@@ -59,6 +59,7 @@ bytes a request, and ``summary_only`` keeps neither.
 
 from __future__ import annotations
 
+import functools
 import gc
 import heapq
 import math
@@ -90,6 +91,27 @@ MAX_BLOCK_SIZE = 1024
 """Largest KV block in tokens (vLLM's are 8 to 256)."""
 NO_CAP = 1 << 62
 """A chunk cap no request reaches (``long_prefill_token_threshold`` 0, or lifted)."""
+JITTER_DRAWS = 1 << 16
+JITTER_SEED = 0
+"""The step jitter's draws: a fixed sequence, indexed by pass (``jitter_draws``)."""
+
+
+@functools.lru_cache(maxsize=8)
+def jitter_draws(quantiles: tuple[float, ...]) -> np.ndarray | None:
+    """A profile's ``step_jitter`` drawn, one per pass index modulo ``JITTER_DRAWS``: the
+    quantile function, linear between the given quantiles, at a uniform draw of a fixed
+    sequence. None for no jitter.
+
+    Indexing by pass keeps the simulator deterministic, and its forks and every policy on
+    the same stream meet the same sequence (common random numbers). 65,536 draws exceed
+    the passes with prefill of a run's p99 window, so a cycle repeats no tail a percentile
+    would count twice."""
+    if not quantiles:
+        return None
+    u = np.random.default_rng(JITTER_SEED).random(JITTER_DRAWS)
+    draws = np.interp(u, np.linspace(0.0, 1.0, len(quantiles)), np.asarray(quantiles, dtype=float))
+    draws.setflags(write=False)
+    return draws
 
 
 @dataclass(frozen=True)
@@ -310,7 +332,8 @@ def _passes_to_reach(A: float, B: float, K: int, D: float) -> int:
 
 
 class Simulator:
-    """One engine serving one workload. Deterministic: no randomness inside."""
+    """One engine serving one workload. Deterministic: a profile's step jitter is a fixed
+    sequence of draws by pass index (``jitter_draws``), and nothing else is drawn."""
 
     def __init__(self, hardware: HardwareProfile | str, model: ModelProfile | str,
                  workload: Workload | None = None, config: EngineConfig | None = None,
@@ -326,6 +349,14 @@ class Simulator:
         self.cost = self.roofline.coefficients()
         """The engine's cost model: every pass is priced by envs.pricing from it (the hot
         loops below unroll the formula; tests check every pass against pass_price)."""
+        hw = self.hardware
+        self._jitter = jitter_draws(hw.step_jitter)
+        self._jitter_scale = (hw.step_jitter_s, hw.step_jitter_share)
+        """A pass with prefill work priced ``t`` takes ``t + (a + b * t) * _jitter[pass index %
+        JITTER_DRAWS]`` with ``(a, b) = _jitter_scale``, never under half its price (None:
+        its price). Decode-only passes take
+        their price: their stretches are one arithmetic sequence, and they stay far below
+        the ITL target wherever a budget matters (``HardwareProfile.step_jitter``)."""
         self.total_blocks = self.config.kv_blocks(self.hardware, self.model)
         self._block_size = self.config.block_size
         self._chunk_cap = self.config.long_prefill_token_threshold or NO_CAP
@@ -381,13 +412,14 @@ class Simulator:
 
     def __getstate__(self) -> dict:  # a memoryview does not pickle: copies take the views afresh
         state = dict(self.__dict__)
-        for name in ("_arrival_s", "_prompt_tokens", "_output_tokens"):
-            del state[name]
+        for name in ("_arrival_s", "_prompt_tokens", "_output_tokens", "_jitter"):
+            del state[name]  # the jitter's draws are made afresh from the profile (cached)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._view_workload()
+        self._jitter = jitter_draws(self.hardware.step_jitter)
 
     def _check_every_request_fits(self) -> None:
         """A request whose prompt and output exceed the whole KV cache could never run."""
@@ -410,7 +442,7 @@ class Simulator:
     # is in exactly one of them, so a new field cannot be forgotten here.
     _FORK_SHARED = ("hardware", "model", "config", "roofline", "cost", "total_blocks",
                     "_block_size", "_chunk_cap", "workload", "_arrival_s", "_prompt_tokens",
-                    "_output_tokens")
+                    "_output_tokens", "_jitter", "_jitter_scale")
     _FORK_COPIED = ("_next_arrival", "_next_rid", "_num_decodes", "_offset_sum", "_offset_blocks",
                     "_kv_used", "_admit_seq",
                     "pass_index", "now", "waiting_prefill_tokens", "preemptions", "finished",
@@ -773,6 +805,10 @@ class Simulator:
         m = weights_s + kv_s * (ctx + prefix + tokens)
         c = token_s * tokens + pair_s * (ctx + n + pairs)
         dt = (m + e * c if m > c else c + e * m) + (fixed_s + serial_s * tokens)
+        if self._jitter is not None and prefill:
+            a, b = self._jitter_scale
+            j = (a + b * dt) * self._jitter[p & (JITTER_DRAWS - 1)]
+            dt = dt + j if j > -0.5 * dt else 0.5 * dt
         now = self.now + dt
         self.now = now
         self.last_pass_s = dt

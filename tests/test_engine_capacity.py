@@ -246,3 +246,38 @@ def test_a_replay_given_up_never_meets_its_slo_and_one_let_finish_fails_only_by_
         if values and values[int(np.floor(0.99 * (len(values) - 1)))] > target:
             assert said
     assert not replay_meets({**final, "gave_up_s": 1.0}, 10.0, 10.0)
+
+
+def test_repredict_redoes_the_simulators_side_on_the_recorded_steps_and_keeps_the_measured(bench, tmp_path):
+    """--repredict refits the profile (its jitter included) to the recorded steps, predicts
+    every policy of results.json again as predict() does with that profile, and keeps the
+    engine's measurements and probes."""
+    from envs.profiles import get_hardware, profile_to_toml
+    from envs.scenario import Scenario
+    from tests.conftest import TOY_HW, TOY_MODEL
+    from tests.test_calibrate import write_steps
+
+    write_steps(tmp_path / "vllm-steps.csv", TOY_HW, TOY_MODEL, n=120)
+    (tmp_path / "small-llama.toml").write_text(profile_to_toml(TOY_MODEL))
+    measured = {"vllm-default|100": 0.8, "static:256|100": 1.6}
+    data = {"meta": {"slo": [2.0, 0.1], "requests": 40, "workload": "mixed", "streams": [100],
+                     "base_rate": 1.0, "vllm_default": 2048, "best_static_predicted": 64, "fit": "old",
+                     "rules": {}, "search": [1.25, 0.05, 3]},
+            "predicted": {"vllm-default|100": 9.0, "static:256|100": 9.0}, "measured": measured,
+            "ladder_predicted": {}, "probes": [{"wall_s": 3.0, "policy": "static:256"}]}
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    args = bench.parse(["--out", str(tmp_path)])
+    bench.repredict(tmp_path, args)
+    got = json.loads((tmp_path / "results.json").read_text())
+    assert got["measured"] == measured and got["probes"] == data["probes"]
+    assert got["meta"]["fit"].startswith("fit to 120 steps")
+    hw = get_hardware(str(tmp_path / "cpu.toml"))
+    sc = Scenario(hardware=hw, model=str(tmp_path / "small-llama.toml"), max_num_seqs=16,
+                  slo_ttft_s=2.0, slo_itl_s=0.1)
+    want = bench.predict([bench.Policy("vllm-default"), bench.Policy("static:256", 256)], sc, 2048,
+                         types.SimpleNamespace(streams=1, base_rate=1.0, requests=40, slo_ttft_s=2.0,
+                                               slo_itl_s=0.1, workload="mixed"))
+    assert got["predicted"] == {f"{n}|{s}": f for (n, s), f in want.items()}
+    assert len(got["ladder_predicted"]) > 5 and got["meta"]["best_static_predicted"] in {
+        int(k.split("|")[0].split(":")[1]) for k in got["ladder_predicted"]}
+    assert (tmp_path / "README.md").read_text().count("| static:256 |") == 1

@@ -43,14 +43,14 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from envs.calibrate.fit import (PART_COLUMNS, Fit, ape, error_line, fit_passes, held_out, shape_parts,
                                 unit_roofline)
-from envs.calibrate.steps import fit_steps, read_steps
+from envs.calibrate.steps import fit_steps, read_steps, jitter_line, step_jitter
 from envs.calibrate.vidur import fit_layers, fitted_profile, read_tables
 from envs.calibrate.vidur_report import Errors, plot_vidur, report_lines
 from envs.cli import parse
@@ -176,15 +176,20 @@ def calibrate_steps(args: CalibrateArgs) -> int:
     # On top of a device's profile the result is that device serving with this engine: it
     # keeps the device's name, so that a table exported with it passes the provenance check
     # of an engine on that device.
-    profile = fit.profile(args.name or (base.name if base else "calibrated-steps"),
-                          base.memory_bytes if base else machine_memory_bytes())
+    with_prefill = np.array([bool(chunks) for _, chunks, _ in steps])
+    jitter = step_jitter(fit.predict(parts[with_prefill]), secs[with_prefill])
+    profile = replace(fit.profile(args.name or (base.name if base else "calibrated-steps"),
+                                  base.memory_bytes if base else machine_memory_bytes()),
+                      step_jitter=jitter[0], step_jitter_s=jitter[1],
+                      step_jitter_share=jitter[2])
     what = f"the per-step overhead on top of {args.hardware}" if base else ""
     write_profile(Path(args.out),
                   f"# Fitted to {len(steps)} measured engine steps ({args.steps}) with model "
                   f"{model.name}{'; ' + what if what else ''}; held-out median error "
-                  f"{np.median(err):.1%}.\n", profile)
+                  f"{np.median(err):.1%}; {jitter_line(jitter, int(with_prefill.sum()))}.\n", profile)
     print(f"fit to {len(steps)} steps{' (' + what + ')' if what else ''}: {fit.describe()}; "
           + error_line(f"held-out steps ({int(held.sum())})", err))
+    print(jitter_line(jitter, int(with_prefill.sum())))
     if args.form == "refined" and plain is not None:
         print(f"plain roofline ({plain.describe()}): "
               + error_line("held-out steps", ape(plain, parts, secs)[held]))

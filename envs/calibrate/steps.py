@@ -94,3 +94,64 @@ def fit_steps(steps, model, refined: bool = True,
     return fit, plain, parts, secs
 
 
+
+
+
+JITTER_POINTS = 101
+"""Quantiles a measured jitter keeps: every 1% from 0 to 1 (the tail a p99 target counts)."""
+JITTER_MIN_STEPS = 40
+"""Fewer steps with prefill than this measure no jitter."""
+
+
+def step_jitter(priced: np.ndarray, measured: np.ndarray,
+                points: int = JITTER_POINTS) -> tuple[tuple[float, ...], float, float]:
+    """A profile's ``(step_jitter, step_jitter_s, step_jitter_share)`` from steps' priced and
+    measured seconds (steps with prefill work, where a policy's choice sets the time).
+
+    Each step's jitter is its measured seconds less its price times the running median of
+    measured / priced along the price (a window of a tenth of the steps, at least 11), so
+    that what the fit gets wrong as a function of size, which a jitter would blur into
+    noise, is left out. Its scale ``a + b * price`` is the least-squares line (a, b >= 0)
+    through the jitters' absolute values; the quantiles are those of jitter / scale at
+    ``points`` evenly spaced probabilities, centred on their median. ((), 0, 0) when fewer
+    than ``JITTER_MIN_STEPS`` steps are given."""
+    priced, measured = np.asarray(priced, dtype=float), np.asarray(measured, dtype=float)
+    if len(priced) < JITTER_MIN_STEPS:
+        return (), 0.0, 0.0
+    order = np.argsort(priced, kind="stable")
+    priced, measured = priced[order], measured[order]
+    ratio = measured / priced
+    half = max(5, len(ratio) // 20)
+    trend = np.array([np.median(ratio[max(0, i - half):i + half + 1]) for i in range(len(ratio))])
+    extra = measured - trend * priced
+    a, b = _nonnegative_line(priced, np.abs(extra))
+    typical = float(np.median(priced))
+    if a + b * typical <= 1e-6 * typical:  # every step on its trend: no jitter to measure
+        return (), 0.0, 0.0
+    z = extra / (a + b * priced)
+    q = np.quantile(z, np.linspace(0.0, 1.0, points))
+    return tuple(float(x) for x in q - np.median(z)), float(a), float(b)
+
+
+def _nonnegative_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Least squares y ~ a + b x with a, b >= 0 (the best of the free fit, if it qualifies,
+    and the two one-parameter fits)."""
+    options = [(float(np.mean(y)), 0.0), (0.0, float(x @ y / (x @ x)) if x @ x > 0 else 0.0)]
+    if np.ptp(x) > 0:
+        b, a = np.polyfit(x, y, 1)
+        if a >= 0 and b >= 0:
+            options.append((float(a), float(b)))
+    return min(options, key=lambda ab: float(np.sum((y - ab[0] - ab[1] * x) ** 2)))
+
+
+def jitter_line(jitter: tuple[tuple[float, ...], float, float], steps: int) -> str:
+    """``step jitter (N steps with prefill): (A ms + B x price) x z, z p1 ... p99 ...``."""
+    z, a, b = jitter
+    if not z:
+        return f"no step jitter: {steps} steps with prefill, need {JITTER_MIN_STEPS} off their trend"
+    grid = np.linspace(0.0, 1.0, len(z))
+    at = ", ".join(f"p{round(p * 100)} {float(np.interp(p, grid, z)):+.2f}" for p in (0.01, 0.1, 0.9, 0.99))
+    return (f"step jitter ({steps} steps with prefill, around the price): ({a * 1e3:.2f} ms + "
+            f"{b:.3f} x price) x z, z {at}, max {z[-1]:+.2f}; at 10 ms p90 "
+            f"{(a + b * 0.01) * float(np.interp(0.9, grid, z)) * 1e3:+.1f} ms, at 90 ms p90 "
+            f"{(a + b * 0.09) * float(np.interp(0.9, grid, z)) * 1e3:+.1f} ms")
