@@ -92,6 +92,8 @@ class Policy:
     def sim_spec(self, default_budget: int) -> str:
         if self.table is not None:
             return f"table:{self.table}"
+        if self.rule is not None:  # the rule itself, in the simulator only
+            return self.rule
         return f"static:{self.budget if self.budget is not None else default_budget}"
 
 
@@ -230,6 +232,14 @@ def best_static(predicted: dict, streams: list[int], floor: int = 16) -> int:
     return max(sorted(rungs), key=lambda b: np.mean([predicted[(f"static:{b}", s)] for s in streams]))
 
 
+def best_fraction(predicted: dict, streams: list[int]) -> str:
+    """The ``time-budget:FRACTION`` of highest mean predicted capacity (the smaller
+    fraction on a tie: the safer against a step running long)."""
+    names = sorted({name for name, _ in predicted if name.startswith("time-budget:")},
+                   key=lambda n: float(n.split(":")[1]))
+    return max(names, key=lambda n: np.mean([predicted[(n, s)] for s in streams]))
+
+
 def replay(model: Path, policy: Policy, seed: int, factor: float, args) -> dict:
     """One real-time replay of a judged stream at a load factor; its latency summary."""
     from benchmarks.sim_vs_vllm import run_vllm
@@ -259,7 +269,12 @@ def parse(argv=None) -> argparse.Namespace:
                     help="requests per replay whose steps the profile is fitted to (6 replays)")
     ap.add_argument("--base-rate", type=float, default=1.0, help="req/s at load factor 1")
     ap.add_argument("--rules", default="time-budget,time-budget-deadline-kv:4",
-                    help="rules served as tables exported for this deployment")
+                    help="rules served as tables exported for this deployment (with the time-budget "
+                         "fraction the simulator picks, --fractions)")
+    ap.add_argument("--fractions", default="0.5,0.6,0.7,0.8,0.9",
+                    type=lambda text: [float(x) for x in text.split(",") if x.strip()],
+                    help="time-budget fractions the simulator weighs on the fitted profile (its step "
+                         "jitter included); the best is served as a table too, as a user picks a rule")
     ap.add_argument("--neighbours", type=int, default=1,
                     help="static budgets served on each side of the simulator's best (2^(1/2) apart)")
     ap.add_argument("--step", type=float, default=1.25, help="bracketing step from the prediction")
@@ -279,6 +294,8 @@ def parse(argv=None) -> argparse.Namespace:
     for name in ("slo_ttft_s", "slo_itl_s", "base_rate", "rel_tol", "longest_replay_s"):
         if not getattr(args, name) > 0:
             ap.error(f"--{name.replace('_', '-')}: got {getattr(args, name)}, must be > 0")
+    if not args.fractions or not all(0 < f <= 2 for f in args.fractions):
+        ap.error(f"--fractions: got {args.fractions}, must be fractions in (0, 2]")
     if not 1 <= args.streams <= len(STREAM_SEEDS):
         ap.error(f"--streams: got {args.streams}, must lie in [1, {len(STREAM_SEEDS)}]")
     if not 20 <= args.requests <= 3000 or args.step <= 1:
@@ -319,7 +336,12 @@ def main(argv=None) -> int:
     k = ladder.index(best)
     statics = [ladder[i] for i in range(k - 2 * args.neighbours, k + 2 * args.neighbours + 1, 2)
                if 0 <= i < len(ladder)]
-    tables = export_tables([r.strip() for r in args.rules.split(",") if r.strip()], out, model_toml, args)
+    fractions = predict([Policy(f"time-budget:{f:g}", rule=f"time-budget:{f:g}") for f in args.fractions],
+                        scenario, default, args)
+    picked = best_fraction(fractions, streams)
+    rules = [r.strip() for r in args.rules.split(",") if r.strip()]
+    rules += [picked] if picked not in rules and not (picked == "time-budget:0.9" and "time-budget" in rules) else []
+    tables = export_tables(rules, out, model_toml, args)
     statics = [b for b in statics if b != default]  # vLLM's default is served as itself
     policies = ([Policy("vllm-default", None)] + [Policy(f"static:{b}", b) for b in statics]
                 + [Policy(f"table:{rule}", table=path, rule=rule) for rule, path in tables.items()])
@@ -330,6 +352,7 @@ def main(argv=None) -> int:
                                              *(argv if argv is not None else sys.argv[1:])]),
                         "streams": streams, "base_rate": args.base_rate, "vllm_default": default,
                         "best_static_predicted": best, "fit": fit, "rules": tables,
+                        "fraction_predicted": picked,
                         "search": [args.step, args.rel_tol, args.max_probes]},
                "predicted": {f"{n}|{s}": f for (n, s), f in predicted.items()},
                "ladder_predicted": {f"{n}|{s}": f for (n, s), f in rungs.items()}, "probes": []}
@@ -460,7 +483,9 @@ def report(out: Path) -> str:
         f"{meta['best_static_predicted']} tokens.", "",
         f"- Profile fitted to this engine's steps in the same sitting: {meta['fit']}.",
         f"- Tables exported for this deployment: {', '.join(meta['rules'])} (served by "
-        "`TableScheduler` without `CHUNKPILOT_ALLOW_MISMATCH`, learning the engine's speed).",
+        "`TableScheduler` without `CHUNKPILOT_ALLOW_MISMATCH`, learning the engine's speed)"
+        + (f"; `{meta['fraction_predicted']}` is the time-budget fraction the simulator picks on "
+           "the fitted profile, its step jitter included" if meta.get("fraction_predicted") else "") + ".",
         f"- Search per policy and stream: from the simulator's capacity, steps of "
         f"{meta['search'][0]:g}x, then bisection to {meta['search'][1]:.0%} (at most "
         f"{meta['search'][2]} probes); policies take turns probe by probe"
