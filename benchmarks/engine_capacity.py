@@ -34,7 +34,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -179,6 +179,31 @@ def fit_profile(out: Path, model_toml: Path) -> str:
     return "; ".join(buf.getvalue().splitlines()[:-1])
 
 
+def replay_jitter(steps: list, out: Path, model_toml: Path) -> str:
+    """The calibrated profile with the jitter of the steps the replays served (their own
+    shapes, loads and budgets, the machine as it was while they ran), written to
+    ``cpu-replays.toml``; returns the jitter's summary line."""
+    from dataclasses import replace
+
+    from envs.calibrate.fit import fit_of, shape_parts, unit_roofline
+    from envs.calibrate.steps import jitter_line, step_jitter
+    from envs.cost import PassShape
+    from envs.profiles import get_hardware, get_model, profile_to_toml
+
+    hw, model = get_hardware(str(out / "cpu.toml")), get_model(str(model_toml))
+    chunked = [(d, c, t) for (d, c), t in steps if c]
+    if chunked:
+        parts = shape_parts(unit_roofline(model), [PassShape.of(d, c) for d, c, _ in chunked])
+        z, a, b = step_jitter(fit_of(hw).predict(parts), np.array([t for *_, t in chunked]))
+    else:
+        z, a, b = (), 0.0, 0.0
+    line = jitter_line((z, a, b), len(chunked))
+    (out / "cpu-replays.toml").write_text(
+        f"# cpu.toml with the jitter of {len(steps)} steps the replays served: {line}.\n"
+        + profile_to_toml(replace(hw, step_jitter=z, step_jitter_s=a, step_jitter_share=b)))
+    return line
+
+
 def export_tables(rules: list[str], out: Path, model_toml: Path, args) -> dict[str, str]:
     """Each rule's table for this deployment, exported as a user exports one (with the
     chunkpilot environment's Python: the export draws its checks' figures)."""
@@ -240,8 +265,9 @@ def best_fraction(predicted: dict, streams: list[int]) -> str:
     return max(names, key=lambda n: np.mean([predicted[(n, s)] for s in streams]))
 
 
-def replay(model: Path, policy: Policy, seed: int, factor: float, args) -> dict:
-    """One real-time replay of a judged stream at a load factor; its latency summary."""
+def replay(model: Path, policy: Policy, seed: int, factor: float, args, steps: list | None = None) -> dict:
+    """One real-time replay of a judged stream at a load factor; its latency summary (every
+    step's shape and time appended to ``steps``, where given)."""
     from benchmarks.sim_vs_vllm import run_vllm
 
     os.environ.pop("CHUNKPILOT_ALLOW_MISMATCH", None)  # a deployment's own table must pass its check
@@ -249,7 +275,7 @@ def replay(model: Path, policy: Policy, seed: int, factor: float, args) -> dict:
         os.environ["CHUNKPILOT_TABLE"] = policy.table
     w = stream(args.workload, seed, args.base_rate * factor, args.requests)
     t0 = time.monotonic()
-    s = run_vllm(model, w, CEILING if policy.table else policy.budget,
+    s = run_vllm(model, w, CEILING if policy.table else policy.budget, steps,
                  slo=(args.slo_ttft_s, args.slo_itl_s), **policy.engine_args())
     s.pop("ttft_s", None)
     return {**s, "wall_s": time.monotonic() - t0}
@@ -329,9 +355,13 @@ def main(argv=None) -> int:
     default = vllm_default_budget(model)
     scenario = Scenario(hardware=str(out / "cpu.toml"), model=str(model_toml), max_num_seqs=16,
                         slo_ttft_s=args.slo_ttft_s, slo_itl_s=args.slo_itl_s)
+    # Priced exactly (no jitter): where the searches start and which statics are served. A
+    # jitter measured in a noisy spell of the machine would start them far below capacity
+    # and serve statics far from the engine's best; the jitter decides the predictions.
+    exact = replace(scenario, hardware=replace(scenario.hardware_profile(), step_jitter=()))
     streams = list(STREAM_SEEDS[:args.streams])
     ladder = [b for b in FINE_LADDER if 16 <= b <= CEILING]
-    rungs = predict([Policy(f"static:{b}", b) for b in ladder], scenario, default, args)
+    rungs = predict([Policy(f"static:{b}", b) for b in ladder], exact, default, args)
     best = best_static(rungs, streams)
     k = ladder.index(best)
     statics = [ladder[i] for i in range(k - 2 * args.neighbours, k + 2 * args.neighbours + 1, 2)
@@ -346,6 +376,7 @@ def main(argv=None) -> int:
     policies = ([Policy("vllm-default", None)] + [Policy(f"static:{b}", b) for b in statics]
                 + [Policy(f"table:{rule}", table=path, rule=rule) for rule, path in tables.items()])
     predicted = predict(policies, scenario, default, args)
+    priced_exactly = predict(policies, exact, default, args)
     results = {"meta": {"slo": [args.slo_ttft_s, args.slo_itl_s], "requests": args.requests,
                         "workload": args.workload,
                         "command": " ".join([".venv-vllm/bin/python benchmarks/engine_capacity.py",
@@ -355,13 +386,15 @@ def main(argv=None) -> int:
                         "fraction_predicted": picked,
                         "search": [args.step, args.rel_tol, args.max_probes]},
                "predicted": {f"{n}|{s}": f for (n, s), f in predicted.items()},
+               "predicted_exact": {f"{n}|{s}": f for (n, s), f in priced_exactly.items()},
                "ladder_predicted": {f"{n}|{s}": f for (n, s), f in rungs.items()}, "probes": []}
     by_name = {p.name: p for p in policies}
+    replay_steps: list = []
 
     def probe(key, factor: float) -> bool:
         name, seed = key
         print(f"{name}, stream {seed}: load {factor:.3f} ...", flush=True)
-        s = replay(model, by_name[name], seed, factor, args)
+        s = replay(model, by_name[name], seed, factor, args, replay_steps)
         met = replay_meets(s, args.slo_ttft_s, args.slo_itl_s)
         results["probes"].append({"policy": name, "stream": seed, "factor": factor, "met": met, **s})
         (out / "results.json").write_text(json.dumps(results, indent=1))
@@ -369,9 +402,13 @@ def main(argv=None) -> int:
 
     floor = args.requests / (args.base_rate * args.longest_replay_s)
     results["meta"]["floor"] = floor
-    starts = {(p.name, s): max(predicted[(p.name, s)], floor) for p in policies for s in streams}
+    starts = {(p.name, s): max(priced_exactly[(p.name, s)], floor) for p in policies for s in streams}
     found = round_robin(starts, probe, args.step, args.rel_tol, args.max_probes, low=floor)
     results["measured"] = {f"{n}|{s}": f for (n, s), (f, _) in found.items()}
+    results["meta"]["replay_jitter"] = replay_jitter(replay_steps, out, model_toml)
+    replayed = replace(scenario, hardware=str(out / "cpu-replays.toml"))
+    results["predicted_replays"] = {f"{n}|{s}": f for (n, s), f in
+                                    predict(policies, replayed, default, args).items()}
     results["meta"]["wall_s"] = time.monotonic() - t0
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print(report(out))
@@ -383,6 +420,7 @@ def repredict(out: Path, args) -> str:
     run recorded: for a change to the simulator or the calibration, judged against the same
     measurements without replaying them."""
     from envs.actions import FINE_LADDER
+    from envs.profiles import get_hardware
     from envs.scenario import Scenario
 
     data = json.loads((out / "results.json").read_text())
@@ -396,16 +434,34 @@ def repredict(out: Path, args) -> str:
                         max_num_seqs=16, slo_ttft_s=args.slo_ttft_s, slo_itl_s=args.slo_itl_s)
     default = meta["vllm_default"]
     ladder = [b for b in FINE_LADDER if 16 <= b <= CEILING]
-    rungs = predict([Policy(f"static:{b}", b) for b in ladder], scenario, default, args)
+    exact_ladder = replace(scenario, hardware=replace(scenario.hardware_profile(), step_jitter=()))
+    rungs = predict([Policy(f"static:{b}", b) for b in ladder], exact_ladder, default, args)
     meta["best_static_predicted"] = best_static(rungs, meta["streams"])
     names = list(dict.fromkeys(k.split("|")[0] for k in data["predicted"]))
     policies = [Policy(n, None) if n == "vllm-default"
                 else Policy(n, table=meta["rules"][n[len("table:"):]], rule=n[len("table:"):])
                 if n.startswith("table:") else Policy(n, int(n.split(":")[1])) for n in names]
     data["predicted"] = {f"{n}|{s}": f for (n, s), f in predict(policies, scenario, default, args).items()}
+    exact = replace(scenario, hardware=replace(scenario.hardware_profile(), step_jitter=()))
+    data["predicted_exact"] = {f"{n}|{s}": f for (n, s), f in predict(policies, exact, default, args).items()}
+    replays = out / "cpu-replays.toml"
+    if replays.exists():  # the replays' jitter on the profile as refitted
+        seen = get_hardware(str(replays))
+        on = replace(scenario.hardware_profile(), step_jitter=seen.step_jitter,
+                     step_jitter_s=seen.step_jitter_s, step_jitter_share=seen.step_jitter_share)
+        data["predicted_replays"] = {f"{n}|{s}": f for (n, s), f in
+                                     predict(policies, replace(scenario, hardware=on), default, args).items()}
     data["ladder_predicted"] = {f"{n}|{s}": f for (n, s), f in rungs.items()}
     (out / "results.json").write_text(json.dumps(data, indent=1))
     return report(out)
+
+
+PREDICTIONS = {"predicted": "with the calibration's jitter",
+               "predicted_replays": "with the replays' jitter",
+               "predicted_exact": "priced exactly"}
+"""The simulator's sides of a report: the profile as calibrated (its step jitter from the
+calibration replays), with the jitter the judged replays' own steps showed, and without
+any jitter."""
 
 
 def per_stream(block: dict, name: str, streams: list[int], base_rate: float) -> list[float]:
@@ -435,18 +491,19 @@ def report(out: Path) -> str:
     floor = meta.get("floor", 0.0) * base
     names = list(dict.fromkeys(k.split("|")[0] for k in data["predicted"]))
     measured = data.get("measured") or {}
-    sides = {"measured": measured, "predicted": data["predicted"]}
+    sides = {"measured": measured, **{side: data[side] for side in PREDICTIONS if data.get(side)}}
     caps = {side: {n: per_stream(block, n, streams, base) for n in names
                    if all(f"{n}|{s}" in block for s in streams)} for side, block in sides.items()}
     # vLLM's default is a static budget too (the one vLLM picks)
     best = {side: max((n for n in c if n.startswith("static:") or n == "vllm-default"),
                       key=lambda n: np.mean(c[n]), default=None) for side, c in caps.items()}
     lines = ["| policy | measured on vLLM (req/s) | against the best static measured | "
-             "predicted by the simulator (req/s) | against the best static predicted |",
-             "|---|---:|---|---:|---|"]
+             + " | ".join(f"predicted, {PREDICTIONS[side]} (req/s) | against the best static so predicted"
+                          for side in sides if side != "measured") + " |",
+             "|---|---:|---|" + "---:|---|" * (len(sides) - 1)]
     for n in names:
         cells = []
-        for side in ("measured", "predicted"):
+        for side in sides:
             c = caps[side].get(n)
             if c is None or best[side] is None:
                 cells += ["not run", ""]
@@ -462,12 +519,13 @@ def report(out: Path) -> str:
     pairs.append(("best static / vLLM's default", None, "vllm-default"))
     for what, top_name, bottom_name in pairs:
         row = []
-        for side in ("measured", "predicted"):
+        for side in sides:
             top, bottom = caps[side].get(top_name or best[side]), caps[side].get(bottom_name or best[side])
             row.append(ratio_of(top, bottom, floor))
-        (m, mk), (p, pk) = row
-        ratios.append(f"- {what}: measured {mk}{m:.3f}, predicted {pk}{p:.3f}"
-                      + ("" if mk or pk else f" ({(p - m) * 100:+.1f} points)"))
+        (m, mk), *predictions = row
+        ratios.append(f"- {what}: measured {mk}{m:.3f}; predicted " + ", ".join(
+            f"{pk}{p:.3f} {PREDICTIONS[side]}" + ("" if mk or pk else f" ({(p - m) * 100:+.1f} points)")
+            for side, (p, pk) in zip(list(sides)[1:], predictions)))
     probes = data["probes"]
     wall = sum(p["wall_s"] for p in probes)
     gave_up = sum("gave_up_s" in p for p in probes)
@@ -479,9 +537,11 @@ def report(out: Path) -> str:
         f"SLO: p99 TTFT {meta['slo'][0]:g} s, p99 ITL {meta['slo'][1] * 1e3:g} ms. Each stream is "
         f"{meta['requests']} requests of {WORKLOADS[meta.get('workload', 'mixed')]}, {len(streams)} "
         f"streams ({', '.join(map(str, streams))}); load factor 1 is {base:g} req/s. vLLM's default budget "
-        f"here: {meta['vllm_default']} tokens. The simulator's best static on the fine ladder: "
+        f"here: {meta['vllm_default']} tokens. The simulator's best static on the fine ladder, priced exactly: "
         f"{meta['best_static_predicted']} tokens.", "",
         f"- Profile fitted to this engine's steps in the same sitting: {meta['fit']}.",
+        *([f"- The jitter of the steps the replays served (`cpu-replays.toml`): {meta['replay_jitter']}."]
+          if meta.get("replay_jitter") else []),
         f"- Tables exported for this deployment: {', '.join(meta['rules'])} (served by "
         "`TableScheduler` without `CHUNKPILOT_ALLOW_MISMATCH`, learning the engine's speed)"
         + (f"; `{meta['fraction_predicted']}` is the time-budget fraction the simulator picks on "
