@@ -251,6 +251,11 @@ def predict(policies: list[Policy], scenario, default_budget: int, args) -> dict
     return out
 
 
+def without_jitter(scenario):
+    """The scenario with its profile's passes priced exactly (no step jitter)."""
+    return replace(scenario, hardware=replace(scenario.hardware_profile(), step_jitter=()))
+
+
 def best_static(predicted: dict, streams: list[int], floor: int = 16) -> int:
     """The fine ladder's rung of highest mean predicted capacity (keys ``static:B``)."""
     rungs = {int(name.split(":")[1]) for name, _ in predicted if name.startswith("static:")}
@@ -358,7 +363,7 @@ def main(argv=None) -> int:
     # Priced exactly (no jitter): where the searches start and which statics are served. A
     # jitter measured in a noisy spell of the machine would start them far below capacity
     # and serve statics far from the engine's best; the jitter decides the predictions.
-    exact = replace(scenario, hardware=replace(scenario.hardware_profile(), step_jitter=()))
+    exact = without_jitter(scenario)
     streams = list(STREAM_SEEDS[:args.streams])
     ladder = [b for b in FINE_LADDER if 16 <= b <= CEILING]
     rungs = predict([Policy(f"static:{b}", b) for b in ladder], exact, default, args)
@@ -434,15 +439,14 @@ def repredict(out: Path, args) -> str:
                         max_num_seqs=16, slo_ttft_s=args.slo_ttft_s, slo_itl_s=args.slo_itl_s)
     default = meta["vllm_default"]
     ladder = [b for b in FINE_LADDER if 16 <= b <= CEILING]
-    exact_ladder = replace(scenario, hardware=replace(scenario.hardware_profile(), step_jitter=()))
-    rungs = predict([Policy(f"static:{b}", b) for b in ladder], exact_ladder, default, args)
+    exact = without_jitter(scenario)
+    rungs = predict([Policy(f"static:{b}", b) for b in ladder], exact, default, args)
     meta["best_static_predicted"] = best_static(rungs, meta["streams"])
     names = list(dict.fromkeys(k.split("|")[0] for k in data["predicted"]))
     policies = [Policy(n, None) if n == "vllm-default"
                 else Policy(n, table=meta["rules"][n[len("table:"):]], rule=n[len("table:"):])
                 if n.startswith("table:") else Policy(n, int(n.split(":")[1])) for n in names]
     data["predicted"] = {f"{n}|{s}": f for (n, s), f in predict(policies, scenario, default, args).items()}
-    exact = replace(scenario, hardware=replace(scenario.hardware_profile(), step_jitter=()))
     data["predicted_exact"] = {f"{n}|{s}": f for (n, s), f in predict(policies, exact, default, args).items()}
     replays = out / "cpu-replays.toml"
     if replays.exists():  # the replays' jitter on the profile as refitted
