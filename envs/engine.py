@@ -354,9 +354,9 @@ class Simulator:
         self._jitter_scale = (hw.step_jitter_s, hw.step_jitter_share)
         """A pass with prefill work priced ``t`` takes ``t + (a + b * t) * _jitter[pass index %
         JITTER_DRAWS]`` with ``(a, b) = _jitter_scale``, never under half its price (None:
-        its price). Decode-only passes take
-        their price: their stretches are one arithmetic sequence, and they stay far below
-        the ITL target wherever a budget matters (``HardwareProfile.step_jitter``)."""
+        its price). Decode-only passes take their price: their stretches are one arithmetic
+        sequence, and they stay far below the ITL target wherever a budget matters
+        (``HardwareProfile.step_jitter``)."""
         self.total_blocks = self.config.kv_blocks(self.hardware, self.model)
         self._block_size = self.config.block_size
         self._chunk_cap = self.config.long_prefill_token_threshold or NO_CAP
