@@ -47,7 +47,8 @@ def call(main, *argv) -> tuple[int, str, str]:
 
 COMMANDS = {"envs.probe": "envs.probe", "envs.simulate": "envs.simulate",
             "envs.calibrate": "envs.calibrate.__main__", "eval": "eval.__main__", "train.py": "train",
-            "policies.table": "policies.table.__main__", "agents.improve": "agents.improve"}
+            "policies.table": "policies.table.__main__", "agents.improve": "agents.improve",
+            "agents.search": "agents.search"}
 
 
 def cli(command: str, *argv):
