@@ -17,15 +17,17 @@ Reinforcement Learning", 2017, with the differences scaled by their root mean sq
 is the environment's, the one train.py's model selection scores.
 
 Every few iterations the searched model is compared with the start on the run's
-held-out episodes, paired, as train.py's model selection does; the cheapest that costs
-less than the start beyond the 95% interval is written to OUT as a run directory
-(``model:OUT``, eval and export read it). Where none does, the command says the search
-did not beat its start and writes no model. The search keeps its place in OUT and goes
-on from it when run again after a kill.
+held-out episodes, paired, as train.py's model selection does. The cheapest that costs
+less than the start beyond the 95% interval is measured again on fresh episodes (its lead
+on the episodes it was picked on is biased up) and stays in OUT as a run directory
+(``model:OUT``, eval and export read it) only where it beats the start there too. Where
+it does not, the command says the search did not beat its start and leaves no model. The
+search keeps its place in OUT and goes on from it when run again after a kill.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
@@ -40,36 +42,20 @@ from envs.episodes import draw_episodes
 from envs.errors import ConfigError, integer, number, require, run_cli
 from envs.files import check_output, write_json_atomic
 from envs.scenario import Scenario
-from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS
+from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS, SEARCH_CONFIRM_SEEDS
 from eval.harness import paired_difference
 from eval.parallel import LocalExecutor, make_executor
-from policies.learned import ModelPolicy, NumpyActor, load_run, run_sampler
+from policies.learned import ModelPolicy, load_run, read_config, run_sampler
 
 
-
-
-def head_of(actor: NumpyActor) -> np.ndarray:
-    """The action head's weights and biases as one vector."""
-    w, b, _ = actor.layers[-1]
-    return np.concatenate([w.ravel(), b.ravel()])
-
-
-def with_head(actor: NumpyActor, theta: np.ndarray) -> NumpyActor:
-    """``actor`` with its action head set from ``theta`` (:func:`head_of`'s layout)."""
-    w, b, kind = actor.layers[-1]
-    return NumpyActor([*actor.layers[:-1],
-                       (np.asarray(theta[:w.size], w.dtype).reshape(w.shape),
-                        np.asarray(theta[w.size:], b.dtype).copy(), kind)])
+ALGOS = ("ppo", "a2c")
+"""Algorithms whose model has the action head the search perturbs (an actor-critic's
+logits over the ladder's rungs)."""
 
 
 def policy_with(base: ModelPolicy, theta: np.ndarray) -> ModelPolicy:
-    """A copy of ``base`` acting with the action head ``theta`` (its torch model left behind:
-    the numpy actor is what serves, and what a worker receives)."""
-    out = type(base).__new__(type(base))
-    out.__dict__.update(base.__dict__)
-    out.model = None
-    out._actor = with_head(base._actor, theta)
-    return out
+    """A copy of ``base`` acting with the action head ``theta`` (``NumpyActor.head``'s layout)."""
+    return base.acting_with(base.actor.with_head(theta))
 
 
 def _cost_task(scenario, workload, policy) -> float:
@@ -122,8 +108,9 @@ class SearchArgs:
     episodes: int = 16
     """Training episodes per iteration (fresh each iteration; every candidate serves all)."""
     sigma: float = 1.5
-    """Perturbation size, in standard deviations of the head's weights: large enough that a
-    perturbation changes some decisions (an argmax policy's cost is flat under small ones)."""
+    """Perturbation size, in root mean squares of the head's weights (biases too take it):
+    large enough that a perturbation changes some decisions (an argmax policy's cost is
+    flat under small ones)."""
     step: float = 0.2
     """Step length, in units of the perturbation size."""
     check_every: int = 3
@@ -139,7 +126,8 @@ class SearchArgs:
     workers: int | None = None
     """Simulations at once on a local Ray instance (default: all cores; 1: in this process)."""
     seed: int = 0
-    """Seed of the directions and the training episodes."""
+    """Seed of the directions and the training episodes (iteration i's are drawn from seeds
+    seed + 10,000 i on: distinct across iterations for up to 10,000 episodes each)."""
 
     def __post_init__(self) -> None:
         for name in ("run", "out"):
@@ -160,69 +148,177 @@ PROGRESS = "search_progress.json"
 """The search's place in OUT (theta, iteration, records), for a run again after a kill."""
 
 
-def _key(args: SearchArgs, run: Path) -> dict:
-    return {k: v for k, v in asdict(args).items() if k not in ("out", "workers")} | {"run": str(run.resolve())}
+def _key(args: SearchArgs, run: Path, theta0: np.ndarray) -> dict:
+    """What a saved place must match to be gone on from: the arguments that shape the
+    search (not how many iterations it runs: a killed search may be given more), the run,
+    and its start's head (a run trained again in place starts afresh)."""
+    return {k: v for k, v in asdict(args).items() if k not in ("out", "workers", "iterations")} | {
+        "run": str(run.resolve()), "start": hashlib.sha256(theta0.tobytes()).hexdigest()}
 
 
-def _read_progress(path: Path, key: dict) -> dict | None:
-    """The saved place of a search with the same arguments, or None (none, another search's,
-    or damaged: it starts afresh)."""
+def _read_progress(path: Path, key: dict, size: int, iterations: int) -> tuple[dict | None, str]:
+    """(the saved place of a search with the same key, or None; why none, where a file was
+    there): another search's, or one damaged, starts afresh."""
     if not path.exists():
-        return None
+        return None, ""
     try:
         saved = json.loads(path.read_text())
-        if saved.get("key") != key:
-            return None
-        return {"iteration": int(saved["iteration"]), "theta": np.asarray(saved["theta"], float),
-                "records": list(saved["records"]), "kept": saved.get("kept")}
+        if not isinstance(saved, dict) or saved.get("key") != key:
+            return None, "another search's (other flags, or the run trained again)"
+        theta = np.asarray(saved["theta"], dtype=float)
+        it, kept = saved["iteration"], saved["kept"]
+        ok = (theta.shape == (size,) and bool(np.isfinite(theta).all()) and isinstance(it, int)
+              and 0 <= it <= iterations and isinstance(saved["records"], list)
+              and len(saved["records"]) == it
+              and (kept is None or (isinstance(kept, dict) and isinstance(kept.get("iteration"), int)
+                                    and isinstance(kept.get("held_out"), (int, float)))))
+        if not ok:
+            return None, ("further than --iterations" if isinstance(it, int) and it > iterations
+                          else "damaged")
+        return {"iteration": it, "theta": theta, "records": saved["records"], "kept": kept}, ""
     except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return None, "damaged"
+
+
+SEARCH_FILES = ("best_model.zip", "best_vecnormalize.pkl", "config.json", "search.json")
+"""What a search writes to OUT (and an earlier search's that a fresh one clears)."""
+
+
+def check_out(out: Path, run: Path) -> None:
+    """OUT may be new, or an earlier search's folder; never the run or another train.py run."""
+    check_output("out", out, "folder")
+    require(out.resolve() != run.resolve(), "out", str(out), "must not be the run itself")
+    require(not (out / "config.json").exists() or (out / "search.json").exists()
+            or (out / PROGRESS).exists(), "out", str(out),
+            "holds a train.py run that no search wrote; pick another folder")
+
+
+def set_head(model, theta: np.ndarray) -> None:
+    """The SB3 model's action head (``action_net``: a torch Linear, weight actions x
+    features) set from ``theta`` (``NumpyActor.head``'s layout: weights features x actions)."""
+    import torch  # heavy: only once a model is written
+
+    head = model.policy.action_net
+    actions, features = head.weight.shape
+    with torch.no_grad():
+        head.weight.copy_(torch.as_tensor(theta[:features * actions].reshape(features, actions).T,
+                                          dtype=head.weight.dtype))
+        head.bias.copy_(torch.as_tensor(theta[features * actions:], dtype=head.bias.dtype))
 
 
 def write_run(run: Path, out: Path, policy: ModelPolicy, theta: np.ndarray) -> None:
-    """OUT as a run directory: the run's config and observation statistics, and its model with
-    the action head ``theta``."""
-    import torch  # heavy: only once a model is written
-
-    head = policy.model.policy.action_net
-    k, n = head.weight.shape
-    with torch.no_grad():
-        head.weight.copy_(torch.as_tensor(theta[:n * k].reshape(n, k).T, dtype=head.weight.dtype))
-        head.bias.copy_(torch.as_tensor(theta[n * k:], dtype=head.bias.dtype))
+    """OUT as a run directory: the run's config and observation statistics (the same for
+    every model a search writes), then its model with the action head ``theta``, replaced
+    whole, last: a kill leaves the last model written or none. The start's torch model
+    takes the head (the search acts with numpy actors only)."""
+    shutil.copy(run / "config.json", out / "config.json")
     norm = run / ("best_vecnormalize.pkl" if (run / "best_model.zip").exists() else "vecnormalize.pkl")
     if norm.exists():
         shutil.copy(norm, out / "best_vecnormalize.pkl")
+    set_head(policy.model, theta)
     tmp = out / "best_model.tmp.zip"
     policy.model.save(str(tmp))
     tmp.replace(out / "best_model.zip")
-    shutil.copy(run / "config.json", out / "config.json")
+
+
+CONFIRM_EPISODES = 4
+"""Fresh held-out episodes of the confirmation, in multiples of --eval-episodes: the kept
+model is the best of several comparisons on the same held-out episodes, so its lead there
+is biased up; a fresh set measures it without that bias."""
+
+
+def episode_load(scenario: Scenario, conditions: list[dict]) -> float | None:
+    """An episode's load as a multiple of its condition's capacity (None where no condition
+    of the run matches its scenario)."""
+    for cond in conditions:
+        if all(getattr(scenario, k, None) == v for k, v in cond.items() if k != "capacity_rps") \
+                and cond.get("capacity_rps"):
+            return scenario.rate / cond["capacity_rps"]
+    return None
+
+
+def confirm(policy: ModelPolicy, theta: np.ndarray, theta0: np.ndarray, serving: Scenario,
+            sampler, count: int, conditions: list[dict], costs) -> dict:
+    """The kept head ``theta`` against the start's on ``count`` fresh held-out episodes
+    (SEARCH_CONFIRM_SEEDS), paired: the verdict, and on how many episodes, at which loads,
+    the two decide differently at all."""
+    episodes = draw_episodes(serving, sampler, count, SEARCH_CONFIRM_SEEDS)
+    start, found = costs([theta0, theta], episodes)
+    v = paired_difference(found, start)
+    differ = np.abs(found - start) > 1e-12
+    loads = [x for x, d in zip((episode_load(sc, conditions) for sc, _ in episodes), differ)
+             if d and x is not None]
+    return {"episodes": count, "cost": float(found.mean()), "start_cost": float(start.mean()),
+            "diff": round(v.rel, 4), "ci95": round(v.half, 4), "verdict": v.kind,
+            "differ": int(differ.sum()),
+            "loads": [round(min(loads), 3), round(max(loads), 3)] if loads else []}
+
+
+def load_start(args: SearchArgs) -> ModelPolicy:
+    """The run's kept model as the policy it serves, refused in one line where the search
+    cannot perturb it or OUT is not a folder it may write."""
+    run, out = Path(args.run), Path(args.out)
+    algo = read_config(run, "run")["args"].get("algo")
+    require(algo in ALGOS, "run", str(run), f"was trained with {algo}; the search perturbs the "
+            f"action head of {' or '.join(ALGOS)} (an actor-critic on the ladder's rungs)")
+    check_out(out, run)
+    policy = load_run(run)
+    if policy.actor is None:
+        raise ConfigError(f"run: {str(run)!r} holds a model whose network the search does not "
+                          "know (an MLP actor with a linear head over the ladder's rungs)")
+    return policy
+
+
+def report(run: Path, out: Path, start: np.ndarray, kept: dict | None, confirmed: dict | None) -> None:
+    """What the search found, in plain words; a kept model that fresh episodes do not
+    confirm is removed from OUT."""
+    if kept is None:
+        print(f"no iteration cost less than the start beyond the paired interval: the search did "
+              f"not beat its start; keep {run}")
+        return
+    c = confirmed
+    print(f"iteration {kept['iteration']} cost less than the start beyond the paired interval "
+          f"(held-out cost {kept['held_out']:.2f} against {start.mean():.2f}); on {c['episodes']} "
+          f"fresh episodes {c['cost']:.2f} against {c['start_cost']:.2f}: {c['diff']:+.2f} ± "
+          f"{c['ci95']:.2f} ({c['verdict']}); the two decide differently on {c['differ']} of them"
+          + (f", at {c['loads'][0]:.2f}-{c['loads'][1]:.2f} times their condition's capacity"
+             if c["loads"] else ""))
+    if c["verdict"] != "falls short":
+        for name in SEARCH_FILES[:3]:
+            (out / name).unlink(missing_ok=True)
+        print(f"its lead does not hold on fresh episodes: the search did not beat its start; "
+              f"keep {run}")
+    else:
+        print(f"{out}: measure its capacity before serving it "
+              f"(python -m eval capacity --policies model:{out},...)")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(SearchArgs, argv, prog="python -m agents.search")
     run, out = Path(args.run), Path(args.out)
-    require(run.resolve() != out.resolve(), "out", args.out, "must not be the run itself")
-    check_output("out", out, "folder")
-    policy = load_run(run)
-    if policy._actor is None:
-        raise ConfigError(f"run: {str(run)!r} holds a model without a discrete action head "
-                          "(PPO or A2C acting on the ladder); the search perturbs that head")
+    policy = load_start(args)
+    executor = make_executor(args.workers)
     config = policy.config
     serving = Scenario(**config["scenario"])
     loads = (args.load_low, args.load_high)
     train = replace(run_sampler(config["args"], config["conditions"], 0), load_range=loads)
-    held = draw_episodes(serving, replace(run_sampler(config["args"], config["conditions"], EVAL_SEED_BASE),
-                                          load_range=loads), args.eval_episodes, PERIODIC_EVAL_SEEDS)
-    out.mkdir(parents=True, exist_ok=True)
-    executor = make_executor(args.workers)
+    held_sampler = replace(run_sampler(config["args"], config["conditions"], EVAL_SEED_BASE),
+                           load_range=loads)
+    held = draw_episodes(serving, held_sampler, args.eval_episodes, PERIODIC_EVAL_SEEDS)
 
     def costs(thetas, episodes):
         return episode_costs(policy, thetas, episodes, executor)
 
-    theta0 = head_of(policy._actor)
-    sigma = args.sigma * float(np.sqrt(np.mean(policy._actor.layers[-1][0] ** 2)))
-    key = _key(args, run)
-    saved = _read_progress(out / PROGRESS, key)
+    theta0 = policy.actor.head()
+    sigma = args.sigma * float(np.sqrt(np.mean(policy.actor.layers[-1][0] ** 2)))
+    key = _key(args, run, theta0)
+    saved, why = _read_progress(out / PROGRESS, key, theta0.size, args.iterations)
+    out.mkdir(parents=True, exist_ok=True)
+    if saved is None:
+        if why:
+            print(f"{out / PROGRESS}: {why}; starting afresh", flush=True)
+        for name in SEARCH_FILES:  # an earlier search's results: this one replaces them
+            (out / name).unlink(missing_ok=True)
     start = costs([theta0], held)[0]
     print(f"the start ({run}): cost {start.mean():.2f} on {len(held)} held-out episodes; "
           f"searching {theta0.size:,} weights of its action head", flush=True)
@@ -244,22 +340,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  iteration {it + 1}: held-out cost {c.mean():.2f}, against the start "
                   f"{v.rel:+.2f} ± {v.half:.2f} ({v.kind}); {time.time() - t0:.0f} s", flush=True)
             if v.kind == "falls short" and (kept is None or c.mean() < kept["held_out"]):
-                kept = {"iteration": it + 1, "held_out": float(c.mean())}
+                kept = {"iteration": it + 1, "held_out": float(c.mean()), "theta": theta.tolist()}
                 write_run(run, out, policy, theta)
         records.append(rec)
         write_json_atomic(out / PROGRESS, {"key": key, "iteration": it + 1, "theta": theta.tolist(),
                                            "records": records, "kept": kept})
-    write_json_atomic(out / "search.json", {"args": asdict(args), "start_cost": float(start.mean()),
-                                            "start_costs": start.tolist(), "kept": kept,
-                                            "iterations": records})
+    confirmed = None if kept is None else confirm(
+        policy, np.asarray(kept["theta"]), theta0, serving, held_sampler,
+        CONFIRM_EPISODES * args.eval_episodes, config["conditions"], costs)
+    write_json_atomic(out / "search.json", {
+        "args": asdict(args), "start_cost": float(start.mean()), "start_costs": start.tolist(),
+        "kept": None if kept is None else {k: v for k, v in kept.items() if k != "theta"},
+        "confirmed": confirmed, "iterations": records})
     (out / PROGRESS).unlink(missing_ok=True)
-    if kept is not None:
-        print(f"iteration {kept['iteration']} costs less than the start beyond the paired interval "
-              f"(held-out cost {kept['held_out']:.2f} against {start.mean():.2f}): {out}; measure "
-              f"its capacity before serving it (python -m eval capacity --policies model:{out},...)")
-    else:
-        print(f"no iteration cost less than the start beyond the paired interval: the search did "
-              f"not beat its start; keep {run}")
+    report(run, out, start, kept, confirmed)
     return 0
 
 

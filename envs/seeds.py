@@ -21,3 +21,6 @@ TABLE_SELECT_SEEDS = EVAL_SEED_BASE + 7000
 """Streams on which the export chooses among its candidate tables (not those it reports)."""
 TABLE_REFINE_SEEDS = EVAL_SEED_BASE + 8000
 """Streams on which the export refines a table's cells by closed-loop capacity."""
+SEARCH_CONFIRM_SEEDS = EVAL_SEED_BASE + 9000
+"""Fresh held-out episodes on which agents.search confirms the model it kept (never those it
+kept it on)."""

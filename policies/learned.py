@@ -100,6 +100,19 @@ class NumpyActor:
         layers.append((*arrays(head), "linear"))
         return cls(layers)
 
+    def head(self) -> np.ndarray:
+        """The action head (the last layer: logits over the actions) as one vector, its
+        weights (features x actions) then its biases."""
+        w, b, _ = self.layers[-1]
+        return np.concatenate([w.ravel(), b.ravel()])
+
+    def with_head(self, theta: np.ndarray) -> "NumpyActor":
+        """A copy acting with the action head ``theta`` (:meth:`head`'s layout)."""
+        w, b, kind = self.layers[-1]
+        return NumpyActor([*self.layers[:-1],
+                           (np.asarray(theta[:w.size], w.dtype).reshape(w.shape),
+                            np.asarray(theta[w.size:], b.dtype).copy(), kind)])
+
     def act(self, obs: np.ndarray) -> int:
         x = obs
         for w, b, kind in self.layers:
@@ -191,6 +204,19 @@ class ModelPolicy(BudgetPolicy):
     def refresh(self) -> None:
         """Act with the model's weights as they are now (after training them in place)."""
         self._actor = NumpyActor.of(self.model) if self.action_type == "discrete" else None
+
+    @property
+    def actor(self) -> NumpyActor | None:
+        """The numpy actor that serves (None for a continuous action)."""
+        return self._actor
+
+    def acting_with(self, actor: NumpyActor) -> "ModelPolicy":
+        """A copy served by ``actor`` (its torch model left behind: the numpy actor is what
+        acts, and what a worker receives)."""
+        out = type(self).__new__(type(self))
+        out.__dict__.update(self.__dict__)  # not copy.copy: pickling's state drops the model
+        out.model, out._actor = None, actor
+        return out
 
     def action(self, state):
         obs = self.observation(state)

@@ -62,6 +62,33 @@ def cli(command: str, *argv):
     return SimpleNamespace(returncode=code, stdout=out, stderr=err)
 
 
+def refused_in_one_line(proc, needle: str) -> None:
+    """A command refused before any work: exit 2, nothing on stdout, one line on stderr
+    holding ``needle``."""
+    assert proc.returncode == 2 and not proc.stdout, proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_ppo():
+    """A small PPO model on the environment, its VecNormalize and the policy it serves (at an
+    A100's SLO of 1 s / 50 ms)."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    from envs.chunk_budget_env import ChunkBudgetEnv, EpisodeSampler
+    from envs.scenario import Scenario
+    from policies.learned import ModelPolicy, ObsNorm
+
+    venv = VecNormalize(DummyVecEnv([lambda: ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=30))]),
+                        norm_obs=True, norm_reward=True)
+    model = PPO("MlpPolicy", venv, n_steps=64, batch_size=64, seed=0, verbose=0)
+    model.learn(128)
+    slo = Scenario(hardware="a100-80g", model="llama-3-8b", slo_ttft_s=1.0, slo_itl_s=0.05).slo()
+    return model, venv, ModelPolicy(model, slo, obs_norm=ObsNorm.of(venv))
+
+
 @pytest.fixture
 def drawn(monkeypatch):
     """What every figure eval.plots saves shows, read back from its matplotlib objects

@@ -8,25 +8,16 @@ import pytest
 
 from envs.scenario import Scenario
 from envs.workload import Workload
-from tests.conftest import cli
+from tests.conftest import cli, refused_in_one_line
 
 A100 = Scenario(hardware="a100-80g", model="llama-3-8b", slo_ttft_s=1.0, slo_itl_s=0.05)
 
 
 @pytest.fixture(scope="module")
-def tiny():
+def tiny(tiny_ppo):
     """A small PPO model on the environment and the policy it serves."""
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
-
-    from envs.chunk_budget_env import ChunkBudgetEnv, EpisodeSampler
-    from policies.learned import ModelPolicy, ObsNorm
-
-    venv = VecNormalize(DummyVecEnv([lambda: ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=30))]),
-                        norm_obs=True, norm_reward=True)
-    model = PPO("MlpPolicy", venv, n_steps=64, batch_size=64, seed=0, verbose=0)
-    model.learn(128)
-    return model, ModelPolicy(model, A100.slo(), obs_norm=ObsNorm.of(venv))
+    model, _, policy = tiny_ppo
+    return model, policy
 
 
 def lone_requests() -> list:
@@ -84,10 +75,7 @@ def test_a_round_with_nothing_to_improve_keeps_the_model_s_actions(tiny):
     (["--run", "r", "--out", "o", "--candidates", "some"], "candidates"),
 ])
 def test_bad_flags_are_one_line_and_exit_2_before_any_work(argv, needle):
-    proc = cli("agents.improve", *argv)
-    assert proc.returncode == 2 and not proc.stdout
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0]
+    refused_in_one_line(cli("agents.improve", *argv), needle)
 
 
 def test_a_run_directory_that_is_not_one_is_refused_in_one_line(tmp_path):

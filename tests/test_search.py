@@ -11,7 +11,7 @@ import pytest
 
 from envs.actions import FRACTION_LADDER
 from envs.scenario import Scenario
-from tests.conftest import cli
+from tests.conftest import cli, refused_in_one_line
 
 A100 = Scenario(hardware="a100-80g", model="llama-3-8b", slo_ttft_s=1.0, slo_itl_s=0.05)
 
@@ -58,28 +58,12 @@ def test_common_random_numbers_cancel_the_episodes_noise_and_the_search_descends
     assert np.linalg.norm(a - target) < 0.3 * np.linalg.norm(target)
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    """A small PPO model on the environment and the policy it serves."""
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+def test_the_head_round_trips_and_a_perturbed_copy_acts_by_its_own_logits(tiny_ppo):
+    from agents.search import policy_with
 
-    from envs.chunk_budget_env import ChunkBudgetEnv, EpisodeSampler
-    from policies.learned import ModelPolicy, ObsNorm
-
-    venv = VecNormalize(DummyVecEnv([lambda: ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=30))]),
-                        norm_obs=True, norm_reward=True)
-    model = PPO("MlpPolicy", venv, n_steps=64, batch_size=64, seed=0, verbose=0)
-    model.learn(128)
-    return model, venv, ModelPolicy(model, A100.slo(), obs_norm=ObsNorm.of(venv))
-
-
-def test_the_head_round_trips_and_a_perturbed_copy_acts_by_its_own_logits(tiny):
-    from agents.search import head_of, policy_with
-
-    _, _, policy = tiny
+    _, _, policy = tiny_ppo
     raw = np.random.default_rng(0).normal(0.0, 1.0, (300, policy.width)).astype(np.float32)
-    theta = head_of(policy._actor)
+    theta = policy.actor.head()
     same = policy_with(policy, theta)
     assert (same.actions_of(raw) == policy.actions_of(raw)).all()
     favoured = theta.copy()
@@ -90,71 +74,107 @@ def test_the_head_round_trips_and_a_perturbed_copy_acts_by_its_own_logits(tiny):
     assert (policy.actions_of(raw) == same.actions_of(raw)).all()  # the start is left as it was
 
 
-def write_tiny_run(run, tiny) -> None:
+def write_tiny_run(run, tiny_ppo, algo: str = "ppo") -> None:
     """A train.py run directory holding the tiny model as its kept one."""
-    model, venv, _ = tiny
+    model, venv, _ = tiny_ppo
     run.mkdir()
     model.save(str(run / "best_model.zip"))
     venv.save(str(run / "best_vecnormalize.pkl"))
     (run / "config.json").write_text(json.dumps({
-        "args": {"algo": "ppo", "load_low": 0.5, "load_high": 1.5, "episode_s": 5.0},
+        "args": {"algo": algo, "load_low": 0.5, "load_high": 1.5, "episode_s": 5.0},
         "scenario": A100.with_fields(rate=4.0).fields_dict(), "ladder": list(FRACTION_LADDER),
         "action_type": "discrete", "actions": "time", "conditions": []}))
 
 
+RUNGS = len(FRACTION_LADDER)
+
+
 def fake_costs(target_rung: int | None):
     """Episode costs without simulating: each episode's offset, plus (with a rung) how far
-    the head's bias for that rung is below 3 (a cost the search can lower)."""
+    the head's bias for that rung and the weight from feature 0 to it are below 3 (a cost
+    the search can lower)."""
     def costs(base, thetas, episodes, executor=None):
         offsets = [float(len(w)) for _, w in episodes]
         out = []
         for t in thetas:
-            gap = 0.0 if target_rung is None else max(0.0, 3.0 - t[-len(FRACTION_LADDER) + target_rung])
+            gap = 0.0 if target_rung is None else (max(0.0, 3.0 - t[-RUNGS + target_rung])
+                                                   + max(0.0, 3.0 - t[target_rung]))
             out.append([o + gap for o in offsets])
         return np.asarray(out)
     return costs
 
 
-def test_a_search_that_does_not_beat_its_start_writes_no_model(tmp_path, tiny, monkeypatch):
+def searched(tmp_path, tiny_ppo, monkeypatch, rung, *flags):
+    """agents.search on the tiny run with :func:`fake_costs` (``rung``): (its result, OUT)."""
     import agents.search as search
 
-    monkeypatch.setattr(search, "episode_costs", fake_costs(None))
+    monkeypatch.setattr(search, "episode_costs", fake_costs(rung))
     run, out = tmp_path / "run", tmp_path / "out"
-    write_tiny_run(run, tiny)
-    proc = cli("agents.search", "--run", run, "--out", out, "--iterations", "2", "--directions", "2",
-               "--episodes", "2", "--eval-episodes", "3", "--workers", "1", "--check-every", "1")
+    write_tiny_run(run, tiny_ppo)
+    proc = cli("agents.search", "--run", run, "--out", out, "--episodes", "2", "--eval-episodes", "3",
+               "--workers", "1", *flags)
     assert proc.returncode == 0, proc.stderr
+    return proc, out
+
+
+def test_a_search_that_does_not_beat_its_start_writes_no_model(tmp_path, tiny_ppo, monkeypatch):
+    import agents.search as search
+
+    proc, out = searched(tmp_path, tiny_ppo, monkeypatch, None, "--iterations", "2", "--directions", "2",
+                         "--check-every", "1")
     assert "did not beat its start" in proc.stdout
     record = json.loads((out / "search.json").read_text())
     assert record["kept"] is None and [r["verdict"] for r in record["iterations"]] == ["ties", "ties"]
     assert not (out / "best_model.zip").exists() and not (out / search.PROGRESS).exists()
 
 
-def test_a_search_that_beats_its_start_writes_a_run_with_the_searched_head(tmp_path, tiny, monkeypatch):
-    import agents.search as search
+def test_a_search_that_beats_its_start_writes_a_run_with_the_searched_head(tmp_path, tiny_ppo, monkeypatch):
     from policies.learned import load_run
 
-    monkeypatch.setattr(search, "episode_costs", fake_costs(4))
-    run, out = tmp_path / "run", tmp_path / "out"
-    write_tiny_run(run, tiny)
-    proc = cli("agents.search", "--run", run, "--out", out, "--iterations", "6", "--directions", "4",
-               "--episodes", "2", "--eval-episodes", "3", "--workers", "1", "--step", "2")
-    assert proc.returncode == 0, proc.stderr
+    proc, out = searched(tmp_path, tiny_ppo, monkeypatch, 4, "--iterations", "6", "--directions", "4",
+                         "--step", "2")
+    run = tmp_path / "run"
     record = json.loads((out / "search.json").read_text())
-    assert record["kept"] is not None and "costs less than the start" in proc.stdout
-    kept = load_run(out)
-    start = load_run(run)
-    bias = kept._actor.layers[-1][1]
-    assert bias[4] > start._actor.layers[-1][1][4]  # the search raised the rung the cost favours
+    assert record["kept"] is not None and "cost less than the start" in proc.stdout
+    assert record["confirmed"]["verdict"] == "falls short" and record["confirmed"]["episodes"] == 12
+    assert "theta" not in record["kept"]
+    kept, start = load_run(out), load_run(run)
+    head = kept.model.policy.action_net.state_dict()  # the torch model written: actions x features
+    before = start.model.policy.action_net.state_dict()
+    assert float(head["bias"][4]) > float(before["bias"][4])  # raised where the cost favours it
+    assert float(head["weight"][4, 0]) > float(before["weight"][4, 0])
+    assert np.allclose(kept.actor.head()[RUNGS:-RUNGS], start.actor.head()[RUNGS:-RUNGS], atol=0.5)
     assert record["kept"]["held_out"] < record["start_cost"]
 
 
-def test_a_killed_search_goes_on_from_its_place_to_the_unbroken_result(tmp_path, tiny, monkeypatch):
+def test_a_lead_that_fresh_episodes_do_not_confirm_keeps_no_model(tmp_path, tiny_ppo, monkeypatch):
+    import agents.search as search
+
+    monkeypatch.setattr(search, "confirm", lambda *a, **k: {
+        "episodes": 12, "cost": 1.0, "start_cost": 1.0, "diff": 0.0, "ci95": 0.1, "verdict": "ties",
+        "differ": 0, "loads": []})
+    proc, out = searched(tmp_path, tiny_ppo, monkeypatch, 4, "--iterations", "3", "--directions", "4",
+                         "--step", "2")
+    assert "does not hold on fresh episodes" in proc.stdout
+    assert json.loads((out / "search.json").read_text())["confirmed"]["verdict"] == "ties"
+    assert not (out / "best_model.zip").exists() and not (out / "config.json").exists()
+
+
+def test_an_episode_s_load_is_its_rate_over_its_condition_s_capacity():
+    from agents.search import episode_load
+
+    conditions = [{"workload": "a", "capacity_rps": 2.0}, {"workload": "b", "capacity_rps": 4.0}]
+    sc = type("S", (), {"workload": "b", "rate": 5.0})()
+    assert episode_load(sc, conditions) == pytest.approx(1.25)
+    assert episode_load(type("S", (), {"workload": "c", "rate": 5.0})(), conditions) is None
+
+
+def test_a_killed_search_goes_on_from_its_place_to_the_unbroken_result(tmp_path, tiny_ppo, monkeypatch):
     import agents.search as search
 
     monkeypatch.setattr(search, "episode_costs", fake_costs(4))
     run = tmp_path / "run"
-    write_tiny_run(run, tiny)
+    write_tiny_run(run, tiny_ppo)
     flags = ["--iterations", "4", "--directions", "3", "--episodes", "2", "--eval-episodes", "3",
              "--workers", "1", "--check-every", "2"]
     assert cli("agents.search", "--run", run, "--out", tmp_path / "whole", *flags).returncode == 0
@@ -186,13 +206,36 @@ def test_a_killed_search_goes_on_from_its_place_to_the_unbroken_result(tmp_path,
     (["--run", "r", "--out", "o", "--eval-episodes", "1"], "eval_episodes"),
 ])
 def test_bad_flags_are_one_line_and_exit_2_before_any_work(argv, needle):
-    proc = cli("agents.search", *argv)
-    assert proc.returncode == 2 and not proc.stdout
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0]
+    refused_in_one_line(cli("agents.search", *argv), needle)
 
 
 def test_a_folder_that_is_not_a_run_is_refused_in_one_line(tmp_path):
     proc = cli("agents.search", "--run", tmp_path, "--out", tmp_path / "out")
-    assert proc.returncode == 2 and "not a train.py run directory" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.startswith("error: run: ")
+    assert "not a train.py run directory" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_run_without_an_actor_s_head_or_an_out_that_is_another_run_is_refused(tmp_path, tiny_ppo):
+    sac, run, other = tmp_path / "sac", tmp_path / "run", tmp_path / "other"
+    write_tiny_run(sac, tiny_ppo, algo="sac")
+    proc = cli("agents.search", "--run", sac, "--out", tmp_path / "out")
+    assert proc.returncode == 2 and "run: " in proc.stderr and "trained with sac" in proc.stderr
+    write_tiny_run(run, tiny_ppo)
+    write_tiny_run(other, tiny_ppo)
+    for out, needle in ((other, "out: "), (run, "must not be the run itself")):
+        proc = cli("agents.search", "--run", run, "--out", out)
+        assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    assert "holds a train.py run" in cli("agents.search", "--run", run, "--out", other).stderr
+    assert (other / "best_model.zip").exists() and (run / "best_model.zip").exists()
+
+
+@pytest.mark.parametrize("saved", ["[]", "1", "{\"key\": 3}", "not json"])
+def test_a_damaged_place_starts_afresh_and_says_so(tmp_path, tiny_ppo, monkeypatch, saved):
+    import agents.search as search
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / search.PROGRESS).write_text(saved)
+    proc, out = searched(tmp_path, tiny_ppo, monkeypatch, None, "--iterations", "1", "--directions", "1")
+    assert "starting afresh" in proc.stdout and (out / "search.json").exists()
