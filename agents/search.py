@@ -13,8 +13,18 @@ the logits over the ladder's rungs, from the features the model has learned) alo
 few random directions, serves every perturbation and its mirror image on all of them,
 and steps along the directions by how much each lowered the cost (antithetic evolution
 strategies: Salimans et al., "Evolution Strategies as a Scalable Alternative to
-Reinforcement Learning", 2017, with the differences scaled by their root mean square). The cost
-is the environment's, the one train.py's model selection scores.
+Reinforcement Learning", 2017, with the differences scaled by their root mean square).
+
+What it lowers (``--objective``):
+
+- ``cost``: the environment's episode cost, the one train.py's model selection scores. It
+  rewards what happens beyond capacity as well as at it, so a lead in it need not serve
+  more requests.
+- ``capacity``: each episode's capacity under the SLO, the figure eval capacity judges: the
+  episode's condition and stream (the same arrivals for every candidate, at every load) are
+  searched for the highest load at which p99 TTFT and p99 ITL meet their targets, and the
+  cost is minus the log of that load (a difference of 0.05 is 5% more capacity). About 8
+  simulations an episode instead of one.
 
 Every few iterations the searched model is compared with the start on the run's
 held-out episodes, paired, as train.py's model selection does. The cheapest that costs
@@ -29,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 import time
 from dataclasses import asdict, dataclass, replace
@@ -42,7 +53,8 @@ from envs.episodes import draw_episodes
 from envs.errors import ConfigError, integer, number, require, run_cli
 from envs.files import check_output, write_json_atomic
 from envs.scenario import Scenario
-from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS, SEARCH_CONFIRM_SEEDS
+from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS, SEARCH_CONFIRM_SEEDS, SEARCH_HELD_STREAMS
+from eval.capacity import stream_capacity
 from eval.harness import paired_difference
 from eval.parallel import LocalExecutor, make_executor
 from policies.learned import ModelPolicy, load_run, read_config, run_sampler
@@ -58,17 +70,51 @@ def policy_with(base: ModelPolicy, theta: np.ndarray) -> ModelPolicy:
     return base.acting_with(base.actor.with_head(theta))
 
 
-def _cost_task(scenario, workload, policy) -> float:
-    return episode_cost(scenario, workload, policy.at(scenario))
+OBJECTIVES = ("cost", "capacity")
+
+CAPACITY_STEP = 1.5
+"""The capacity objective's bracketing step: an episode starts at 0.9-1.3 times its
+condition's capacity, so the boundary is one or two steps away."""
+LOWEST_LOAD = 1e-3
+"""The load the capacity objective counts for an episode whose SLO no load meets (its cost
+is then -log of it, 6.9: finite, and worse than any load found)."""
 
 
-def episode_costs(base: ModelPolicy, thetas, episodes, executor=None) -> np.ndarray:
+def capacity_cost(scenario: Scenario, stream_seed: int, policy, requests: int) -> float:
+    """Minus the log of the highest load factor (times ``scenario``'s own rate, to 2%) at which
+    ``policy`` meets the SLO on the synthetic stream seeded ``stream_seed`` of ``requests``
+    requests (eval.capacity's search)."""
+    _, factor, _ = stream_capacity(scenario, policy, 0, 1, requests, step=CAPACITY_STEP,
+                                   seed_base=stream_seed)
+    return -math.log(max(factor, LOWEST_LOAD))
+
+
+def _cost_task(scenario, episode, policy, requests) -> float:
+    if requests:  # the capacity objective: the episode is its stream's seed
+        return capacity_cost(scenario, episode, policy.at(scenario), requests)
+    return episode_cost(scenario, episode, policy.at(scenario))
+
+
+def episode_costs(base: ModelPolicy, thetas, episodes, executor=None, requests: int = 0) -> np.ndarray:
     """(candidates x episodes) costs of ``base`` with each action head of ``thetas``, every
-    candidate on every episode (the same arrivals for all: paired)."""
+    candidate on every episode (the same arrivals for all: paired). An episode is (scenario,
+    arrivals), the environment's cost; with ``requests``, (scenario, stream seed), the
+    capacity objective's (:func:`capacity_cost`)."""
     policies = [policy_with(base, t) for t in thetas]
-    tasks = [(sc, w, p) for p in policies for sc, w in episodes]
+    tasks = [(sc, w, p, requests) for p in policies for sc, w in episodes]
     found = (executor or LocalExecutor()).map(_cost_task, tasks)
     return np.asarray(found, dtype=float).reshape(len(policies), len(episodes))
+
+
+def search_episodes(serving: Scenario, sampler, count: int, seed: int, objective: str,
+                    streams: int) -> list[tuple]:
+    """``count`` episodes of ``sampler`` drawn from ``seed`` on: (scenario, arrivals) for the
+    environment's cost; for the capacity objective (scenario, stream seed), the streams
+    seeded ``streams`` on."""
+    drawn = draw_episodes(serving, sampler, count, seed)
+    if objective == "cost":
+        return drawn
+    return [(sc, streams + i) for i, (sc, _) in enumerate(drawn)]
 
 
 def search_step(theta: np.ndarray, costs, episodes, directions: int, sigma: float, step: float,
@@ -123,6 +169,12 @@ class SearchArgs:
     (the model selection's: train.py's SELECTION_LOADS, where choices decide the SLO)."""
     load_high: float = 1.3
     """Highest load of the training and held-out episodes."""
+    objective: str = "cost"
+    """What the search lowers: cost (the environment's episode cost, train.py's model
+    selection's) or capacity (each episode's capacity under the SLO, what eval capacity
+    judges; about 8 times slower)."""
+    capacity_requests: int = 300
+    """Requests of each stream of the capacity objective."""
     workers: int | None = None
     """Simulations at once on a local Ray instance (default: all cores; 1: in this process)."""
     seed: int = 0
@@ -142,6 +194,9 @@ class SearchArgs:
         number("load_low", self.load_low, 0.0, 100.0, low_open=True)
         number("load_high", self.load_high, self.load_low, 100.0)
         integer("seed", self.seed, 0, 2**31 - 1)
+        require(self.objective in OBJECTIVES, "objective", self.objective,
+                f"must be one of {', '.join(OBJECTIVES)}")
+        integer("capacity_requests", self.capacity_requests, 20, 100_000)
 
 
 PROGRESS = "search_progress.json"
@@ -237,18 +292,17 @@ def episode_load(scenario: Scenario, conditions: list[dict]) -> float | None:
     return None
 
 
-def confirm(policy: ModelPolicy, theta: np.ndarray, theta0: np.ndarray, serving: Scenario,
-            sampler, count: int, conditions: list[dict], costs) -> dict:
-    """The kept head ``theta`` against the start's on ``count`` fresh held-out episodes
+def confirm(theta: np.ndarray, theta0: np.ndarray, episodes: list[tuple], conditions: list[dict],
+            costs) -> dict:
+    """The kept head ``theta`` against the start's on fresh held-out ``episodes``
     (SEARCH_CONFIRM_SEEDS), paired: the verdict, and on how many episodes, at which loads,
     the two decide differently at all."""
-    episodes = draw_episodes(serving, sampler, count, SEARCH_CONFIRM_SEEDS)
     start, found = costs([theta0, theta], episodes)
     v = paired_difference(found, start)
     differ = np.abs(found - start) > 1e-12
     loads = [x for x, d in zip((episode_load(sc, conditions) for sc, _ in episodes), differ)
              if d and x is not None]
-    return {"episodes": count, "cost": float(found.mean()), "start_cost": float(start.mean()),
+    return {"episodes": len(episodes), "cost": float(found.mean()), "start_cost": float(start.mean()),
             "diff": round(v.rel, 4), "ci95": round(v.half, 4), "verdict": v.kind,
             "differ": int(differ.sum()),
             "loads": [round(min(loads), 3), round(max(loads), 3)] if loads else []}
@@ -258,9 +312,14 @@ def load_start(args: SearchArgs) -> ModelPolicy:
     """The run's kept model as the policy it serves, refused in one line where the search
     cannot perturb it or OUT is not a folder it may write."""
     run, out = Path(args.run), Path(args.out)
-    algo = read_config(run, "run")["args"].get("algo")
+    config = read_config(run, "run")
+    algo = config["args"].get("algo")
     require(algo in ALGOS, "run", str(run), f"was trained with {algo}; the search perturbs the "
             f"action head of {' or '.join(ALGOS)} (an actor-critic on the ladder's rungs)")
+    traces = [c["trace"] for c in (config["scenario"], *config.get("conditions", [])) if c.get("trace")]
+    require(args.objective == "cost" or not traces, "objective", args.objective,
+            f"serves synthetic streams at any load, and this run trains on the trace "
+            f"{traces[0] if traces else ''}: use --objective cost")
     check_out(out, run)
     policy = load_run(run)
     if policy.actor is None:
@@ -269,18 +328,28 @@ def load_start(args: SearchArgs) -> ModelPolicy:
     return policy
 
 
-def report(run: Path, out: Path, start: np.ndarray, kept: dict | None, confirmed: dict | None) -> None:
+def describe(objective: str, diff: float, half: float, kind: str) -> str:
+    """A paired difference of costs against the start, in the objective's words: the cost's
+    own units, or the capacity's change (minus the difference of the log costs)."""
+    if objective == "capacity":
+        word = {"falls short": "serves more", "beats": "serves less"}.get(kind, kind)
+        return f"capacity {math.expm1(-diff):+.1%} (log {-diff:+.3f} ± {half:.3f}: {word})"
+    return f"cost {diff:+.2f} ± {half:.2f} ({kind})"
+
+
+def report(run: Path, out: Path, objective: str, kept: dict | None, confirmed: dict | None) -> None:
     """What the search found, in plain words; a kept model that fresh episodes do not
     confirm is removed from OUT."""
+    less = "served more than" if objective == "capacity" else "cost less than"
     if kept is None:
-        print(f"no iteration cost less than the start beyond the paired interval: the search did "
+        print(f"no iteration {less} the start beyond the paired interval: the search did "
               f"not beat its start; keep {run}")
         return
     c = confirmed
-    print(f"iteration {kept['iteration']} cost less than the start beyond the paired interval "
-          f"(held-out cost {kept['held_out']:.2f} against {start.mean():.2f}); on {c['episodes']} "
-          f"fresh episodes {c['cost']:.2f} against {c['start_cost']:.2f}: {c['diff']:+.2f} ± "
-          f"{c['ci95']:.2f} ({c['verdict']}); the two decide differently on {c['differ']} of them"
+    print(f"iteration {kept['iteration']} {less} the start beyond the paired interval "
+          f"on the held-out episodes; on {c['episodes']} fresh episodes, against the start: "
+          f"{describe(objective, c['diff'], c['ci95'], c['verdict'])}; the two decide "
+          f"differently on {c['differ']} of them"
           + (f", at {c['loads'][0]:.2f}-{c['loads'][1]:.2f} times their condition's capacity"
              if c["loads"] else ""))
     if c["verdict"] != "falls short":
@@ -291,6 +360,19 @@ def report(run: Path, out: Path, start: np.ndarray, kept: dict | None, confirmed
     else:
         print(f"{out}: measure its capacity before serving it "
               f"(python -m eval capacity --policies model:{out},...)")
+
+
+def _place(out: Path, key: dict, size: int, iterations: int) -> dict | None:
+    """The saved place to go on from, or None: then OUT is cleared of an earlier search's
+    results (this one replaces them), saying why where a saved place was not used."""
+    saved, why = _read_progress(out / PROGRESS, key, size, iterations)
+    out.mkdir(parents=True, exist_ok=True)
+    if saved is None:
+        if why:
+            print(f"{out / PROGRESS}: {why}; starting afresh", flush=True)
+        for name in SEARCH_FILES:
+            (out / name).unlink(missing_ok=True)
+    return saved
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,41 +386,39 @@ def main(argv: list[str] | None = None) -> int:
     train = replace(run_sampler(config["args"], config["conditions"], 0), load_range=loads)
     held_sampler = replace(run_sampler(config["args"], config["conditions"], EVAL_SEED_BASE),
                            load_range=loads)
-    held = draw_episodes(serving, held_sampler, args.eval_episodes, PERIODIC_EVAL_SEEDS)
 
-    def costs(thetas, episodes):
-        return episode_costs(policy, thetas, episodes, executor)
+    def episodes(sampler, count, seed, streams):
+        return search_episodes(serving, sampler, count, seed, args.objective, streams)
 
+    def costs(thetas, eps):
+        requests = args.capacity_requests if args.objective == "capacity" else 0
+        return episode_costs(policy, thetas, eps, executor, requests)
+
+    held = episodes(held_sampler, args.eval_episodes, PERIODIC_EVAL_SEEDS, SEARCH_HELD_STREAMS)
     theta0 = policy.actor.head()
     sigma = args.sigma * float(np.sqrt(np.mean(policy.actor.layers[-1][0] ** 2)))
     key = _key(args, run, theta0)
-    saved, why = _read_progress(out / PROGRESS, key, theta0.size, args.iterations)
-    out.mkdir(parents=True, exist_ok=True)
-    if saved is None:
-        if why:
-            print(f"{out / PROGRESS}: {why}; starting afresh", flush=True)
-        for name in SEARCH_FILES:  # an earlier search's results: this one replaces them
-            (out / name).unlink(missing_ok=True)
+    saved = _place(out, key, theta0.size, args.iterations)
     start = costs([theta0], held)[0]
-    print(f"the start ({run}): cost {start.mean():.2f} on {len(held)} held-out episodes; "
-          f"searching {theta0.size:,} weights of its action head", flush=True)
+    print(f"the start ({run}): {args.objective} {start.mean():.3f} on {len(held)} held-out "
+          f"episodes; searching {theta0.size:,} weights of its action head", flush=True)
     theta, first, records, kept = theta0, 0, [], None
     if saved is not None:
         theta, first, records, kept = saved["theta"], saved["iteration"], saved["records"], saved["kept"]
         print(f"going on from iteration {first} ({out / PROGRESS})", flush=True)
     t0 = time.time()
     for it in range(first, args.iterations):
-        episodes = draw_episodes(serving, train, args.episodes, args.seed + 10_000 * (it + 1))
-        theta, rec = search_step(theta, costs, episodes, args.directions, sigma, args.step,
-                                 np.random.default_rng([args.seed, it]))
+        seed = args.seed + 10_000 * (it + 1)  # below EVAL_SEED_BASE: training streams
+        theta, rec = search_step(theta, costs, episodes(train, args.episodes, seed, seed),
+                                 args.directions, sigma, args.step, np.random.default_rng([args.seed, it]))
         rec["iteration"] = it + 1
         if (it + 1) % args.check_every == 0 or it + 1 == args.iterations:
             c = costs([theta], held)[0]
             v = paired_difference(c, start)
             rec.update(held_out=round(float(c.mean()), 4), vs_start=round(v.rel, 4),
                        vs_start_ci95=round(v.half, 4), verdict=v.kind)
-            print(f"  iteration {it + 1}: held-out cost {c.mean():.2f}, against the start "
-                  f"{v.rel:+.2f} ± {v.half:.2f} ({v.kind}); {time.time() - t0:.0f} s", flush=True)
+            print(f"  iteration {it + 1}: held-out, against the start: "
+                  f"{describe(args.objective, v.rel, v.half, v.kind)}; {time.time() - t0:.0f} s", flush=True)
             if v.kind == "falls short" and (kept is None or c.mean() < kept["held_out"]):
                 kept = {"iteration": it + 1, "held_out": float(c.mean()), "theta": theta.tolist()}
                 write_run(run, out, policy, theta)
@@ -346,14 +426,15 @@ def main(argv: list[str] | None = None) -> int:
         write_json_atomic(out / PROGRESS, {"key": key, "iteration": it + 1, "theta": theta.tolist(),
                                            "records": records, "kept": kept})
     confirmed = None if kept is None else confirm(
-        policy, np.asarray(kept["theta"]), theta0, serving, held_sampler,
-        CONFIRM_EPISODES * args.eval_episodes, config["conditions"], costs)
+        np.asarray(kept["theta"]), theta0,
+        episodes(held_sampler, CONFIRM_EPISODES * args.eval_episodes, SEARCH_CONFIRM_SEEDS,
+                 SEARCH_CONFIRM_SEEDS), config["conditions"], costs)
     write_json_atomic(out / "search.json", {
         "args": asdict(args), "start_cost": float(start.mean()), "start_costs": start.tolist(),
         "kept": None if kept is None else {k: v for k, v in kept.items() if k != "theta"},
         "confirmed": confirmed, "iterations": records})
     (out / PROGRESS).unlink(missing_ok=True)
-    report(run, out, start, kept, confirmed)
+    report(run, out, args.objective, kept, confirmed)
     return 0
 
 

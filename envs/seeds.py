@@ -24,3 +24,6 @@ TABLE_REFINE_SEEDS = EVAL_SEED_BASE + 8000
 SEARCH_CONFIRM_SEEDS = EVAL_SEED_BASE + 9000
 """Fresh held-out episodes on which agents.search confirms the model it kept (never those it
 kept it on)."""
+SEARCH_HELD_STREAMS = EVAL_SEED_BASE + 10000
+"""Held-out streams on which agents.search's capacity objective compares a searched model
+with its start (never those eval capacity reports on)."""

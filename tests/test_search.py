@@ -93,8 +93,9 @@ def fake_costs(target_rung: int | None):
     """Episode costs without simulating: each episode's offset, plus (with a rung) how far
     the head's bias for that rung and the weight from feature 0 to it are below 3 (a cost
     the search can lower)."""
-    def costs(base, thetas, episodes, executor=None):
-        offsets = [float(len(w)) for _, w in episodes]
+    def costs(base, thetas, episodes, executor=None, requests=0):
+        # an episode's arrivals, or (the capacity objective's) its stream's seed
+        offsets = [float(w % 97 if requests else len(w)) for _, w in episodes]
         out = []
         for t in thetas:
             gap = 0.0 if target_rung is None else (max(0.0, 3.0 - t[-RUNGS + target_rung])
@@ -204,6 +205,8 @@ def test_a_killed_search_goes_on_from_its_place_to_the_unbroken_result(tmp_path,
     (["--run", "r", "--out", "o", "--sigma", "0"], "sigma: got 0"),
     (["--run", "r", "--out", "o", "--directions", "0"], "directions"),
     (["--run", "r", "--out", "o", "--eval-episodes", "1"], "eval_episodes"),
+    (["--run", "r", "--out", "o", "--objective", "reward"], "objective: got 'reward'"),
+    (["--run", "r", "--out", "o", "--capacity-requests", "5"], "capacity_requests"),
 ])
 def test_bad_flags_are_one_line_and_exit_2_before_any_work(argv, needle):
     refused_in_one_line(cli("agents.search", *argv), needle)
@@ -239,3 +242,87 @@ def test_a_damaged_place_starts_afresh_and_says_so(tmp_path, tiny_ppo, monkeypat
     (tmp_path / "out" / search.PROGRESS).write_text(saved)
     proc, out = searched(tmp_path, tiny_ppo, monkeypatch, None, "--iterations", "1", "--directions", "1")
     assert "starting afresh" in proc.stdout and (out / "search.json").exists()
+
+
+def test_the_capacity_objective_is_minus_the_log_of_the_load_eval_capacity_finds():
+    """On the same stream, the cost is -log of eval.capacity's load factor; a tighter TTFT
+    target costs more; an SLO no load meets costs -log(LOWEST_LOAD)."""
+    from agents.search import CAPACITY_STEP, LOWEST_LOAD, capacity_cost
+    from eval.capacity import stream_capacity
+    from policies.specs import make_policy
+
+    sc = A100.with_fields(rate=8.0, slo_ttft_s=5.0)  # the mix's long prompts need over 1 s
+    rule = make_policy("time-budget", sc)
+    _, factor, _ = stream_capacity(sc, rule, 0, 1, 60, step=CAPACITY_STEP, seed_base=123)
+    assert factor > 0 and capacity_cost(sc, 123, rule, 60) == pytest.approx(-np.log(factor))
+    assert capacity_cost(sc, 123, rule, 60) == capacity_cost(sc, 123, rule, 60)  # deterministic
+    tight = sc.with_fields(slo_ttft_s=2.0)
+    assert capacity_cost(tight, 123, rule, 60) > capacity_cost(sc, 123, rule, 60)
+    hopeless = sc.with_fields(slo_ttft_s=0.5)
+    assert capacity_cost(hopeless, 123, rule, 60) == pytest.approx(-np.log(LOWEST_LOAD))
+
+
+def test_capacity_episodes_are_the_drawn_conditions_with_their_own_stream_seeds():
+    from agents.search import search_episodes
+    from envs.episodes import EpisodeSampler, draw_episodes
+
+    sampler = EpisodeSampler(load_range=(0.9, 1.3))
+    drawn = draw_episodes(A100.with_fields(rate=4.0), sampler, 3, 50)
+    cap = search_episodes(A100.with_fields(rate=4.0), sampler, 3, 50, "capacity", 7000)
+    assert [sc for sc, _ in cap] == [sc for sc, _ in drawn]
+    assert [s for _, s in cap] == [7000, 7001, 7002]
+    cost = search_episodes(A100.with_fields(rate=4.0), sampler, 3, 50, "cost", 7000)
+    assert all(a[0] == b[0] and np.array_equal(a[1].arrival_s, b[1].arrival_s)
+               for a, b in zip(cost, drawn))
+
+
+def test_a_capacity_search_scores_training_held_out_and_fresh_streams_apart(tmp_path, tiny_ppo, monkeypatch):
+    """The capacity objective asks for --capacity-requests per stream, trains on streams
+    below EVAL_SEED_BASE, checks on SEARCH_HELD_STREAMS and confirms on SEARCH_CONFIRM_SEEDS,
+    and speaks of capacity."""
+    import agents.search as search
+    from envs.seeds import EVAL_SEED_BASE, SEARCH_CONFIRM_SEEDS, SEARCH_HELD_STREAMS
+
+    fake, seen = fake_costs(4), []
+
+    def costs(base, thetas, episodes, executor=None, requests=0):
+        seen.append((requests, [s for _, s in episodes]))
+        return fake(base, thetas, episodes, executor, requests)
+
+    monkeypatch.setattr(search, "episode_costs", costs)
+    run, out = tmp_path / "run", tmp_path / "out"
+    write_tiny_run(run, tiny_ppo)
+    proc = cli("agents.search", "--run", run, "--out", out, "--episodes", "2", "--eval-episodes", "3",
+               "--workers", "1", "--objective", "capacity", "--capacity-requests", "40",
+               "--iterations", "6", "--directions", "4", "--step", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert {r for r, _ in seen} == {40}
+    seeds = [s for _, ss in seen for s in ss]
+    held = [s for s in seeds if SEARCH_HELD_STREAMS <= s < SEARCH_HELD_STREAMS + 3]
+    fresh = [s for s in seeds if SEARCH_CONFIRM_SEEDS <= s < SEARCH_CONFIRM_SEEDS + 12]
+    assert held and sorted(fresh) == list(range(SEARCH_CONFIRM_SEEDS, SEARCH_CONFIRM_SEEDS + 12))
+    assert all(s < EVAL_SEED_BASE for s in seeds if s not in held and s not in fresh)
+    assert "served more than the start" in proc.stdout and "capacity +" in proc.stdout
+    record = json.loads((out / "search.json").read_text())
+    assert record["args"]["objective"] == "capacity" and record["confirmed"]["verdict"] == "falls short"
+
+
+def test_the_capacity_objective_searches_a_real_run_end_to_end(tmp_path, tiny_ppo):
+    proc = cli("agents.search", "--run", write_tiny_run(tmp_path / "run", tiny_ppo) or tmp_path / "run",
+               "--out", tmp_path / "out", "--objective", "capacity", "--capacity-requests", "20",
+               "--iterations", "1", "--directions", "1", "--episodes", "2", "--eval-episodes", "2",
+               "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((tmp_path / "out" / "search.json").read_text())
+    assert len(record["start_costs"]) == 2 and all(np.isfinite(record["start_costs"]))
+
+
+def test_the_capacity_objective_refuses_a_trace_run_in_one_line(tmp_path, tiny_ppo):
+    run = tmp_path / "run"
+    write_tiny_run(run, tiny_ppo)
+    config = json.loads((run / "config.json").read_text())
+    config["conditions"] = [{"trace": "azure-conv", "capacity_rps": 2.0}]
+    (run / "config.json").write_text(json.dumps(config))
+    proc = cli("agents.search", "--run", run, "--out", tmp_path / "out", "--objective", "capacity")
+    refused_in_one_line(proc, "objective: ")
+    assert "azure-conv" in proc.stderr and not (tmp_path / "out").exists()
