@@ -400,8 +400,10 @@ def main(argv: list[str] | None = None) -> int:
     key = _key(args, run, theta0)
     saved = _place(out, key, theta0.size, args.iterations)
     start = costs([theta0], held)[0]
-    print(f"the start ({run}): {args.objective} {start.mean():.3f} on {len(held)} held-out "
-          f"episodes; searching {theta0.size:,} weights of its action head", flush=True)
+    figure = (f"capacity {math.exp(-start.mean()):.2f} times the episodes' loads (geometric mean)"
+              if args.objective == "capacity" else f"cost {start.mean():.2f}")
+    print(f"the start ({run}): {figure} on {len(held)} held-out episodes; searching "
+          f"{theta0.size:,} weights of its action head", flush=True)
     theta, first, records, kept = theta0, 0, [], None
     if saved is not None:
         theta, first, records, kept = saved["theta"], saved["iteration"], saved["records"], saved["kept"]
