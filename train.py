@@ -582,7 +582,7 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
              if (run_dir / "best_model.zip").exists() and callback.kept is not None else "model.zip",
              "best constant cost on them": f"{callback.baseline_cost:.2f}",
              "commit": config["commit"]}
-    selection = selection_sentence(callback.history, callback.kept, teacher is not None)
+    selection = selection_sentence(callback.history, callback.kept, teacher is not None, str(run_dir))
     if selection:
         facts["model selection"] = selection[0].lower() + selection[1:].rstrip(".")
     answer = run_answer(studies, learned.name, teacher, config.get("notes"), selection)

@@ -121,10 +121,12 @@ def learning_sentence(verdicts: dict) -> str:
             f"added nothing you can count on, and the rule's own table serves as well.{rest}")
 
 
-def selection_sentence(history: list, kept: int | None, cloned: bool) -> str:
+def selection_sentence(history: list, kept: int | None, cloned: bool, run: str = "RUN_DIR") -> str:
     """Which model the run kept and why, in plain words: the start unless a later
     evaluation cost less than it beyond the paired interval on the same held-out episodes
-    (``agents.callbacks.SimEvalCallback``); "" for a run from before paired selection."""
+    (``agents.callbacks.SimEvalCallback``); "" for a run from before paired selection. A run
+    that kept its start is pointed to the search by capacity (``agents.search``), which
+    can climb where the training's cost does not see."""
     if not history or "costs" not in history[0]:
         return ""
     start = "the behaviour clone at step 0" if cloned else "the starting policy"
@@ -138,7 +140,9 @@ def selection_sentence(history: list, kept: int | None, cloned: bool) -> str:
         return (f"Model selection kept {start}: none of the {len(later)} later models cost less "
                 f"than it beyond the paired interval on the {episodes} held-out episodes (the "
                 f"closest, at step {step:,}: {close['diff']:+.2f} ± {close['ci95']:.2f}); the "
-                "learning did not beat its start.")
+                f"learning did not beat its start. `python -m agents.search --run {run} --out "
+                f"{run}-search --objective capacity` searches its action head by capacity under "
+                "the SLO (docs/learning.md, \"Searching by capacity\").")
     h = next(h for h in history if h["timesteps"] == kept)
     v = h["vs_start"]
     text = (f"Model selection kept the model at step {kept:,}: it costs {-v['diff']:.2f} ± "

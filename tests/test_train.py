@@ -724,7 +724,8 @@ def test_model_selection_keeps_the_start_until_a_model_beats_it_paired():
     assert text.startswith("Model selection kept the behaviour clone at step 0: none of the 1 later "
                            "models cost less than it beyond the paired interval on the 4 held-out "
                            "episodes (the closest, at step 100: -1.25 ± 4.57)")
-    assert text.endswith("the learning did not beat its start.")
+    assert "the learning did not beat its start. `python -m agents.search --run RUN_DIR --out " \
+        "RUN_DIR-search --objective capacity`" in text
     # 1 lower on every episode, give or take 0.1: kept
     offer(200, [5.0, 1.1, 7.9, 2.0])
     assert cb.kept == 200
