@@ -348,8 +348,9 @@ def report(run: Path, out: Path, objective: str, kept: dict | None, confirmed: d
     c = confirmed
     print(f"iteration {kept['iteration']} {less} the start beyond the paired interval "
           f"on the held-out episodes; on {c['episodes']} fresh episodes, against the start: "
-          f"{describe(objective, c['diff'], c['ci95'], c['verdict'])}; the two decide "
-          f"differently on {c['differ']} of them"
+          f"{describe(objective, c['diff'], c['ci95'], c['verdict'])}; the two "
+          f"{'serve a different capacity' if objective == 'capacity' else 'decide differently'} "
+          f"on {c['differ']} of them"
           + (f", at {c['loads'][0]:.2f}-{c['loads'][1]:.2f} times their condition's capacity"
              if c["loads"] else ""))
     if c["verdict"] != "falls short":
