@@ -5,10 +5,12 @@ the SLO of the suite's scenarios on that deployment.
     python -m agents.presets --only h200__llama-3-8b --total-timesteps 300000
     python -m agents.presets --export-only        # the tables again, from the finished runs
     python -m agents.presets --report docs/presets.md   # the runs' results, one table
+    python -m agents.presets --search-iterations 15     # each model searched by capacity first
 
 Each preset is a ``python -m train`` run in ``runs/presets/HARDWARE__MODEL`` followed by
-``python -m eval export`` to ``tables/HARDWARE__MODEL.json`` (and ``.csv``), each its own
-process, as a user would run them (:func:`run_step`). The sweeps inside each (capacities,
+``python -m eval export`` to ``tables/HARDWARE__MODEL.json`` (and ``.csv``), with
+``--search-iterations`` a ``python -m agents.search --objective capacity`` between them, each
+its own process, as a user would run them (:func:`run_step`). The sweeps inside each (capacities,
 checks, the final comparison, the table's fidelity) fan out on Ray as ``--workers`` says.
 """
 
@@ -21,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envs.cli import parse
-from envs.errors import ConfigError, run_cli
+from envs.errors import ConfigError, integer, run_cli
 from envs.files import write_atomic
+from agents.search import run_trace
 from eval.export.fidelity import flat_verdict
 from eval.usage import used_text
 
@@ -90,10 +93,19 @@ class PresetArgs:
     """Held-out streams of each run's final comparison. The slower parts serve a fraction of
     a request per second under the SLO, where a p99 TTFT over 600 requests hangs on a few
     collisions of long prompts: 3 streams leave intervals of 10-20% there."""
+    search_iterations: int = 0
+    """After training, search each run's model by capacity under the SLO for this many
+    iterations (``python -m agents.search --objective capacity``, into RUN-search; about a
+    minute an iteration on 2 cores) and export the searched model where the search kept one
+    (it beat the trained model on fresh episodes); 0: no search. A run on a trace is not
+    searched."""
     export_only: bool = False
     """Export the tables from the finished runs in ``--runs`` without training."""
     report: str | None = None
     """Write the finished runs' results (markdown) to this file instead of training."""
+
+    def __post_init__(self) -> None:
+        integer("search_iterations", self.search_iterations, 0, 10_000)
 
 
 def name_of(hardware: str, model: str) -> str:
@@ -174,6 +186,25 @@ def run_step(argv: list[str]) -> int:
     return subprocess.run([sys.executable, *argv]).returncode
 
 
+def searched(run: str, iterations: int, workers: list[str], export_only: bool) -> tuple[int, str]:
+    """(exit code, the run to export): the capacity search of ``run``'s model into
+    ``RUN-search`` (unless ``export_only``), and that folder where it holds a model the search
+    kept, else ``run`` itself. A run on a trace is not searched (the capacity objective
+    bisects synthetic streams)."""
+    out = f"{run}-search"
+    if iterations and not export_only:
+        trace = run_trace(json.loads(Path(run, "config.json").read_text()))
+        if trace:
+            print(f"== {run}: not searched (it trains on the trace {trace})", flush=True)
+            return 0, run
+        print(f"== {run}: searching its model by capacity in {out}", flush=True)
+        code = run_step(["-m", "agents.search", "--run", run, "--out", out, "--objective", "capacity",
+                         "--iterations", str(iterations), "--episodes", "8", *workers])
+        if code:
+            return code, run
+    return 0, out if Path(out, "best_model.zip").is_file() else run
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(PresetArgs, argv, prog="python -m agents.presets")
     if args.report:
@@ -203,7 +234,10 @@ def main(argv: list[str] | None = None) -> int:
                              *workers])
             if code:
                 return code
-        print(f"== {name}: exporting to {args.tables}/{name}.json", flush=True)
+        code, run = searched(run, args.search_iterations, workers, args.export_only)
+        if code:
+            return code
+        print(f"== {name}: exporting {run} to {args.tables}/{name}.json", flush=True)
         code = run_step(["-m", "eval", "export", run, "--out", f"{args.tables}/{name}.json", "--csv",
                          f"{args.tables}/{name}.csv", *EXPORT_FLAGS.get((hardware, model), []),
                          *workers])

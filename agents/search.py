@@ -310,6 +310,13 @@ def confirm(theta: np.ndarray, theta0: np.ndarray, episodes: list[tuple], condit
             "loads": [round(min(loads), 3), round(max(loads), 3)] if loads else []}
 
 
+def run_trace(config: dict) -> str | None:
+    """The trace a run's scenario or one of its conditions replays (the capacity objective
+    bisects synthetic streams only), or None."""
+    return next((c["trace"] for c in (config["scenario"], *config.get("conditions", []))
+                 if c.get("trace")), None)
+
+
 def load_start(args: SearchArgs) -> ModelPolicy:
     """The run's kept model as the policy it serves, refused in one line where the search
     cannot perturb it or OUT is not a folder it may write."""
@@ -318,10 +325,10 @@ def load_start(args: SearchArgs) -> ModelPolicy:
     algo = config["args"].get("algo")
     require(algo in ALGOS, "run", str(run), f"was trained with {algo}; the search perturbs the "
             f"action head of {' or '.join(ALGOS)} (an actor-critic on the ladder's rungs)")
-    traces = [c["trace"] for c in (config["scenario"], *config.get("conditions", [])) if c.get("trace")]
-    require(args.objective == "cost" or not traces, "objective", args.objective,
-            f"serves synthetic streams at any load, and this run trains on the trace "
-            f"{traces[0] if traces else ''}: use --objective cost")
+    trace = run_trace(config)
+    require(args.objective == "cost" or not trace, "objective", args.objective,
+            f"serves synthetic streams at any load, and this run trains on the trace {trace}: "
+            "use --objective cost")
     check_out(out, run)
     policy = load_run(run)
     if policy.actor is None:

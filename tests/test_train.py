@@ -734,3 +734,51 @@ def test_model_selection_keeps_the_start_until_a_model_beats_it_paired():
     assert cb.kept == 200
     assert selection_sentence(cb.history, cb.kept, cloned=True).startswith(
         "Model selection kept the model at step 200: it costs 1.00 ± ")
+
+
+def test_presets_search_by_capacity_and_export_the_searched_model_only_where_one_was_kept(monkeypatch, tmp_path):
+    """--search-iterations N: train, then agents.search --objective capacity into RUN-search,
+    then export that folder where the search kept a model and the run itself where it did
+    not; a run on a trace is exported unsearched."""
+    import json
+    from pathlib import Path
+
+    from agents import presets
+    from envs.errors import ConfigError
+
+    calls, keeps = [], {"kept": True}
+    run = tmp_path / "l40s__llama-3-8b"
+
+    def run_step(argv):
+        calls.append(argv[1] if argv[1] != "eval" else "export")
+        if argv[1] == "train":
+            run.mkdir(exist_ok=True)
+            (run / "config.json").write_text(json.dumps({"scenario": {"trace": keeps.get("trace")},
+                                                         "conditions": []}))
+        if argv[1] == "agents.search":
+            assert argv[argv.index("--objective") + 1] == "capacity"
+            assert argv[argv.index("--iterations") + 1] == "3" and argv[argv.index("--run") + 1] == str(run)
+            if keeps["kept"]:
+                Path(argv[argv.index("--out") + 1]).mkdir(exist_ok=True)
+                Path(argv[argv.index("--out") + 1], "best_model.zip").write_text("")
+        if argv[1] == "eval":
+            calls.append(argv[3])
+        return 0
+
+    monkeypatch.setattr(presets, "run_step", run_step)
+    flags = ["--only", "l40s__llama-3-8b", "--runs", str(tmp_path), "--search-iterations", "3"]
+    assert presets.main(flags) == 0
+    assert calls == ["train", "agents.search", "export", f"{run}-search"]
+    keeps["kept"] = False
+    calls.clear()
+    (Path(f"{run}-search") / "best_model.zip").unlink()
+    assert presets.main(flags) == 0
+    assert calls == ["train", "agents.search", "export", str(run)]
+    keeps["trace"] = "mooncake.csv"
+    calls.clear()
+    assert presets.main(flags) == 0
+    assert calls == ["train", "export", str(run)]
+    calls.clear()
+    with pytest.raises(ConfigError, match="search_iterations: got -1"):
+        presets.main(["--only", "l40s__llama-3-8b", "--runs", str(tmp_path), "--search-iterations", "-1"])
+    assert not calls
