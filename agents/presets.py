@@ -22,10 +22,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from agents.search import run_trace
 from envs.cli import parse
 from envs.errors import ConfigError, integer, run_cli
 from envs.files import write_atomic
-from agents.search import run_trace
 from eval.export.fidelity import flat_verdict
 from eval.usage import used_text
 
@@ -187,12 +187,15 @@ def run_step(argv: list[str]) -> int:
 
 
 def searched(run: str, iterations: int, workers: list[str], export_only: bool) -> tuple[int, str]:
-    """(exit code, the run to export): the capacity search of ``run``'s model into
-    ``RUN-search`` (unless ``export_only``), and that folder where it holds a model the search
-    kept, else ``run`` itself. A run on a trace is not searched (the capacity objective
-    bisects synthetic streams)."""
+    """(exit code, the run to export): with ``iterations``, the capacity search of ``run``'s
+    model into ``RUN-search`` (an earlier one's, with ``export_only``), and that folder where
+    it holds a model the search kept; else ``run`` itself (never a search folder left from
+    an earlier training when no search is asked for). A run on a trace is not searched (the
+    capacity objective bisects synthetic streams)."""
     out = f"{run}-search"
-    if iterations and not export_only:
+    if not iterations:
+        return 0, run
+    if not export_only:
         trace = run_trace(json.loads(Path(run, "config.json").read_text()))
         if trace:
             print(f"== {run}: not searched (it trains on the trace {trace})", flush=True)

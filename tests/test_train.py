@@ -774,6 +774,11 @@ def test_presets_search_by_capacity_and_export_the_searched_model_only_where_one
     (Path(f"{run}-search") / "best_model.zip").unlink()
     assert presets.main(flags) == 0
     assert calls == ["train", "agents.search", "export", str(run)]
+    calls.clear()  # a search folder left from before is not exported when no search is asked for
+    (Path(f"{run}-search") / "best_model.zip").write_text("")
+    assert presets.main(flags[:-2]) == 0 and calls == ["train", "export", str(run)]
+    calls.clear()
+    assert presets.main([*flags, "--export-only"]) == 0 and calls == ["export", f"{run}-search"]
     keeps["trace"] = "mooncake.csv"
     calls.clear()
     assert presets.main(flags) == 0
