@@ -6,6 +6,7 @@ the SLO of the suite's scenarios on that deployment.
     python -m agents.presets --export-only        # the tables again, from the finished runs
     python -m agents.presets --report docs/presets.md   # the runs' results, one table
     python -m agents.presets --search-iterations 15     # each model searched by capacity first
+    python -m agents.presets --room               # the room beyond the best rule, per table
 
 Each preset is a ``python -m train`` run in ``runs/presets/HARDWARE__MODEL`` followed by
 ``python -m eval export`` to ``tables/HARDWARE__MODEL.json`` (and ``.csv``), with
@@ -24,10 +25,14 @@ from pathlib import Path
 
 from agents.search import run_trace
 from envs.cli import parse
-from envs.errors import ConfigError, integer, run_cli
+from envs.errors import ConfigError, integer, require, run_cli
 from envs.files import write_atomic
+from envs.scenario import WORKLOADS
+from eval.export.args import ExportArgs
 from eval.export.fidelity import flat_verdict
+from eval.room import room_record
 from eval.usage import used_text
+from policies.table import BudgetTable
 
 # (hardware, model) -> train.py flags of its serving scenario.
 PRESETS: dict[tuple[str, str], list[str]] = {
@@ -101,11 +106,25 @@ class PresetArgs:
     searched."""
     export_only: bool = False
     """Export the tables from the finished runs in ``--runs`` without training."""
+    room: bool = False
+    """Instead of training: measure, on each preset's serving scenario, the export's rules,
+    its shipped table and the rollout reference over the best of those rules (it sees the
+    future: what no controller can add beyond the rule's interval, no learned table will),
+    and record what it found in the table (``provenance.room``; ``python -m policies.table
+    show`` prints it). Minutes a preset on 2 cores; the 70B's 150 s horizon, longer."""
+    room_seeds: int = 5
+    """Streams of each preset's room measurement (``--room``)."""
+    room_out: str = "reports/room"
+    """Folder of the ``--room`` measurements' reports, one per preset."""
     report: str | None = None
     """Write the finished runs' results (markdown) to this file instead of training."""
 
     def __post_init__(self) -> None:
         integer("search_iterations", self.search_iterations, 0, 10_000)
+        integer("room_seeds", self.room_seeds, 2, 50)
+        require(not (self.room and (self.export_only or self.report or self.search_iterations)),
+                "room", self.room, "measures the shipped tables on its own: leave out "
+                "--export-only, --report and --search-iterations")
 
 
 def name_of(hardware: str, model: str) -> str:
@@ -208,6 +227,42 @@ def searched(run: str, iterations: int, workers: list[str], export_only: bool) -
     return 0, out if Path(out, "best_model.zip").is_file() else run
 
 
+def scenario_flags(flags: list[str], slo: dict) -> list[str]:
+    """A preset's ``train.py`` flags as the flags of its serving scenario for ``python -m eval``
+    at the SLO ``slo`` (a table's): its named workload (``--workload``, ``mixed-bursty``
+    where none is given) spelled out as the traffic flags it stands for, those given
+    overriding them; ``--teacher``, a training flag, left out."""
+    given = dict(zip(flags[::2], flags[1::2]))
+    workload = WORKLOADS[given.pop("--workload", "mixed-bursty")]
+    given.pop("--teacher", None)
+    traffic = {f"--{k.replace('_', '-')}": str(v) for k, v in workload.items() if v is not None}
+    given |= {"--slo-ttft-s": f"{slo['ttft_s']:g}", "--slo-itl-s": f"{slo['itl_s']:g}"}
+    return [x for k, v in {**traffic, **given}.items() for x in (k, v)]
+
+
+def measure_room(name: str, flags: list[str], args: PresetArgs, workers: list[str]) -> int:
+    """The room beyond the best rule on one preset's serving scenario, recorded in its
+    table (``eval/room.py``): ``python -m eval capacity`` in its own process, then the
+    table's ``provenance.room`` written from its report. Its exit code."""
+    path, out = Path(args.tables, f"{name}.json"), Path(args.room_out, name)
+    table = BudgetTable.load(str(path))
+    prov = table.provenance
+    spec = f"table:{path}"
+    command = ["-m", "eval", "capacity", "--hardware", prov["hardware"]["name"], "--model",
+               prov["model"]["name"], *scenario_flags(flags, prov["slo"]), "--policies",
+               f"{ExportArgs.rules},{spec}", "--seeds", str(args.room_seeds), "--reference",
+               "--no-figures", "--out", str(out)]
+    print(f"== {name}: the room beyond the best rule, into {out}", flush=True)
+    code = run_step(command + workers)
+    if code:
+        return code
+    table.provenance["room"] = room_record(json.loads((out / "capacity.json").read_text()), spec,
+                                           command)
+    table.save(str(path))
+    print(table.room_text(), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(PresetArgs, argv, prog="python -m agents.presets")
     if args.report:
@@ -221,11 +276,20 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in chosen]
     if unknown:
         raise ConfigError(f"only: unknown {', '.join(unknown)}; known: {', '.join(chosen)}")
+    workers = [] if args.workers is None else ["--workers", str(args.workers)]
+    if args.room:
+        absent = [n for n in names if not Path(args.tables, f"{n}.json").is_file()]
+        if absent:
+            raise ConfigError(f"room: no table of {', '.join(absent)} in {args.tables}; export it first")
+        for name in names:
+            code = measure_room(name, chosen[name][1], args, workers)
+            if code:
+                return code
+        return 0
     missing = [n for n in names if not Path(args.runs, n, "config.json").is_file()]
     if args.export_only and missing:
         raise ConfigError(f"export_only: no finished run of {', '.join(missing)} in {args.runs}; "
                           "train it first")
-    workers = [] if args.workers is None else ["--workers", str(args.workers)]
     for name in names:
         (hardware, model), flags = chosen[name]
         run = f"{args.runs}/{name}"

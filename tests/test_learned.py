@@ -1004,6 +1004,10 @@ def test_export_report_names_the_round_kept(capsys, tmp_path):
         report.report(BudgetTable.load(tmp_path / "t.json"), 1.0, SimpleNamespace(out="t.json"))
         out = capsys.readouterr().out
         assert (line in out) if line else "kept:" not in out
+        # A kept rule says it is one, and where to measure whether a learned table could do better.
+        assert ("NOTE: the table is the time-budget-deadline:4 rule's, a rule and not a learned "
+                "policy" in out) == (dagger["chosen"] == 3)
+        assert ("--room` records it in the table" in out) == (dagger["chosen"] == 3)
 
 
 def test_export_finds_cells_as_the_runtime_looks_them_up():

@@ -98,6 +98,13 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
         if all(g["verdict"] != "beats" for g in flat["scenarios"].values()):
             print(f"NOTE: nowhere does the table serve more than its flat twin beyond the interval: "
                   f"on these streams its dependence on state shows no gain over {rule}")
+    if source_kind == "rule":
+        print(f"NOTE: the table is the {source} rule's, a rule and not a learned policy: it kept more "
+              "of the model's capacity and goodput than every table built from the model. Whether "
+              "a learned table could serve more than the rule here is the room beyond it: the "
+              "rollout reference over the best rule (`python -m eval capacity ... --policies "
+              "RULES --reference`; for a preset's table, `python -m agents.presets --only NAME "
+              "--room` records it in the table, and `policies.table show` prints it)")
     if len(values) == 1:
         same = (f"the time-budget rule at {values[0]:g} (time-budget:{values[0]:g})"
                 if kind == "time_fraction" else f"a static budget (static:{values[0]:g})")

@@ -23,7 +23,7 @@ that becomes a token budget. Format (JSON, ``schema_version`` 2)::
                   "kv_heads": 8, "head_dim": 128, "bytes_per_weight": 2, "tensor_parallel": 1,
                   "params": 8.03e9},   # params: optional (tables made before it lack it)
         "slo": {"ttft_s": 2.0, "itl_s": 0.1},
-        ...   # free-form: run_dir, algo, commit, exported, rule
+        ...   # free-form: run_dir, algo, commit, exported, rule, room
       },
       "fidelity": {...}
     }
@@ -479,12 +479,48 @@ class BudgetTable:
         if p.get("run_dir"):
             what += (f"; {'measured against' if spec else 'its model:'} the {p.get('algo', '')} "
                      f"model of {p['run_dir']}")
+        room = self.room_found()
+        if spec and room is not None:
+            what += ("; it ships as a rule: the rollout reference finds no room beyond the best "
+                     "rule's interval on this deployment (room, below)" if not room else
+                     "; the rollout reference finds room beyond the best rule on this deployment "
+                     "that no table built from the model took (room, below)")
         if kinds:
             n = {k: kinds.count(k) for k in ("round", "refined", "rule")}
             what += (f"; kept among {len(kinds)} candidates ({n['round']} from the model's "
                      f"decisions{', the refined one' if n['refined'] else ''}, {n['rule']} rules' "
                      "tables) as the one keeping most of the model's capacity and goodput")
         return what
+
+    def room_found(self) -> bool | None:
+        """Whether the rollout reference beat the best rule beyond its interval on this
+        table's deployment (provenance ``room``, which ``python -m agents.presets --room``
+        records); None where that was not measured or the record is unreadable."""
+        try:
+            return self.provenance["room"]["reference_vs_rule"]["kind"] == "beats"
+        except (KeyError, TypeError):
+            return None
+
+    def room_text(self) -> str | None:
+        """The room beyond the best rule on this table's deployment in words (provenance
+        ``room``): the rule, the rollout reference against it, this table against it, and
+        the share of the room the table takes where there is room; None where not measured."""
+        room = self.provenance.get("room")
+        if room is None:
+            return None
+        try:
+            ref, tab = room["reference_vs_rule"], room["table_vs_rule"]
+            text = (f"room beyond the best rule, {room['rule']} ({float(room['capacity_rps']['rule']):.3g} "
+                    f"req/s on {int(room['streams'])} streams of the serving scenario): the rollout "
+                    f"reference, which sees the future, {ref['figure']} ({ref['kind']}); this table "
+                    f"{tab['figure']} ({tab['kind']})")
+            if ref["kind"] != "beats":
+                return text + ": no room beyond the interval"
+            share = float(tab["mean"]) / float(ref["mean"]) if float(ref["mean"]) > 0 else 0.0
+            return text + f": the table takes {share:.0%} of the room"
+        except (KeyError, TypeError, ValueError):
+            return ("room beyond the best rule: the record is unreadable (measure it again: "
+                    "python -m agents.presets --room)")
 
     def describe(self) -> str:
         """One line: what the table was built for, from what, and what it asks for."""

@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"what it is: {table.origin()}")
             for line in fidelity_lines(table.fidelity or {}):
                 print(line)
+            print(table.room_text() or "room beyond the best rule: not measured (python -m "
+                  "agents.presets --room measures it for a preset's table)")
             return 0
         reason = table.mismatch(*_served(args))
     except TableError as err:
