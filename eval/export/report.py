@@ -85,26 +85,10 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
     use = fid.get("at_capacity")
     if use and use.get("passes"):
         print(use_line(use, kind))
-    flat = fid.get("against_flat")
-    if flat:
-        f = flat["fraction"]
-        # Within time-budget's range the twin is that rule; beyond it, only the flat table.
-        rule = f"time-budget:{f:g}" if f <= FRACTION.high else f"table-flat:{f:g}:PATH"
-        found = "; ".join(f"{name} {g['table_capacity_rps']:.3f} against {g['flat_capacity_rps']:.3f} "
-                          f"req/s ({flat_verdict(g).cell})"
-                          for name, g in flat["scenarios"].items())
-        print(f"what its cells are worth: against itself with {f:g} of the ITL target, the fraction "
-              f"it takes most, in every cell ({rule}): {found}")
-        if all(g["verdict"] != "beats" for g in flat["scenarios"].values()):
-            print(f"NOTE: nowhere does the table serve more than its flat twin beyond the interval: "
-                  f"on these streams its dependence on state shows no gain over {rule}")
+    for line in flat_lines(fid.get("against_flat")):
+        print(line)
     if source_kind == "rule":
-        print(f"NOTE: the table is the {source} rule's, a rule and not a learned policy: it kept more "
-              "of the model's capacity and goodput than every table built from the model. Whether "
-              "a learned table could serve more than the rule here is the room beyond it: the "
-              "rollout reference over the best rule (`python -m eval capacity ... --policies "
-              "RULES --reference`; for a preset's table, `python -m agents.presets --only NAME "
-              "--room` records it in the table, and `policies.table show` prints it)")
+        print(rule_note(source))
     if len(values) == 1:
         same = (f"the time-budget rule at {values[0]:g} (time-budget:{values[0]:g})"
                 if kind == "time_fraction" else f"a static budget (static:{values[0]:g})")
@@ -119,6 +103,34 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
               "past capacity it drives the engine into states its model does not; use other "
               "features, or serve the model", file=sys.stderr)
     print(serve_line(table))
+
+
+def flat_lines(flat: dict | None) -> list[str]:
+    """What the table's cells are worth against its flat twin, as the export measured it."""
+    if not flat:
+        return []
+    f = flat["fraction"]
+    # Within time-budget's range the twin is that rule; beyond it, only the flat table.
+    rule = f"time-budget:{f:g}" if f <= FRACTION.high else f"table-flat:{f:g}:PATH"
+    found = "; ".join(f"{name} {g['table_capacity_rps']:.3f} against {g['flat_capacity_rps']:.3f} "
+                      f"req/s ({flat_verdict(g).cell})"
+                      for name, g in flat["scenarios"].items())
+    lines = [f"what its cells are worth: against itself with {f:g} of the ITL target, the fraction "
+             f"it takes most, in every cell ({rule}): {found}"]
+    if all(g["verdict"] != "beats" for g in flat["scenarios"].values()):
+        lines.append(f"NOTE: nowhere does the table serve more than its flat twin beyond the interval: "
+                     f"on these streams its dependence on state shows no gain over {rule}")
+    return lines
+
+
+def rule_note(rule: str) -> str:
+    """What a kept rule's table is, and where to measure whether a learned one could do better."""
+    return (f"NOTE: the table is the {rule} rule's, a rule and not a learned policy: it kept more "
+            "of the model's capacity and goodput than every table built from the model. Whether "
+            "a learned table could serve more than the rule here is the room beyond it: the "
+            "rollout reference over the best rule (`python -m eval capacity ... --policies "
+            "RULES --reference`; for a preset's table, `python -m agents.presets --only NAME "
+            "--room` records it in the table, and `policies.table show` prints it)")
 
 
 def serve_line(table: BudgetTable) -> str:
