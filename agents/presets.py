@@ -248,9 +248,12 @@ def measure_room(name: str, flags: list[str], args: PresetArgs, workers: list[st
     table = BudgetTable.load(str(path))
     prov = table.provenance
     spec = f"table:{path}"
+    # A rule's table names its own rule first: where rules tie, the first is the best.
+    rules = [r.strip() for r in ExportArgs.rules.split(",")]
+    rules = list(dict.fromkeys([*([table.rule_spec()] if table.rule_spec() else []), *rules]))
     command = ["-m", "eval", "capacity", "--hardware", prov["hardware"]["name"], "--model",
                prov["model"]["name"], *scenario_flags(flags, prov["slo"]), "--policies",
-               f"{ExportArgs.rules},{spec}", "--seeds", str(args.room_seeds), "--reference",
+               ",".join([*rules, spec]), "--seeds", str(args.room_seeds), "--reference",
                "--no-figures", "--out", str(out)]
     print(f"== {name}: the room beyond the best rule, into {out}", flush=True)
     code = run_step(command + workers)
