@@ -479,17 +479,17 @@ class BudgetTable:
         if p.get("run_dir"):
             what += (f"; {'measured against' if spec else 'its model:'} the {p.get('algo', '')} "
                      f"model of {p['run_dir']}")
+        if kinds:
+            n = {k: kinds.count(k) for k in ("round", "refined", "rule")}
+            what += (f"; kept among {len(kinds)} candidates ({n['round']} from the model's "
+                     f"decisions{', the refined one' if n['refined'] else ''}, {n['rule']} rules' "
+                     "tables) as the one keeping most of the model's capacity and goodput")
         room = self.room_found()
         if spec and room is not None:
             what += ("; it ships as a rule: the rollout reference finds no room beyond the best "
                      "rule's interval on this deployment (room, below)" if not room else
                      "; the rollout reference finds room beyond the best rule on this deployment "
                      "that no table built from the model took (room, below)")
-        if kinds:
-            n = {k: kinds.count(k) for k in ("round", "refined", "rule")}
-            what += (f"; kept among {len(kinds)} candidates ({n['round']} from the model's "
-                     f"decisions{', the refined one' if n['refined'] else ''}, {n['rule']} rules' "
-                     "tables) as the one keeping most of the model's capacity and goodput")
         return what
 
     def room_found(self) -> bool | None:
