@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents.search import run_trace
-from envs.cli import parse
+from envs.cli import given_fields, parse
 from envs.errors import ConfigError, integer, require, run_cli
 from envs.files import write_atomic
 from envs.scenario import WORKLOADS
@@ -108,10 +108,11 @@ class PresetArgs:
     """Export the tables from the finished runs in ``--runs`` without training."""
     room: bool = False
     """Instead of training: measure, on each preset's serving scenario, the export's rules,
-    its shipped table and the rollout reference over the best of those rules (it sees the
-    future: what no controller can add beyond the rule's interval, no learned table will),
+    its shipped table and the rollout reference over the best of those rules (it re-plans
+    over the rule seeing the stream's future: its lead is room a controller could take;
+    where it finds none beyond the interval, a learned table is unlikely to beat the rule),
     and record what it found in the table (``provenance.room``; ``python -m policies.table
-    show`` prints it). Minutes a preset on 2 cores; the 70B's 150 s horizon, longer."""
+    show`` prints it). 5-10 minutes a preset on 2 cores with 8 streams."""
     room_seeds: int = 5
     """Streams of each preset's room measurement (``--room``)."""
     room_out: str = "reports/room"
@@ -122,9 +123,25 @@ class PresetArgs:
     def __post_init__(self) -> None:
         integer("search_iterations", self.search_iterations, 0, 10_000)
         integer("room_seeds", self.room_seeds, 2, 50)
-        require(not (self.room and (self.export_only or self.report or self.search_iterations)),
-                "room", self.room, "measures the shipped tables on its own: leave out "
-                "--export-only, --report and --search-iterations")
+
+
+TRAINING_FIELDS = ("total_timesteps", "runs", "seed", "final_seeds", "search_iterations",
+                   "export_only", "report")
+"""Flags of training, exporting and reporting, which ``--room`` (measuring the shipped
+tables as they are) refuses."""
+ROOM_FIELDS = ("room_seeds", "room_out")
+"""Flags of ``--room`` alone."""
+
+
+def check_given(args: PresetArgs, argv: list[str] | None) -> None:
+    """Refuse a flag that does nothing with the others given (one line naming it)."""
+    given = given_fields(PresetArgs, argv)
+    bad = [f for f in (TRAINING_FIELDS if args.room else ROOM_FIELDS) if f in given]
+    if bad and args.room:
+        raise ConfigError(f"{bad[0]}: given with --room, which measures the shipped tables as they "
+                          "are; it is for training or exporting them (leave it out)")
+    if bad:
+        raise ConfigError(f"{bad[0]}: given without --room, the only command that reads it")
 
 
 def name_of(hardware: str, model: str) -> str:
@@ -240,12 +257,31 @@ def scenario_flags(flags: list[str], slo: dict) -> list[str]:
     return [x for k, v in {**traffic, **given}.items() for x in (k, v)]
 
 
-def measure_room(name: str, flags: list[str], args: PresetArgs, workers: list[str]) -> int:
+def room_tables(args: PresetArgs, names: list[str]) -> dict[str, BudgetTable]:
+    """Each preset's shipped table, loaded and checked before any measurement: a table
+    missing, unreadable or for another deployment is refused in one line naming it."""
+    tables = {}
+    for name in names:
+        path = Path(args.tables, f"{name}.json")
+        require(path.is_file(), "room", name, f"needs its table, {path}: export it first")
+        try:
+            table = BudgetTable.load(str(path))
+            table.rule_spec()
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+            raise ConfigError(f"room: {err}") from None
+        deployment = name_of(table.provenance["hardware"]["name"], table.provenance["model"]["name"])
+        require(deployment == name, "room", name, f"needs its own table; {path} is {deployment}'s")
+        tables[name] = table
+    return tables
+
+
+def measure_room(name: str, table: BudgetTable, flags: list[str], args: PresetArgs,
+                 workers: list[str]) -> int:
     """The room beyond the best rule on one preset's serving scenario, recorded in its
     table (``eval/room.py``): ``python -m eval capacity`` in its own process, then the
-    table's ``provenance.room`` written from its report. Its exit code."""
-    path, out = Path(args.tables, f"{name}.json"), Path(args.room_out, name)
-    table = BudgetTable.load(str(path))
+    table's ``provenance.room`` written from its report. Its exit code (1, with one line,
+    where the report cannot be read)."""
+    path, out = Path(table.path), Path(args.room_out, name)
     prov = table.provenance
     spec = f"table:{path}"
     # A rule's table names its own rule first: where rules tie, the first is the best.
@@ -259,8 +295,12 @@ def measure_room(name: str, flags: list[str], args: PresetArgs, workers: list[st
     code = run_step(command + workers)
     if code:
         return code
-    table.provenance["room"] = room_record(json.loads((out / "capacity.json").read_text()), spec,
-                                           command)
+    try:
+        record = room_record(json.loads((out / "capacity.json").read_text()), spec, command)
+    except (OSError, ValueError) as err:
+        print(f"error: room: {name}: {err} (the report: {out})", file=sys.stderr)
+        return 1
+    table.provenance["room"] = record
     table.save(str(path))
     print(table.room_text(), flush=True)
     return 0
@@ -268,6 +308,7 @@ def measure_room(name: str, flags: list[str], args: PresetArgs, workers: list[st
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(PresetArgs, argv, prog="python -m agents.presets")
+    check_given(args, argv)
     if args.report:
         write_atomic(Path(args.report), report(args.runs, args.tables))
         return 0
@@ -281,11 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"only: unknown {', '.join(unknown)}; known: {', '.join(chosen)}")
     workers = [] if args.workers is None else ["--workers", str(args.workers)]
     if args.room:
-        absent = [n for n in names if not Path(args.tables, f"{n}.json").is_file()]
-        if absent:
-            raise ConfigError(f"room: no table of {', '.join(absent)} in {args.tables}; export it first")
-        for name in names:
-            code = measure_room(name, chosen[name][1], args, workers)
+        for name, table in room_tables(args, names).items():
+            code = measure_room(name, table, chosen[name][1], args, workers)
             if code:
                 return code
         return 0

@@ -1,20 +1,23 @@
 """The room beyond the best rule on a table's deployment, as the table records it.
 
-A rule ships as a table only where no policy would serve more. The rollout reference
-(``rollout:HORIZON:RULE``, policies/reference.py) bounds what a controller could add to a
-rule: it sees the stream's future, so what it cannot add beyond the rule's interval, no
-learned table will. ``python -m agents.presets --room`` measures, per preset, on its serving
-scenario: the export's rules, the shipped table, and the rollout over the best of those
-rules (``python -m eval capacity ... --reference``). This module reads that report and writes
-what it found into the table's ``provenance.room``, which ``python -m policies.table show``
-prints: the rule, the reference against it and the table against it, each paired stream by
-stream with its interval.
+The export ships a rule's exact table where it kept more of the run's model's capacity
+and goodput than every table built from the model. Whether a learned table could serve
+more than the rule there is what the rollout reference says (``rollout:HORIZON:RULE``,
+policies/reference.py): it re-plans over the rule seeing the stream's future, so its lead
+over the rule, paired stream by stream, is room a controller could take. It is not an
+upper bound (a rollout improves on its rule, no more); where it finds no room beyond the
+interval, a learned table is unlikely to beat the rule. ``python -m agents.presets --room``
+measures, per preset, on its serving scenario: the export's rules, the shipped table and
+the rollout over the best of those rules (``python -m eval capacity ... --reference``).
+This module reads that report and writes what it found into the table's
+``provenance.room``, which ``python -m policies.table show`` prints.
 
 In: the ``capacity.json`` of one scenario and the table's spec in it. Out: the record.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 from eval.harness import Verdict, paired_verdict
@@ -22,10 +25,16 @@ from eval.report import git_commit
 from policies.reference import RolloutPolicy
 
 
+def _finite(x) -> float | None:
+    """A number the table's JSON can hold: None for NaN or infinity."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
 def _verdict_record(v: Verdict, values, reference) -> dict:
-    return {"kind": v.kind, "mean": v.rel, "ci95": v.half, "streams": v.streams,
+    return {"kind": v.kind, "mean": _finite(v.rel), "ci95": _finite(v.half), "streams": v.streams,
             "figure": v.figure,
-            "per_stream": [a / b - 1.0 if b > 0 else None for a, b in zip(values, reference)]}
+            "per_stream": [_finite(a / b - 1.0) if b > 0 else None for a, b in zip(values, reference)]}
 
 
 def room_record(capacity: dict, table_spec: str, command: list[str]) -> dict:
@@ -36,8 +45,8 @@ def room_record(capacity: dict, table_spec: str, command: list[str]) -> dict:
     the report lacks."""
     refs = [n for n in capacity if n.partition(":")[0] == RolloutPolicy.spec]
     if not refs:
-        raise ValueError("the report has no rollout reference (run eval capacity with --reference "
-                         "and at least one time-budget rule among --policies)")
+        raise ValueError("the report has no rollout reference: it is the rollout over the best "
+                         "time-budget rule measured, and the report measured none")
     if table_spec not in capacity:
         raise ValueError(f"the report has no {table_spec}")
     ref = refs[0]
@@ -50,7 +59,7 @@ def room_record(capacity: dict, table_spec: str, command: list[str]) -> dict:
         raise ValueError("the rule, the reference and the table were measured on different streams")
     return {
         "rule": rule, "reference": ref, "streams": len(per["rule"]),
-        "capacity_rps": {k: capacity[n]["capacity_rps"] for k, n in
+        "capacity_rps": {k: _finite(capacity[n]["capacity_rps"]) for k, n in
                          (("rule", rule), ("reference", ref), ("table", table_spec))},
         "reference_vs_rule": _verdict_record(paired_verdict(per["reference"], per["rule"]),
                                              per["reference"], per["rule"]),

@@ -76,27 +76,48 @@ def test_a_rule_table_says_it_ships_as_a_rule_because_the_reference_finds_no_roo
     path = shipped(tmp_path)
     table = BudgetTable.load(str(path))
     assert table.room_text() is None and table.room_found() is None
-    assert "ships as a rule" not in table.origin()
-    # No room: the reference ties the rule (+1.0% ± 1.9%).
+    assert "rollout reference" not in table.origin()
+    # No room: the reference ties the rule (+1.4% ± 4.3%, ahead on one stream of three).
     table = with_room(path, room_record(report([6.0, 7.0, 6.5], [6.2, 7.0, 6.55], [6.0, 7.0, 6.5]),
                                         "table:t.json", []))
     assert table.room_found() is False
     assert ("a rule, not a learned policy" in table.origin()
-            and "it ships as a rule: the rollout reference finds no room beyond the best rule's "
-            "interval" in table.origin())
-    assert table.room_text().endswith(": no room beyond the interval")
-    assert table.room_text().startswith(f"room beyond the best rule, {RULE} (6.5 req/s on 3 streams")
+            and f"the rollout reference over {RULE} finds no room beyond it on this deployment: a "
+            "learned table is unlikely to beat the rule here" in table.origin())
+    assert table.room_text() == (
+        f"room beyond the best rule, {RULE} (6.5 req/s on 3 streams of the serving scenario): the "
+        "rollout reference, which sees the future, +1.4% ± 4.3% (ties); this table +0.0% ± 0.0% "
+        "(ties): no room found beyond the interval")
     # Room: a rule table says no table built from the model took it.
     table = with_room(path, room_record(report([1.0, 2.0, 4.0], [1.1, 2.2, 4.4], [1.0, 2.0, 4.0]),
                                         "table:t.json", []))
     assert table.room_found() is True and "that no table built from the model took" in table.origin()
+    assert table.room_text().endswith("(ties): the table takes none of it beyond its interval")
+    show = subprocess.run([sys.executable, "-m", "policies.table", "show", str(path)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert show.returncode == 0 and show.stdout.splitlines()[-1] == table.room_text()
 
 
 def test_a_learned_table_shows_the_share_of_the_room_it_takes(tmp_path):
     table = with_room(shipped(tmp_path, "l40s__llama-3-8b"), room_record(
         report([1.0, 2.0, 4.0], [1.1, 2.2, 4.4], [1.05, 2.1, 4.2]), "table:t.json", []))
-    assert "ships as a rule" not in table.origin()
+    assert "rollout reference" not in table.origin()
     assert table.room_text().endswith("(beats): the table takes 50% of the room")
+    # A table ahead of the reference takes all of it, not more.
+    table = with_room(shipped(tmp_path, "l40s__llama-3-8b"), room_record(
+        report([1.0, 2.0, 4.0], [1.1, 2.2, 4.4], [1.2, 2.4, 4.8]), "table:t.json", []))
+    assert table.room_text().endswith("the table takes 100% of the room")
+
+
+def test_a_record_where_the_rule_serves_nothing_stays_a_table_that_loads(tmp_path):
+    """The rule serving nothing on every stream makes the reference's lead infinite: the
+    record holds None there (JSON has no infinity), and the table still loads and shows."""
+    rec = room_record(report([0.0, 0.0], [1.0, 2.0], [0.5, 1.0]), "table:t.json", [])
+    assert rec["reference_vs_rule"]["mean"] is None and rec["reference_vs_rule"]["kind"] == "beats"
+    table = with_room(shipped(tmp_path), rec)
+    assert table.room_found() is True
+    assert "(0 req/s on 2 streams" in table.room_text() or "no capacity" in table.room_text()
+    assert table.room_text().endswith("the table takes none of it beyond its interval")
 
 
 @pytest.mark.parametrize("rec", [{"rule": RULE}, "corrupt", {"reference_vs_rule": {"kind": "beats"}}])
@@ -104,6 +125,7 @@ def test_an_unreadable_room_record_is_said_so_and_show_still_works(tmp_path, rec
     path = shipped(tmp_path)
     table = with_room(path, rec)
     assert table.room_text().startswith("room beyond the best rule: the record is unreadable")
+    assert table.room_found() is None and "rollout reference" not in table.origin()
     show = subprocess.run([sys.executable, "-m", "policies.table", "show", str(path)],
                           capture_output=True, text=True, cwd=ROOT)
     assert show.returncode == 0 and "the record is unreadable" in show.stdout
@@ -162,12 +184,51 @@ def test_presets_room_measures_each_table_and_records_it(monkeypatch, tmp_path):
     assert "room" not in BudgetTable.load(str(path)).provenance
 
 
-def test_presets_room_refuses_what_it_cannot_measure(tmp_path):
+def test_presets_room_refuses_what_it_cannot_measure_before_any_measurement(monkeypatch, tmp_path):
     from agents import presets
-    with pytest.raises(ConfigError, match="room: no table of h200__llama-3-8b"):
-        presets.main(["--only", "h200__llama-3-8b", "--tables", str(tmp_path), "--room"])
-    for extra in (["--export-only"], ["--search-iterations", "3"]):
-        with pytest.raises(ConfigError, match="^room: "):
+    calls = []
+    monkeypatch.setattr(presets, "run_step", lambda argv: calls.append(argv) or 0)
+    both = "h100-sxm__llama-3-8b,h200__llama-3-8b"
+    shipped(tmp_path)
+    with pytest.raises(ConfigError, match="^room: got 'h200__llama-3-8b', needs its table"):
+        presets.main(["--only", both, "--tables", str(tmp_path), "--room"])
+    (tmp_path / "h200__llama-3-8b.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="^room: .*h200__llama-3-8b.json"):
+        presets.main(["--only", both, "--tables", str(tmp_path), "--room"])
+    shipped(tmp_path).rename(tmp_path / "h200__llama-3-8b.json")  # the H100's table under the H200's name
+    shipped(tmp_path)
+    with pytest.raises(ConfigError, match="needs its own table; .* is h100-sxm__llama-3-8b's"):
+        presets.main(["--only", both, "--tables", str(tmp_path), "--room"])
+    assert calls == []  # the first preset's table was fine: nothing was measured
+    for extra in (["--export-only"], ["--search-iterations", "3"], ["--total-timesteps", "5"]):
+        with pytest.raises(ConfigError, match="given with --room"):
             presets.main(["--room", *extra])
+    with pytest.raises(ConfigError, match="^room_out: given without --room"):
+        presets.main(["--room-out", "x", "--export-only"])
     with pytest.raises(ConfigError, match="^room_seeds: "):
         presets.main(["--room", "--room-seeds", "1"])
+
+
+def test_presets_room_says_in_one_line_where_its_report_cannot_be_read(monkeypatch, tmp_path, capsys):
+    """A report without the reference (no time-budget rule measured) or none at all: exit 1,
+    one line naming the preset and the report, the table untouched."""
+    from agents import presets
+    path = shipped(tmp_path)
+    before = path.read_bytes()
+
+    def run_step(argv):
+        out = Path(argv[argv.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "capacity.json").write_text(json.dumps({k: v for k, v in report([1.0, 2.0], [1.0, 2.0], [1.0, 2.0], f"table:{path}").items() if k != REF}))
+        return 0
+
+    flags = ["--only", "h100-sxm__llama-3-8b", "--tables", str(tmp_path), "--room", "--room-out",
+             str(tmp_path / "room")]
+    monkeypatch.setattr(presets, "run_step", run_step)
+    assert presets.main(flags) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: room: h100-sxm__llama-3-8b: the report has "
+                                                   "no rollout reference") and "room" in err
+    monkeypatch.setattr(presets, "run_step", lambda argv: 0)  # wrote nothing
+    assert presets.main(flags[:-1] + [str(tmp_path / "none")]) == 1
+    assert "capacity.json" in capsys.readouterr().err and path.read_bytes() == before

@@ -484,43 +484,65 @@ class BudgetTable:
             what += (f"; kept among {len(kinds)} candidates ({n['round']} from the model's "
                      f"decisions{', the refined one' if n['refined'] else ''}, {n['rule']} rules' "
                      "tables) as the one keeping most of the model's capacity and goodput")
-        room = self.room_found()
-        if spec and room is not None:
-            what += ("; it ships as a rule: the rollout reference finds no room beyond the best "
-                     "rule's interval on this deployment (room, below)" if not room else
-                     "; the rollout reference finds room beyond the best rule on this deployment "
+        found = self.room_found()
+        if spec and found is not None:
+            rule = self._room()["rule"]
+            what += (f"; the rollout reference over {rule} finds no room beyond it on this "
+                     "deployment: a learned table is unlikely to beat the rule here (room, below)"
+                     if not found else
+                     f"; the rollout reference finds room beyond {rule} on this deployment "
                      "that no table built from the model took (room, below)")
         return what
 
-    def room_found(self) -> bool | None:
-        """Whether the rollout reference beat the best rule beyond its interval on this
-        table's deployment (provenance ``room``, which ``python -m agents.presets --room``
-        records); None where that was not measured or the record is unreadable."""
-        try:
-            return self.provenance["room"]["reference_vs_rule"]["kind"] == "beats"
-        except (KeyError, TypeError):
-            return None
-
-    def room_text(self) -> str | None:
-        """The room beyond the best rule on this table's deployment in words (provenance
-        ``room``): the rule, the rollout reference against it, this table against it, and
-        the share of the room the table takes where there is room; None where not measured."""
+    def _room(self) -> dict | None:
+        """The provenance ``room`` record read back (what ``python -m agents.presets --room``
+        wrote), or None where not measured; ValueError where it is unreadable."""
         room = self.provenance.get("room")
         if room is None:
             return None
         try:
             ref, tab = room["reference_vs_rule"], room["table_vs_rule"]
-            text = (f"room beyond the best rule, {room['rule']} ({float(room['capacity_rps']['rule']):.3g} "
-                    f"req/s on {int(room['streams'])} streams of the serving scenario): the rollout "
-                    f"reference, which sees the future, {ref['figure']} ({ref['kind']}); this table "
-                    f"{tab['figure']} ({tab['kind']})")
-            if ref["kind"] != "beats":
-                return text + ": no room beyond the interval"
-            share = float(tab["mean"]) / float(ref["mean"]) if float(ref["mean"]) > 0 else 0.0
-            return text + f": the table takes {share:.0%} of the room"
+            mean = [None if m is None else float(m) for m in (ref["mean"], tab["mean"])]
+            rps = room["capacity_rps"]["rule"]
+            return {"rule": str(room["rule"]), "streams": int(room["streams"]),
+                    "rule_rps": None if rps is None else float(rps),
+                    "ref": (str(ref["kind"]), str(ref["figure"]), mean[0]),
+                    "table": (str(tab["kind"]), str(tab["figure"]), mean[1])}
         except (KeyError, TypeError, ValueError):
+            raise ValueError("unreadable") from None
+
+    def room_found(self) -> bool | None:
+        """Whether the rollout reference beat the best rule beyond its interval on this
+        table's deployment (provenance ``room``); None where that was not measured or the
+        record is unreadable."""
+        try:
+            room = self._room()
+        except ValueError:
+            return None
+        return None if room is None else room["ref"][0] == "beats"
+
+    def room_text(self) -> str | None:
+        """The room beyond the best rule on this table's deployment in words (provenance
+        ``room``): the rule, the rollout reference against it, this table against it, and
+        the share of the room the table takes where both lead beyond their intervals; None
+        where not measured."""
+        try:
+            room = self._room()
+        except ValueError:
             return ("room beyond the best rule: the record is unreadable (measure it again: "
                     "python -m agents.presets --room)")
+        if room is None:
+            return None
+        (ref_kind, ref_fig, ref_mean), (tab_kind, tab_fig, tab_mean) = room["ref"], room["table"]
+        rps = "no capacity" if room["rule_rps"] is None else f"{room['rule_rps']:.3g} req/s"
+        text = (f"room beyond the best rule, {room['rule']} ({rps} on {room['streams']} streams of "
+                f"the serving scenario): the rollout reference, which sees the future, {ref_fig} "
+                f"({ref_kind}); this table {tab_fig} ({tab_kind})")
+        if ref_kind != "beats":
+            return text + ": no room found beyond the interval"
+        if tab_kind != "beats" or not ref_mean or tab_mean is None:
+            return text + ": the table takes none of it beyond its interval"
+        return text + f": the table takes {min(max(tab_mean / ref_mean, 0.0), 1.0):.0%} of the room"
 
     def describe(self) -> str:
         """One line: what the table was built for, from what, and what it asks for."""
