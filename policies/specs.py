@@ -17,8 +17,8 @@ from policies.base import BudgetPolicy
 from policies.baselines import (FreeRidePolicy, NoDecodeBoostPolicy, QueueDepthPolicy,
                                 SarathiSLOPolicy, StaticPolicy, TimeBudgetDeadlineKVPolicy,
                                 TimeBudgetDeadlinePolicy, TimeBudgetFewPolicy, TimeBudgetKVPolicy,
-                                TimeBudgetPolicy, TimeBudgetSlackKVPolicy, TimeBudgetSlackPolicy,
-                                VllmDefaultPolicy)
+                                TimeBudgetP99Policy, TimeBudgetPolicy, TimeBudgetSlackKVPolicy,
+                                TimeBudgetSlackPolicy, VllmDefaultPolicy)
 from policies.learned import ModelPolicy
 from policies.reference import ReferencePolicy, RolloutPolicy, SampledRolloutPolicy
 from policies.table_policy import FlatTablePolicy, TablePolicy
@@ -26,8 +26,9 @@ from policies.table_policy import FlatTablePolicy, TablePolicy
 POLICIES: tuple[type[BudgetPolicy], ...] = (
     StaticPolicy, VllmDefaultPolicy, QueueDepthPolicy, NoDecodeBoostPolicy, SarathiSLOPolicy,
     FreeRidePolicy, TimeBudgetPolicy, TimeBudgetKVPolicy, TimeBudgetFewPolicy, TimeBudgetSlackPolicy,
-    TimeBudgetSlackKVPolicy, TimeBudgetDeadlinePolicy, TimeBudgetDeadlineKVPolicy, ModelPolicy,
-    TablePolicy, FlatTablePolicy, ReferencePolicy, RolloutPolicy, SampledRolloutPolicy)
+    TimeBudgetSlackKVPolicy, TimeBudgetP99Policy, TimeBudgetDeadlinePolicy,
+    TimeBudgetDeadlineKVPolicy, ModelPolicy, TablePolicy, FlatTablePolicy, ReferencePolicy,
+    RolloutPolicy, SampledRolloutPolicy)
 """Every spec's class, in the order the listing shows them (diagnostics last)."""
 BY_SPEC = {cls.spec: cls for cls in POLICIES}
 KNOWN = tuple(cls.usage() for cls in POLICIES)
