@@ -310,6 +310,12 @@ def parse(argv=None) -> argparse.Namespace:
                     type=lambda text: [float(x) for x in text.split(",") if x.strip()],
                     help="time-budget fractions the simulator weighs on the fitted profile (its step "
                          "jitter included); the best is served as a table too, as a user picks a rule")
+    ap.add_argument("--statics", default="",
+                    type=lambda text: [int(x) for x in text.split(",") if x.strip()],
+                    help="static budgets to serve (comma-separated), instead of the simulator's best "
+                         "and its --neighbours: a shorter run that compares tables with a known best")
+    ap.add_argument("--no-vllm-default", action="store_true",
+                    help="do not serve vLLM's default budget (its replays are the longest)")
     ap.add_argument("--neighbours", type=int, default=1,
                     help="static budgets served on each side of the simulator's best (2^(1/2) apart)")
     ap.add_argument("--step", type=float, default=1.25, help="bracketing step from the prediction")
@@ -331,6 +337,8 @@ def parse(argv=None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')}: got {getattr(args, name)}, must be > 0")
     if not args.fractions or not all(0 < f <= 2 for f in args.fractions):
         ap.error(f"--fractions: got {args.fractions}, must be fractions in (0, 2]")
+    if not all(16 <= b <= CEILING for b in args.statics):
+        ap.error(f"--statics: got {args.statics}, each must lie in [16, {CEILING}]")
     if not 1 <= args.streams <= len(STREAM_SEEDS):
         ap.error(f"--streams: got {args.streams}, must lie in [1, {len(STREAM_SEEDS)}]")
     if not 20 <= args.requests <= 3000 or args.step <= 1:
@@ -373,16 +381,17 @@ def main(argv=None) -> int:
     rungs = predict([Policy(f"static:{b}", b) for b in ladder], exact, default, args)
     best = best_static(rungs, streams)
     k = ladder.index(best)
-    statics = [ladder[i] for i in range(k - 2 * args.neighbours, k + 2 * args.neighbours + 1, 2)
-               if 0 <= i < len(ladder)]
+    statics = args.statics or [ladder[i] for i in range(k - 2 * args.neighbours, k + 2 * args.neighbours + 1, 2)
+                               if 0 <= i < len(ladder)]
     fractions = predict([Policy(f"time-budget:{f:g}", rule=f"time-budget:{f:g}") for f in args.fractions],
                         scenario, default, args)
     picked = best_fraction(fractions, streams)
     rules = [r.strip() for r in args.rules.split(",") if r.strip()]
     rules += [picked] if picked not in rules and not (picked == "time-budget:0.9" and "time-budget" in rules) else []
     tables = export_tables(rules, out, model_toml, args)
-    statics = [b for b in statics if b != default]  # vLLM's default is served as itself
-    policies = ([Policy("vllm-default", None)] + [Policy(f"static:{b}", b) for b in statics]
+    statics = [b for b in statics if b != default or args.no_vllm_default]  # else served as itself
+    policies = ([] if args.no_vllm_default else [Policy("vllm-default", None)])
+    policies = (policies + [Policy(f"static:{b}", b) for b in statics]
                 + [Policy(f"table:{rule}", table=path, rule=rule) for rule, path in tables.items()])
     predicted = predict(policies, scenario, default, args)
     priced_exactly = predict(policies, exact, default, args)
@@ -524,7 +533,8 @@ def report(out: Path) -> str:
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     ratios = []
     pairs = [(f"{n} / best static", n, None) for n in names if n.startswith("table:")]
-    pairs.append(("best static / vLLM's default", None, "vllm-default"))
+    if "vllm-default" in names:
+        pairs.append(("best static / vLLM's default", None, "vllm-default"))
     for what, top_name, bottom_name in pairs:
         row = []
         for side in sides:

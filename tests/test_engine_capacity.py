@@ -154,6 +154,25 @@ def test_the_report_pairs_each_side_against_its_own_best_static(bench, tmp_path)
     assert math.isclose(json.loads((tmp_path / "results.json").read_text())["meta"]["wall_s"], 60.0)
 
 
+def test_a_run_without_vllms_default_reports_the_tables_and_no_default_ratio(bench, tmp_path):
+    """``--statics 256 --no-vllm-default`` serves the statics named and no default: the
+    report pairs the table against the static, and gives no ratio over a default not run."""
+    args = bench.parse(["--statics", "256,362", "--no-vllm-default"])
+    assert args.statics == [256, 362] and args.no_vllm_default
+    assert bench.parse([]).statics == [] and not bench.parse([]).no_vllm_default
+    with pytest.raises(SystemExit):
+        bench.parse(["--statics", "4096"])
+    caps = {"static:256|100": 2.0, "table:r|100": 2.2}
+    data = {"meta": {"slo": [2.0, 0.1], "requests": 200, "streams": [100], "base_rate": 1.0,
+                     "vllm_default": 2048, "best_static_predicted": 256, "fit": "fit",
+                     "rules": {"r": "t.json"}, "search": [1.25, 0.05, 3]},
+            "predicted": caps, "measured": caps, "probes": [{"wall_s": 30.0}]}
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    text = bench.report(tmp_path)
+    assert "- table:r / best static: measured 1.100" in text
+    assert "vLLM's default" not in text.split("Ratios")[1]
+
+
 def test_a_policy_failing_at_the_floor_is_reported_below_it_and_bounds_the_ratios(bench, tmp_path):
     """A search that failed at the slowest load probed found 0: the report shows it as
     below the floor, and a ratio over it counts it at the floor, as a bound."""
