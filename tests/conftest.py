@@ -51,6 +51,21 @@ COMMANDS = {"envs.probe": "envs.probe", "envs.simulate": "envs.simulate",
             "agents.search": "agents.search"}
 
 
+def slack_run(policy, hardware="a100-80g", rate: float = 1.0):
+    """A bursty stream of long prompts (gamma arrivals, shape 0.5) at an A100's load, SLO
+    2 s / 100 ms, served by ``policy`` on ``hardware`` (a preset's name or a profile): its
+    summary and its share of decode tokens over the ITL target."""
+    from envs.scenario import Scenario
+
+    sc = Scenario(hardware=hardware, model="llama-3-8b", rate=rate, num_requests=300,
+                  arrival="gamma", burstiness=0.5, slo_ttft_s=2.0, slo_itl_s=0.1)
+    sim = sc.simulator(sc.arrivals(3))
+    summary = sim.run(policy).summary(sc.slo())
+    slow, _ = sim.log.tokens_over_since(0, 0.1)
+    tokens, _ = sim.log.tokens_over_since(0, -1.0)
+    return summary, slow / tokens
+
+
 def cli(command: str, *argv):
     """``python -m command argv...`` (or ``python train.py``) run in this process; the result
     has ``returncode``, ``stdout`` and ``stderr`` like ``subprocess.run``'s."""

@@ -14,7 +14,7 @@ from envs.profiles import profile_to_toml
 from envs.scenario import Scenario
 from eval.capacity import FINE_LADDER, POWERS_OF_TWO, capacity_studies
 from policies.baselines import StaticPolicy, TimeBudgetKVPolicy, TimeBudgetPolicy
-from tests.conftest import TOY_HW, TOY_MODEL, cli, make_sim
+from tests.conftest import TOY_HW, TOY_MODEL, cli, make_sim, slack_run
 
 
 @pytest.fixture
@@ -195,16 +195,6 @@ def test_slack_meter_decays_and_grants_by_hand():
     assert m.tokens == pytest.approx(600.0)
 
 
-def _slack_run(policy, rate: float = 1.0):
-    sc = Scenario(hardware="a100-80g", model="llama-3-8b", rate=rate, num_requests=300,
-                  arrival="gamma", burstiness=0.5, slo_ttft_s=2.0, slo_itl_s=0.1)
-    sim = sc.simulator(sc.arrivals(3))
-    summary = sim.run(policy).summary(sc.slo())
-    slow, _ = sim.log.tokens_over_since(0, 0.1)
-    tokens, _ = sim.log.tokens_over_since(0, -1.0)
-    return summary, slow / tokens
-
-
 def test_slack_rule_spends_the_p99_slack_and_no_more():
     """On bursty long prompts at an A100's load, a constant 4x the ITL target breaks the p99
     ITL (2% of tokens slow); the rule with the same top keeps under its 0.8% share, meets
@@ -213,14 +203,14 @@ def test_slack_rule_spends_the_p99_slack_and_no_more():
     from envs.slack import SLACK_SHARE
     from policies.baselines import TimeBudgetSlackPolicy
 
-    plain, plain_share = _slack_run(TimeBudgetPolicy(0.1, 1.0))
-    constant, constant_share = _slack_run(TimeBudgetPolicy(0.1, 4.0))
+    plain, plain_share = slack_run(TimeBudgetPolicy(0.1, 1.0))
+    constant, constant_share = slack_run(TimeBudgetPolicy(0.1, 4.0))
     rule = TimeBudgetSlackPolicy(0.1, top=4.0)
-    spent, spent_share = _slack_run(rule)
+    spent, spent_share = slack_run(rule)
     assert constant_share > 0.01 and constant["itl_p99_s"] > 0.1
     assert 0 < spent_share <= SLACK_SHARE and spent["itl_p99_s"] <= 0.1
     assert plain_share == 0.0
-    again, again_share = _slack_run(rule)  # capacity probes reuse the object: reset() per run
+    again, again_share = slack_run(rule)  # capacity probes reuse the object: reset() per run
     assert again == spent and again_share == spent_share
 
 

@@ -20,7 +20,7 @@ from envs.engine import JITTER_DRAWS, EngineConfig, Simulator, jitter_draws
 from envs.errors import ConfigError
 from envs.profiles import get_hardware, profile_to_toml
 from envs.workload import Workload
-from tests.conftest import TOY_HW, TOY_MODEL
+from tests.conftest import TOY_HW, TOY_MODEL, slack_run
 
 Z = (-2.0, -0.5, 0.0, 1.0, 4.0)
 JITTERY = replace(TOY_HW, step_jitter=Z, step_jitter_s=1e-3, step_jitter_share=0.2)
@@ -155,21 +155,12 @@ def test_calibrate_writes_the_jitter_it_measures(tmp_path):
 
 
 def _p99_run(policy, jitter: bool):
-    """A bursty stream of long prompts on an A100 at 100 ms ITL, priced exactly or with a
-    jitter of (1 ms + 0.2 x price) x z (z up to +4: a pass priced at the target may take
-    1.8 times it): its summary and its share of decode tokens over the target."""
-    from envs.scenario import Scenario
-
+    """:func:`slack_run` priced exactly or with a jitter of (1 ms + 0.2 x price) x z (z up to
+    +4: a pass priced at the target may take 1.8 times it)."""
     hw = get_hardware("a100-80g")
     if jitter:
         hw = replace(hw, step_jitter=Z, step_jitter_s=1e-3, step_jitter_share=0.2)
-    sc = Scenario(hardware=hw, model="llama-3-8b", rate=1.0, num_requests=300, arrival="gamma",
-                  burstiness=0.5, slo_ttft_s=2.0, slo_itl_s=0.1)
-    sim = sc.simulator(sc.arrivals(3))
-    summary = sim.run(policy).summary(sc.slo())
-    slow, _ = sim.log.tokens_over_since(0, 0.1)
-    tokens, _ = sim.log.tokens_over_since(0, -1.0)
-    return summary, slow / tokens
+    return slack_run(policy, hw)
 
 
 def test_the_p99_rule_keeps_to_the_target_once_it_has_slack_when_priced_exactly():
