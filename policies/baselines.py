@@ -404,8 +404,11 @@ BASE = Param("fraction", float, 0.5, 0.0, 1.0, "BASE fraction of the ITL target"
 
 class TimeBudgetP99Policy(TimeBudgetSlackPolicy):
     """The slack rule with nothing beyond the target: each pass priced within the ITL
-    target while under 0.8% of decode tokens ran over it, else within ``fraction`` of it.
-    Priced exactly, no pass runs over and it is ``time-budget:1``. On an engine whose
+    target while under 0.8% of decode tokens ran over it (the slack rules' count, decayed
+    over :data:`envs.slack.SLACK_TAU_S`, with slack for one more pass of all the decodes),
+    else within ``fraction`` of it. A fresh engine has no slack until about 125 passes'
+    worth of tokens are decoded; from then on, priced exactly, no pass runs over and it
+    is ``time-budget:1``. On an engine whose
     steps spread around their price, passes at the target run over it now and then; the
     engine's own count of slow tokens then falls back to the base until the slack is
     back, so p99 ITL holds at the target whatever the spread, with no fraction tuned to
@@ -414,8 +417,8 @@ class TimeBudgetP99Policy(TimeBudgetSlackPolicy):
 
     spec, params = "time-budget-p99", (BASE,)
     summary = ("each pass within the ITL target while under 0.8% of decode tokens ran over it, "
-               "else within BASE of it (0.5; BASE in (0, 1]): holds p99 ITL on an engine whose "
-               "steps spread around their price")
+               "else within BASE of it (0.5; BASE in (0, 1]): keeps p99 ITL at the target on an "
+               "engine whose steps spread around their price")
 
     def __init__(self, itl_s: float, fraction: float = 0.5, cap: int = 16384):
         super().__init__(itl_s, 1.0, fraction, cap)

@@ -454,7 +454,8 @@ def test_a_table_over_the_slack_spends_it_as_the_engine_counts_it():
 @pytest.mark.parametrize("spec, features, cells", [
     ("time-budget:0.8", ["running_decodes"], [0.8]),
     ("time-budget-slack:16", ["itl_slack_passes"], [1.0, 16.0]),
-    ("time-budget-deadline", ["itl_slack_passes", "prefill_due_s"], [1.0, 1.0, 1.0, 4.0])])
+    ("time-budget-deadline", ["itl_slack_passes", "prefill_due_s"], [1.0, 1.0, 1.0, 4.0]),
+    ("time-budget-p99:0.5", ["itl_slack_passes"], [0.5, 1.0])])
 def test_a_rule_table_is_the_rule_at_every_pass(spec, features, cells):
     """``python -m eval export --rule`` writes a time-fraction table over the slack (one
     pass or more) and the prefill queue's due time (past 0.8 of the TTFT target), which
@@ -483,14 +484,16 @@ def test_a_rule_table_is_the_rule_at_every_pass(spec, features, cells):
     lone = [(3.0 * i, 6000, 20) for i in range(1, 10)]
     pairs = [(30.0 + 5.0 * i, 12000, 20) for i in range(4) for _ in range(2)]
     sim = make_sim([(0.0, 60, 3000)] * 6 + lone + pairs, hardware="a100-80g", model="llama-3-8b")
-    spent = 0
+    spent = above_half = 0
     while sim.advance():
         state = sim.state()
         want = rule(state)
         assert table(state) == want
         spent += want > make_policy("time-budget:1", sc)(state)
+        above_half += want > make_policy("time-budget:0.5", sc)(state)
         sim.step(want)
     assert spent or "slack" not in spec and "deadline" not in spec
+    assert above_half or "p99" not in spec  # the p99 rule's table reaches its top cell
 
 
 def test_a_flattened_table_is_the_time_budget_rule_at_every_pass(tmp_path):
