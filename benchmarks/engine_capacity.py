@@ -304,14 +304,14 @@ def parse(argv=None) -> argparse.Namespace:
                          "fraction the simulator picks, --fractions); the deadline rules spend the "
                          "p99 ITL slack on passes of 4-16 ITL targets, which this engine's step "
                          "jitter turns into misses (time-budget-deadline-kv:4: 66%% under the best "
-                         "static, measured and predicted alike; docs/real_engine.md), so they are "
-                         "served only when named")
+                         "static measured, 64%% predicted with the jitter; docs/real_engine.md), so "
+                         "they are served only when named")
     ap.add_argument("--fractions", default="0.5,0.6,0.7,0.8,0.9",
                     type=lambda text: [float(x) for x in text.split(",") if x.strip()],
                     help="time-budget fractions the simulator weighs on the fitted profile (its step "
                          "jitter included); the best is served as a table too, as a user picks a rule")
     ap.add_argument("--statics", default="",
-                    type=lambda text: [int(x) for x in text.split(",") if x.strip()],
+                    type=lambda text: sorted({int(x) for x in text.split(",") if x.strip()}),
                     help="static budgets to serve (comma-separated), instead of the simulator's best "
                          "and its --neighbours: a shorter run that compares tables with a known best")
     ap.add_argument("--no-vllm-default", action="store_true",

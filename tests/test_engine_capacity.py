@@ -157,7 +157,7 @@ def test_the_report_pairs_each_side_against_its_own_best_static(bench, tmp_path)
 def test_a_run_without_vllms_default_reports_the_tables_and_no_default_ratio(bench, tmp_path):
     """``--statics 256 --no-vllm-default`` serves the statics named and no default: the
     report pairs the table against the static, and gives no ratio over a default not run."""
-    args = bench.parse(["--statics", "256,362", "--no-vllm-default"])
+    args = bench.parse(["--statics", "362,256,362", "--no-vllm-default"])
     assert args.statics == [256, 362] and args.no_vllm_default
     assert bench.parse([]).statics == [] and not bench.parse([]).no_vllm_default
     with pytest.raises(SystemExit):
