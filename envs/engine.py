@@ -72,6 +72,7 @@ import numpy as np
 from envs.cost import PassShape, Roofline
 from envs.errors import MAX_TOKENS, ConfigError, fraction, integer, require, show
 from envs.metrics import SimResult, StreamedResult, StreamingSummary
+from envs.prefix_cache import PrefixCache, Units, units_of
 from envs.pricing import free_ride_root
 from envs.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
 from envs.records import FLUSH_VALUES, PassLog, RequestBook
@@ -130,6 +131,12 @@ class EngineConfig:
     """Share of device memory the engine may use for weights and KV cache."""
     num_kv_blocks: int | None = None
     """Override the KV capacity in blocks (None: derive it from memory)."""
+    enable_prefix_caching: bool = True
+    """Reuse the cached KV blocks of prompt prefixes seen before (vLLM V1's automatic
+    prefix caching, on by default there too; :mod:`envs.prefix_cache`). It acts on a
+    workload that names its prompts' blocks (``Workload.block_hashes``); a workload that
+    does not is served as with it off (a preempted request's recomputation is then priced
+    in full, where vLLM would hit its own blocks still cached)."""
 
     def __post_init__(self) -> None:
         integer("max_num_seqs", self.max_num_seqs, 1, MAX_TOKENS)
@@ -137,6 +144,8 @@ class EngineConfig:
                 "0 = no cap")
         integer("block_size", self.block_size, 1, MAX_BLOCK_SIZE)
         fraction("gpu_memory_utilization", self.gpu_memory_utilization)
+        require(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching",
+                self.enable_prefix_caching, "must be true or false")
         if self.num_kv_blocks is not None:
             integer("num_kv_blocks", self.num_kv_blocks, 1, MAX_KV_BLOCKS)
 
@@ -184,7 +193,7 @@ class Request:
     __slots__ = ("rid", "pos", "arrival", "prompt", "output", "warm", "computed", "generated",
                  "blocks", "admit_seq", "offset", "decode_start", "generated_at_start", "finish_pass",
                  "first_token_s", "last_token_s", "finish_s", "preemptions", "segments",
-                 "resume_gaps", "recomputed")
+                 "resume_gaps", "recomputed", "ids", "covered", "units", "held", "done")
 
     def __init__(self, rid: int, arrival: float, prompt: int, output: int, warm: bool = False):
         self.rid = rid
@@ -208,6 +217,14 @@ class Request:
         self.segments: list[tuple[int, int]] = []  # [start, end) passes spent decoding
         self.resume_gaps: list[float] = []
         self.recomputed = 0  # prefill tokens its preemptions added (work done again)
+        # With prefix caching: the workload's ids of its blocks and the tokens they cover,
+        # its units (envs.prefix_cache.units_of), and per unit the blocks it holds cached
+        # and the blocks it has filled.
+        self.ids = None
+        self.covered = 0
+        self.units = None
+        self.held: list | None = None
+        self.done: list | None = None
 
     @property
     def target(self) -> int:
@@ -221,6 +238,8 @@ class Request:
             setattr(c, slot, getattr(self, slot))
         c.segments = []
         c.resume_gaps = list(self.resume_gaps)
+        if self.held is not None:
+            c.held, c.done = list(self.held), list(self.done)
         return c
 
 
@@ -363,6 +382,14 @@ class Simulator:
         self.workload = workload if workload is not None else Workload.from_arrays([], [], [])
         self._check_every_request_fits()
         self._view_workload()
+        self._id_tokens = self.workload.hash_block_tokens or 1
+        self._prefix = (PrefixCache(self.total_blocks) if self.config.enable_prefix_caching
+                        and self.workload.block_hashes is not None else None)
+        """The cached blocks (None: prefix caching off, or a workload without block ids)."""
+        self.prefix_counts = [0, 0, 0, 0, 0]
+        """With prefix caching: first admissions, those with a hit, their prompt tokens and
+        their cached tokens, and the cached tokens of every admission (recomputations after
+        a preemption too: prefill not computed again)."""
         self._next_arrival = 0  # index of the next arrival
         self.log = PassLog()
         self._slack: dict[float, SlackCounter] = {}
@@ -442,14 +469,14 @@ class Simulator:
     # is in exactly one of them, so a new field cannot be forgotten here.
     _FORK_SHARED = ("hardware", "model", "config", "roofline", "cost", "total_blocks",
                     "_block_size", "_chunk_cap", "workload", "_arrival_s", "_prompt_tokens",
-                    "_output_tokens", "_jitter", "_jitter_scale")
+                    "_output_tokens", "_jitter", "_jitter_scale", "_id_tokens")
     _FORK_COPIED = ("_next_arrival", "_next_rid", "_num_decodes", "_offset_sum", "_offset_blocks",
                     "_kv_used", "_admit_seq",
                     "pass_index", "now", "waiting_prefill_tokens", "preemptions", "finished",
                     "last_pass_s", "_pending_decision", "_decode_alloc_pass", "_first_wait_n",
                     "_first_wait_arrivals", "_ttft_sum")
     _FORK_CLONED = ("requests", "waiting", "_awaiting_first", "prefilling", "_decodes", "_finish_at",
-                    "_finish_heap", "_by_residue", "_slack")
+                    "_finish_heap", "_by_residue", "_slack", "_prefix", "prefix_counts")
     _FORK_FRESH = ("log", "_shapes", "_view", "stream")
 
     def fork(self, future: Workload | None = None,
@@ -488,6 +515,8 @@ class Simulator:
         new._finish_at = {p: [clone(r) for r in rs] for p, rs in self._finish_at.items()}
         new._finish_heap = list(self._finish_heap)
         new._by_residue = list(self._by_residue)
+        new._prefix = self._prefix.copy() if self._prefix is not None else None
+        new.prefix_counts = list(self.prefix_counts)
         new.log = PassLog(self.pass_index)
         if outputs:
             new._set_outputs(clones, outputs)
@@ -687,6 +716,8 @@ class Simulator:
         while i < len(arr) and arr[i] <= now:
             r = Request(self._next_rid, arr[i], self._prompt_tokens[i], self._output_tokens[i])
             self._next_rid += 1
+            if self._prefix is not None:
+                self._name_blocks(r, i)
             self.requests.add(r)
             self.waiting.append(r)
             self._awaiting_first.append(r)
@@ -717,7 +748,10 @@ class Simulator:
         if self.prefilling:
             left = self._schedule_partials(left, chunks, victims, cap)
         if not victims and self.waiting:
-            self._admit_waiting(left, chunks, cap)
+            if self._prefix is None:
+                self._admit_waiting(left, chunks, cap)
+            else:
+                self._admit_waiting_cached(left, chunks, cap)
         n = self._num_decodes
         pre_tokens = pre_prefix = pairs = 0
         for _, x, q in chunks:
@@ -765,6 +799,8 @@ class Simulator:
                 break
             r.blocks += new_blocks
             self._kv_used += new_blocks
+            if self._prefix is not None:  # the blocks this chunk fills are cached now
+                self._prefix.fill(self._units(r), r.held, r.done, (q + x) // bs)
             chunks.append((r, x, q))
             left -= x
         return left
@@ -793,6 +829,64 @@ class Simulator:
             chunks.append((r, x, 0))
             left -= x
         self._kv_used = used
+
+    def _admit_waiting_cached(self, left: int, chunks: list, thresh: int) -> None:
+        """``_admit_waiting`` with prefix caching: each request admitted starts from the
+        longest run of its leading blocks still cached (at most those before its last
+        token, which it computes to sample: vLLM's ``max_cache_hit_length``). Its cached
+        tokens are computed already: they take none of the budget and no new block, only
+        the blocks of theirs that sat in the free queue; its chunk reads them as a prefix.
+        Like vLLM, the whole sequence must fit in the free blocks, less those it shares
+        with running requests."""
+        waiting, prefilling, cache = self.waiting, self.prefilling, self._prefix
+        bs, total = self._block_size, self.total_blocks
+        max_seqs = self.config.max_num_seqs
+        counts = self.prefix_counts
+        while waiting and left > 0 and self._num_decodes + len(prefilling) < max_seqs:
+            r = waiting[0]
+            target = r.prompt + r.generated
+            cache.settle(self._kv_used)  # what earlier allocations evicted is gone
+            units = self._units(r)
+            hit, from_queue = cache.hits(units, (target - 1) // bs)
+            if self._kv_used + -(-target // bs) - (hit - from_queue) > total:
+                break
+            waiting.popleft()
+            r.admit_seq = self._admit_seq
+            self._admit_seq += 1
+            prefilling.append(r)
+            cache.acquire(units, hit, r.held, r.done)
+            cached = hit * bs
+            if r.generated == 0 and not r.preemptions:
+                counts[0] += 1
+                counts[1] += hit > 0
+                counts[2] += r.prompt
+                counts[3] += cached
+            counts[4] += cached
+            r.computed = cached
+            self.waiting_prefill_tokens -= cached
+            x = min(target - cached, thresh, left)
+            r.blocks = -(-(cached + x) // bs)
+            self._kv_used += r.blocks - hit + from_queue
+            cache.fill(units, r.held, r.done, (cached + x) // bs)
+            chunks.append((r, x, cached))
+            left -= x
+
+    def _name_blocks(self, r: Request, i: int) -> None:
+        """(prefix caching) Arrival ``i``'s block ids and the tokens they cover."""
+        w = self.workload
+        r.held, r.done = [], []
+        if w.block_hashes is None:
+            return
+        r.ids = ids = w.block_hashes[i]
+        r.covered = min(len(ids) * self._id_tokens,
+                        r.prompt + (r.output if w.hashes_cover_output else 0))
+
+    def _units(self, r: Request) -> Units:
+        """(prefix caching) r's units, made on first use."""
+        if r.units is None:
+            r.units = units_of(r.ids, self._id_tokens, r.covered, self._block_size, r.rid,
+                               (r.prompt + r.output) // self._block_size)
+        return r.units
 
     def _execute(self, plan: PassPlan) -> None:
         """Run a scheduled pass: price it, advance the clock, apply its tokens (vLLM's
@@ -988,12 +1082,22 @@ class Simulator:
         for r in done:
             self._stop_decode(r, p + 1)
             r.finish_s = r.last_token_s = now
-            self._kv_used -= r.blocks  # (_release)
-            r.blocks, r.admit_seq = 0, -1
+            if self._prefix is not None:
+                self._release(r, r.blocks)
+            else:
+                self._kv_used -= r.blocks  # (_release)
+                r.blocks, r.admit_seq = 0, -1
             finish(r)
         self.finished += len(done)
 
     def _release(self, r: Request, blocks: int) -> None:
+        if self._prefix is not None:
+            # Its blocks join the free queue (those another request holds stay in use).
+            self._prefix.settle(self._kv_used)
+            if r.held is None:  # a warm start's blocks: never named
+                r.held, r.done = [], []
+            blocks = self._prefix.release(self._units(r), r.held, r.done,
+                                          r.computed // self._block_size, blocks)
         self._kv_used -= blocks
         r.blocks = 0
         r.admit_seq = -1
@@ -1051,6 +1155,10 @@ class Simulator:
         assert decode_blocks == self._decode_blocks(p)
         assert self._offset_blocks == sum(r.offset // bs for r in decs)
         blocks = decode_blocks + sum(r.blocks for r in self.prefilling)
+        if self._prefix is not None:  # a block several requests hold is in the pool once
+            blocks -= self._prefix.shared_blocks()
+            self._prefix.settle(self._kv_used)  # (what the next read would evict first)
+            self._prefix.check(self._kv_used)
         assert blocks == self._kv_used, (blocks, self._kv_used)
         assert self._kv_used <= self.total_blocks
         assert self.waiting_prefill_tokens == sum(r.target - r.computed for r in self.waiting) + sum(

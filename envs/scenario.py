@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from envs.actions import MAX_PASS_ITL, MIN_PASS_ITL
 from envs.engine import EngineConfig, Simulator
-from envs.errors import ConfigError, did_you_mean, integer, non_negative, number, require
+from envs.errors import MAX_TOKENS, ConfigError, did_you_mean, integer, non_negative, number, require
 from envs.metrics import SLO
 from envs.profiles import MAX_OVERHEAD_S, HardwareProfile, ModelProfile, get_hardware, get_model
 from envs.workload import (MAX_SECONDS, SyntheticSpec, Workload, check_rate, load_trace,
@@ -75,6 +75,12 @@ class Scenario:
     """Share of device memory for weights and KV cache."""
     num_kv_blocks: int | None = None
     """KV-cache capacity in 16-token blocks (default: derived from memory)."""
+    prefix_caching: bool = True
+    """Automatic prefix caching, as vLLM V1 serves by default: requests whose prompts name
+    their blocks (a trace's block_hashes column) reuse the KV of prefixes still cached;
+    without such names it changes nothing. --no-prefix-caching prices every prompt token."""
+    trace_block_tokens: int = 512
+    """Tokens per id of a trace's block_hashes column (512: the Mooncake trace's)."""
     slo_ttft_s: float = 2.0
     """TTFT target, seconds."""
     slo_itl_s: float = 0.1
@@ -104,6 +110,7 @@ class Scenario:
         if self.max_requests is not None:
             integer("max_requests", self.max_requests, 1)
         integer("seed", self.seed)
+        integer("trace_block_tokens", self.trace_block_tokens, 1, MAX_TOKENS)
         check_max_pass_itl(self.max_pass_itl)
         self.synthetic_spec()  # each of these checks its own fields
         self.engine_config()
@@ -131,7 +138,8 @@ class Scenario:
         return EngineConfig(max_num_seqs=self.max_num_seqs,
                             long_prefill_token_threshold=self.long_prefill_token_threshold,
                             gpu_memory_utilization=self.gpu_memory_utilization,
-                            num_kv_blocks=self.num_kv_blocks)
+                            num_kv_blocks=self.num_kv_blocks,
+                            enable_prefix_caching=self.prefix_caching)
 
     def slo(self) -> SLO:
         return SLO(self.slo_ttft_s, self.slo_itl_s)
@@ -149,7 +157,7 @@ class Scenario:
         """The scenario's requests; ``seed`` overrides the synthetic seed."""
         if self.trace:
             return load_trace(self.trace, self.rate_scale, self.window_start_s, self.window_end_s,
-                              self.max_requests)
+                              self.max_requests, self.trace_block_tokens)
         return self.synthetic_spec().build(self.seed if seed is None else seed)
 
     def stream(self, i: int, n: int, seed_base: int, num_requests: int | None = None) -> Workload:
@@ -204,6 +212,9 @@ WORKLOADS: dict[str, dict] = {
                         prompt="short-long", output="lognormal:128:0.8:1024"),
     "azure-conv": dict(trace="azure_conv_2023"),
     "mooncake": dict(trace="mooncake_synthetic"),
+    # The same requests with their prompts' block ids: 64% of prompt blocks a prefix seen
+    # before (envs/data/README.md), served with prefix caching unless --no-prefix-caching.
+    "mooncake-blocks": dict(trace="mooncake_synthetic_blocks"),
     # DESIGN.md's laptop part: short chats and 4K-8K documents, a few users at a time.
     "laptop": dict(trace=None, rate=0.05, arrival="poisson",
                    prompt="mix:0.7*uniform:32:512+0.3*uniform:4000:8000",

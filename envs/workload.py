@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import os
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
@@ -38,6 +38,11 @@ from envs.errors import (MAX_TOKENS, ConfigError, integer, non_negative, number,
 from envs.files import GIB, csv_rows
 
 TRACE_HEADER = ("arrival_s", "prompt_tokens", "output_tokens")
+HASH_COLUMN = "block_hashes"
+"""A trace's optional fourth column: its prompt's prefix-cache block ids, space-separated."""
+TRACE_BLOCK_TOKENS = 512
+"""Tokens per id of a trace's ``block_hashes`` unless told (the Mooncake trace's 512-token
+blocks: its README and ``../shared/traces/README.md``)."""
 
 BYTES_PER_REQUEST = 512
 """The most memory one request costs a run: its arrival and lengths (in the workload and
@@ -83,6 +88,17 @@ class Workload:
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
     name: str = "workload"
+    block_hashes: tuple | None = None
+    """Prefix-cache ids of each request's blocks (an int64 array a request), or None:
+    consecutive ``hash_block_tokens``-token blocks of its prompt from its first token, each
+    naming everything up to its end, so that requests whose leading ids agree share that
+    prefix (``envs.prefix_cache.block_keys``)."""
+    hash_block_tokens: int = 0
+    """Tokens per id of ``block_hashes`` (512 in the Mooncake trace)."""
+    hashes_cover_output: bool = False
+    """Whether the ids go on past the prompt into the request's output (a conversation's
+    next turn resends the answer); a trace's name its prompt only, whose last block may
+    be partial."""
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
@@ -109,6 +125,10 @@ class Workload:
                 bad = np.flatnonzero((arr < 1) | (arr > MAX_TOKENS))
                 if len(bad):
                     integer(f"{name} of request {bad[0]}", int(arr[bad[0]]), 1, MAX_TOKENS)
+        if self.block_hashes is not None:
+            require(len(self.block_hashes) == n, "block_hashes", len(self.block_hashes),
+                    f"must hold one array of ids per request ({n})")
+            integer("hash_block_tokens", self.hash_block_tokens, 1, MAX_TOKENS)
 
     @classmethod
     def from_arrays(cls, arrival_s, prompt_tokens, output_tokens, name: str = "workload") -> "Workload":
@@ -143,8 +163,13 @@ class Workload:
     def scaled(self, rate_scale: float) -> "Workload":
         """The same requests arriving ``rate_scale`` times as fast."""
         check_rate("rate_scale", rate_scale)
-        return Workload(self.arrival_s / rate_scale, self.prompt_tokens.copy(),
-                        self.output_tokens.copy(), f"{self.name}x{rate_scale:g}")
+        return self._with(self.arrival_s / rate_scale, slice(None), f"{self.name}x{rate_scale:g}")
+
+    def _with(self, arrival_s: np.ndarray, rows: slice, name: str) -> "Workload":
+        """Requests ``rows`` (their lengths and block ids) arriving at ``arrival_s``."""
+        hashes = self.block_hashes[rows] if self.block_hashes is not None else None
+        return Workload(arrival_s, self.prompt_tokens[rows].copy(), self.output_tokens[rows].copy(),
+                        name, hashes, self.hash_block_tokens, self.hashes_cover_output)
 
     def window(self, start_s: float = 0.0, end_s: float | None = None) -> "Workload":
         """Requests arriving in [start_s, end_s), re-based so the window starts at 0."""
@@ -153,12 +178,11 @@ class Workload:
             number("window_end_s", end_s, start_s, MAX_SECONDS, low_open=True)
         lo = int(np.searchsorted(self.arrival_s, start_s, side="left"))
         hi = len(self) if end_s is None else int(np.searchsorted(self.arrival_s, end_s, side="left"))
-        return Workload(self.arrival_s[lo:hi] - start_s, self.prompt_tokens[lo:hi].copy(),
-                        self.output_tokens[lo:hi].copy(), f"{self.name}[{start_s:g}:{end_s}]")
+        return self._with(self.arrival_s[lo:hi] - start_s, slice(lo, hi),
+                          f"{self.name}[{start_s:g}:{end_s}]")
 
     def head(self, n: int) -> "Workload":
-        return Workload(self.arrival_s[:n].copy(), self.prompt_tokens[:n].copy(),
-                        self.output_tokens[:n].copy(), f"{self.name}[:{n}]")
+        return self._with(self.arrival_s[:n].copy(), slice(None, n), f"{self.name}[:{n}]")
 
     def describe(self) -> dict:
         if not len(self):
@@ -192,10 +216,14 @@ def resolve_trace(path: str | Path) -> Path:
 
 
 def load_trace(path: str | Path, rate_scale: float = 1.0, start_s: float = 0.0,
-               end_s: float | None = None, max_requests: int | None = None) -> Workload:
-    """Read an ``arrival_s,prompt_tokens,output_tokens`` CSV (or a bundled trace by name,
-    see :func:`bundled_traces`); every bad row is reported with its line number."""
+               end_s: float | None = None, max_requests: int | None = None,
+               block_tokens: int = TRACE_BLOCK_TOKENS) -> Workload:
+    """Read an ``arrival_s,prompt_tokens,output_tokens[,block_hashes]`` CSV (or a bundled
+    trace by name, see :func:`bundled_traces`); every bad row is reported with its line
+    number. ``block_hashes`` ids name ``block_tokens``-token blocks of each prompt, and a
+    prompt of P tokens has ceil(P / block_tokens) of them."""
     check_rate("rate_scale", rate_scale)
+    integer("trace_block_tokens", block_tokens, 1, MAX_TOKENS)
     non_negative("window_start_s", start_s, MAX_SECONDS)
     if end_s is not None:
         number("window_end_s", end_s, start_s, MAX_SECONDS, low_open=True)
@@ -207,6 +235,9 @@ def load_trace(path: str | Path, rate_scale: float = 1.0, start_s: float = 0.0,
     except (OSError, ValueError):
         stamp = None
     w = _read_trace(path, stamp)
+    if w.block_hashes is not None:
+        w = replace(w, hash_block_tokens=block_tokens)
+        _check_hash_counts(path, w)
     if start_s or end_s is not None:
         w = w.window(start_s, end_s)
     if rate_scale != 1.0:
@@ -253,6 +284,7 @@ def _read_trace(path: Path, stamp: int | None) -> Workload:
     if header is None or tuple(h.strip() for h in header[:3]) != TRACE_HEADER:
         raise _trace_error(path, line, f"header must start with {','.join(TRACE_HEADER)}, got "
                                        f"{show(','.join(header or []))}")
+    hashes = [] if len(header) > 3 and header[3].strip() == HASH_COLUMN else None
     last = 0.0
     for line, row in rows:
         if len(row) < 3:
@@ -274,11 +306,44 @@ def _read_trace(path: Path, stamp: int | None) -> Workload:
         arrivals.append(a)
         prompts.append(_token_cell(path, line, TRACE_HEADER[1], row[1]))
         outputs.append(_token_cell(path, line, TRACE_HEADER[2], row[2]))
+        if hashes is not None:
+            hashes.append(_hash_cell(path, line, row[3] if len(row) > 3 else ""))
     if not arrivals:
         raise ConfigError(f"trace {show(str(path), 200)}: no requests after the header")
     # Views of the typed arrays, which they keep alive: no copy of a large trace.
     return Workload(np.frombuffer(arrivals, dtype=np.float64), np.frombuffer(prompts, dtype=np.int64),
-                    np.frombuffer(outputs, dtype=np.int64), name=path.stem)
+                    np.frombuffer(outputs, dtype=np.int64), name=path.stem,
+                    block_hashes=tuple(hashes) if hashes is not None else None,
+                    hash_block_tokens=TRACE_BLOCK_TOKENS if hashes is not None else 0)
+
+
+MAX_BLOCK_ID = 2**40
+"""Largest block id: its KV blocks' names (id x block tokens + place) stay int64."""
+
+
+def _hash_cell(path: Path, line: int, raw: str) -> np.ndarray:
+    """One row's block ids: non-negative integers, space-separated."""
+    try:
+        ids = np.array([int(x) for x in raw.split()], dtype=np.int64)
+    except (ValueError, OverflowError):
+        ids = None
+    if ids is None or not len(ids) or ids.min() < 0 or ids.max() > MAX_BLOCK_ID:
+        raise _trace_error(path, line, f"{HASH_COLUMN}: got {show(raw)}, must be integers >= 0 and "
+                                       f"<= {MAX_BLOCK_ID}, space-separated, at least one")
+    ids.setflags(write=False)
+    return ids
+
+
+def _check_hash_counts(path: Path, w: Workload) -> None:
+    """Each prompt of P tokens has ceil(P / block tokens) ids: else the block size given is
+    not the trace's."""
+    bt = w.hash_block_tokens
+    for i, (ids, p) in enumerate(zip(w.block_hashes, w.prompt_tokens)):
+        if len(ids) != -(-int(p) // bt):
+            raise ConfigError(f"trace_block_tokens: got {bt}, but request {i} of {show(str(path), 200)} "
+                              f"has {int(p)} prompt tokens and {len(ids)} block ids (needs "
+                              f"ceil(prompt / trace_block_tokens) ids: is the trace's block size "
+                              f"{bt}?)")
 
 
 @lru_cache(maxsize=8)

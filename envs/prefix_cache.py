@@ -1,0 +1,322 @@
+"""Automatic prefix caching over the paged KV pool, with vLLM V1's semantics.
+
+vLLM V1 (``vllm/v1/core/kv_cache_manager.py``, ``vllm/v1/core/block_pool.py``) names every
+*full* KV block by a hash of its tokens and of the block before it, so that one hash names
+a whole prefix. What this module follows of it:
+
+- **A block is cached once full** (``BlockPool.cache_full_blocks``, called as the scheduler
+  allocates a request's slots): the blocks a chunk fills are cached when the chunk is
+  scheduled; a partial block never is.
+- **A new request reuses the longest run of leading full blocks still in the pool**
+  (``KVCacheManager.get_computed_blocks``), at most the blocks before its last token
+  (``max_cache_hit_length = num_tokens - 1``: a fully cached prompt still computes its last
+  token, to sample from it).
+- **Blocks with no running request on them stay cached** in the free queue, and the pool
+  takes blocks for new work from the queue's front, evicting whatever was cached there
+  (``FreeKVCacheBlockQueue``, ``BlockPool.get_new_blocks``): blocks never used come first,
+  then the least recently freed. A request's blocks are freed tail first
+  (``KVCacheManager.free``: ``reversed(blocks)``), so a prefix loses its end before its
+  start.
+- **A hit on a block still in the queue takes it out** (``BlockPool.touch``): it is in
+  use again and no longer counts as free; a hit on a block another running request
+  holds shares it, at no cost in blocks.
+- **A preempted request's blocks are freed as a finished one's**, cached, and its
+  recomputation hits whatever of them is still in the pool.
+
+Where this differs from vLLM, on purpose:
+
+- Blocks are named by workload ids (``Workload.block_hashes``), not hashes of token
+  values, which a simulator does not have. Ids name ``id_tokens``-token blocks of a
+  request from its first token, each naming everything up to its end (vLLM's hashes chain
+  the same way, and so do the Mooncake trace's ``hash_ids``). The KV blocks whose last
+  token falls in one id's block form a *unit* (a 512-token trace block holds 32 16-token
+  KV blocks); a KV block larger than the ids' is a unit of its own, named by the last id
+  it reaches. A request's full blocks past its ids (what its decodes write) form one more
+  unit, named for it alone: only the request itself, recomputed after a preemption, can
+  hit it.
+- A block computed by a second request while the first copy is cached (two requests
+  prefilling the same new prefix side by side) is not cached again: vLLM keeps both
+  copies under the hash, and later hits may take either. Here the second copy is freed
+  uncached. Only which copy outlives eviction differs.
+
+Bookkeeping by unit, not by block, keeps the cost per request to its units (a 40,000-token
+Mooncake prompt has 79, against 2,510 blocks). It is exact because the cached blocks of a
+unit are always a run from its first: a request holds a unit's blocks from its first, a
+unit is extended only by a request holding all of its cached blocks, and its blocks are
+freed tail first and evicted in the order freed, so the last cached one leaves first.
+Each unit keeps ``n``, its cached blocks, and the holders' counts (running requests
+holding its first ``c`` blocks); the queue keeps runs ``[lo, hi)`` of a unit's blocks, or
+of uncached blocks, in the order freed.
+
+The pool's block *count* is the simulator's (``Simulator._kv_used``); this module keeps
+which blocks are cached and in what order they leave. Allocation in the simulator moves
+the count only, and :meth:`PrefixCache.settle` evicts what those allocations took from the
+queue before anything reads or frees cached blocks: the same blocks leave as if each
+allocation had popped them at once, since allocation always pops from the front and
+freeing always appends at the back.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from typing import NamedTuple
+
+import numpy as np
+
+from envs.errors import ConfigError
+
+
+class Units(NamedTuple):
+    """A request's units in block order: each one's name, first block and blocks."""
+
+    keys: list
+    starts: list
+    sizes: list
+
+
+def units_of(ids: np.ndarray | None, id_tokens: int, covered: int, block_size: int, rid: int,
+             blocks: int) -> Units:
+    """The units of a request whose ``ids`` (``id_tokens`` tokens each) describe its first
+    ``covered`` tokens and which will fill at most ``blocks`` KV blocks (module docstring).
+    A unit's name is its id (>= 0); the request's own unit is named ``-1 - rid``."""
+    named = covered // block_size if ids is not None else 0
+    named = min(named, blocks)
+    keys: list = []
+    starts: list = []
+    sizes: list = []
+    if named:
+        if id_tokens % block_size == 0:  # whole KV blocks in each id's block
+            per = id_tokens // block_size
+            first = np.arange(0, named, per)
+            keys = ids[first // per].tolist()
+            starts = first.tolist()
+            sizes = np.minimum(per, named - first).tolist()
+        elif block_size % id_tokens == 0:  # a KV block spans ids: named by its last one
+            last = (np.arange(1, named + 1) * block_size) // id_tokens - 1
+            keys = ids[last].tolist()
+            starts = list(range(named))
+            sizes = [1] * named
+        else:
+            raise ConfigError(f"hash_block_tokens: got {id_tokens}, must be a multiple or a divisor "
+                              f"of the KV block size ({block_size} tokens)")
+    if blocks > named:
+        keys.append(-1 - rid)
+        starts.append(named)
+        sizes.append(blocks - named)
+    return Units(keys, starts, sizes)
+
+
+class PrefixCache:
+    """Which of the pool's blocks are cached, unit by unit, and the free queue's order
+    (see the module docstring)."""
+
+    __slots__ = ("total", "units", "queue", "queued", "pristine", "_entries", "evicted")
+
+    def __init__(self, total_blocks: int):
+        self.total = total_blocks
+        self.units: dict = {}
+        """Cached units: name -> [n cached blocks, {held count c: holders}, its queue
+        entries' ids, oldest first]."""
+        self.queue: OrderedDict = OrderedDict()
+        """The free queue after the never-used blocks, front first: entry id -> [unit name
+        or None for uncached blocks, lo, hi], blocks [lo, hi) of the unit."""
+        self.queued = 0
+        """Blocks in :attr:`queue`."""
+        self.pristine = total_blocks
+        """Blocks never used, at the queue's front."""
+        self._entries = 0
+        self.evicted = 0
+        """Cached blocks evicted so far."""
+
+    def copy(self) -> "PrefixCache":
+        return copy.deepcopy(self)
+
+    def cached_blocks(self) -> int:
+        """Blocks cached, in use or free."""
+        return sum(u[0] for u in self.units.values())
+
+    # --- the pool -----------------------------------------------------------------------
+
+    def settle(self, used: int) -> None:
+        """Evict from the queue's front what allocations took since the last call: after
+        it, the never-used and queued blocks are the pool's ``total - used`` free ones."""
+        excess = self.pristine + self.queued - (self.total - used)
+        if excess <= 0:
+            return
+        take = min(excess, self.pristine)
+        self.pristine -= take
+        excess -= take
+        self.queued -= excess
+        queue, units = self.queue, self.units
+        while excess:
+            eid = next(iter(queue))
+            entry = queue[eid]
+            key, lo, hi = entry
+            take = min(hi - lo, excess)
+            excess -= take
+            if key is not None:  # the unit's last cached blocks leave
+                unit = units[key]
+                unit[0] -= take
+                self.evicted += take
+            if take < hi - lo:
+                entry[2] = hi - take
+                continue
+            del queue[eid]
+            if key is not None:
+                unit[2].pop(0)
+                if not unit[0]:
+                    del units[key]
+
+    def _push(self, key, lo: int, hi: int) -> None:
+        """Blocks [lo, hi) of unit ``key`` (None: uncached blocks) join the queue's back."""
+        self._entries += 1
+        self.queue[self._entries] = [key, lo, hi]
+        self.queued += hi - lo
+        if key is not None:
+            self.units[key][2].append(self._entries)
+
+    # --- a request ------------------------------------------------------------------------
+
+    def hits(self, units: Units, limit: int) -> tuple[int, int]:
+        """The leading blocks of a request cached (at most ``limit``), and how many of those
+        sit in the queue (a hit on them takes a free block)."""
+        cached = self.units
+        hit = from_queue = 0
+        for key, start, size in zip(*units):
+            unit = cached.get(key)
+            if unit is None:
+                break
+            h = min(unit[0], size, limit - start)
+            if h <= 0:
+                break
+            hit += h
+            in_use = max(unit[1]) if unit[1] else 0
+            from_queue += max(0, h - in_use)
+            if h < size:
+                break
+        return hit, from_queue
+
+    def acquire(self, units: Units, hit: int, held: list, done: list) -> None:
+        """A request takes its first ``hit`` blocks, found cached by :meth:`hits`; ``held``
+        and ``done`` (empty) become its cached and filled blocks per unit."""
+        for key, start in zip(units.keys, units.starts):
+            if start >= hit:
+                break
+            unit = self.units[key]
+            h = min(unit[0], hit - start)
+            in_use = max(unit[1]) if unit[1] else 0
+            if h > in_use:
+                self._touch(key, unit, h)
+            unit[1][h] = unit[1].get(h, 0) + 1
+            held.append(h)
+            done.append(h)
+
+    def _touch(self, key, unit: list, h: int) -> None:
+        """Take unit ``key``'s queued blocks below ``h`` out of the queue: the lowest queued
+        blocks, freed last, in its newest entries."""
+        queue, entries = self.queue, unit[2]
+        while entries:
+            entry = queue[entries[-1]]
+            lo, hi = entry[1], entry[2]
+            if lo >= h:
+                break
+            if hi <= h:
+                del queue[entries.pop()]
+                self.queued -= hi - lo
+            else:
+                entry[1] = h
+                self.queued -= h - lo
+                break
+
+    def fill(self, units: Units, held: list, done: list, upto: int) -> None:
+        """A request's blocks up to ``upto`` are full (scheduled to be): cache them unit by
+        unit where it holds all of its unit's cached blocks or the unit is not cached;
+        elsewhere its blocks are copies, kept uncached."""
+        cached = self.units
+        for j in range(max(len(done) - 1, 0), len(units.keys)):
+            start = units.starts[j]
+            if start >= upto:
+                break
+            want = min(units.sizes[j], upto - start)
+            if j == len(done):
+                held.append(0)
+                done.append(0)
+            c, d = held[j], done[j]
+            if want <= d:
+                continue
+            done[j] = want
+            if c < d:  # already copying this unit
+                continue
+            key = units.keys[j]
+            unit = cached.get(key)
+            if unit is None:
+                cached[key] = [want, {want: 1}, []]
+                held[j] = want
+            elif unit[0] == c:  # it holds the unit's every cached block: extend it
+                unit[0] = want
+                hold = unit[1]
+                if c:
+                    hold[c] -= 1
+                    if not hold[c]:
+                        del hold[c]
+                hold[want] = hold.get(want, 0) + 1
+                held[j] = want
+
+    def release(self, units: Units, held: list, done: list, full: int, blocks: int) -> int:
+        """A request frees its ``blocks`` blocks, tail first, its first ``full`` full (its
+        decodes' blocks are cached now, as :meth:`fill` would have). Returns the blocks
+        that joined the queue (those another request still holds did not)."""
+        self.fill(units, held, done, full)
+        tail = blocks - sum(done)
+        if tail > 0:
+            self._push(None, 0, tail)
+        shared = 0
+        for j in range(len(done) - 1, -1, -1):
+            c, d = held[j], done[j]
+            if d > c:  # its copies
+                self._push(None, c, d)
+            if not c:
+                continue
+            key = units.keys[j]
+            unit = self.units[key]
+            hold = unit[1]
+            hold[c] -= 1
+            if not hold[c]:
+                del hold[c]
+            in_use = max(hold) if hold else 0
+            shared += min(c, in_use)
+            if c > in_use:
+                self._push(key, in_use, c)
+        held.clear()
+        done.clear()
+        return blocks - shared
+
+    # --- checking ---------------------------------------------------------------------------
+
+    def shared_blocks(self) -> int:
+        """Blocks counted by more than one holder: every holder counts a unit's blocks it
+        holds, and the pool holds each once."""
+        return sum(c * k for u in self.units.values() for c, k in u[1].items()) - sum(
+            max(u[1]) for u in self.units.values() if u[1])
+
+    def check(self, used: int) -> None:
+        """The invariants (for tests, after :meth:`settle`): the free blocks are the
+        never-used and queued ones; each unit's cached blocks are a run from its first, those
+        in use below those queued, and its queue entries its queued blocks from the top
+        down, in the order freed."""
+        assert self.pristine >= 0 and self.queued >= 0
+        assert self.pristine + self.queued == self.total - used, (self.pristine, self.queued, used)
+        assert self.queued == sum(hi - lo for _, lo, hi in self.queue.values())
+        for key, (n, hold, entries) in self.units.items():
+            in_use = max(hold) if hold else 0
+            assert 0 < n and in_use <= n, (key, n, hold)
+            assert all(k > 0 for k in hold.values()), (key, hold)
+            top = n
+            for eid in entries:
+                k, lo, hi = self.queue[eid]
+                assert k == key and hi == top and lo < hi, (key, n, lo, hi, top)
+                top = lo
+            assert top == in_use, (key, n, in_use, top)
+        named = sum(len(u[2]) for u in self.units.values())
+        assert named == sum(1 for k, _, _ in self.queue.values() if k is not None)
