@@ -169,6 +169,8 @@ class SimResult:
     total_preemptions: int
     sim_time_s: float
     requests_total: int
+    prefix_counts: tuple | None = None
+    """With prefix caching: ``Simulator.prefix_counts`` (read by :func:`prefix_figures`)."""
 
     @classmethod
     def of(cls, sim) -> "SimResult":
@@ -187,7 +189,8 @@ class SimResult:
             preemptions=cols["preemptions"].astype(np.int64), max_gap_s=max_gap,
             resume_gaps_s=cols["resume_gap_s"], history=sim.log.history(),
             kv_total_blocks=sim.total_blocks, total_preemptions=sim.preemptions, sim_time_s=sim.now,
-            requests_total=len(sim.workload))
+            requests_total=len(sim.workload),
+            prefix_counts=tuple(sim.prefix_counts) if sim._prefix is not None else None)
 
     # --- per pass (expanded on first use) ------------------------------------------------
 
@@ -364,7 +367,24 @@ class SimResult:
             "prefill_passes_per_prompt_p95": _passes_per_prompt(self.prompt_tokens, decided),
             "kv_usage_mean": ps["kv_mean"],
             "kv_usage_max": ps["kv_max"] if self.history.passes else math.nan,
-        }
+        } | prefix_figures(self.prefix_counts, len(decided))
+
+
+def prefix_figures(counts: tuple | None, prefill_passes: int) -> dict:
+    """Prefix caching's figures from ``Simulator.prefix_counts`` (none without it): the
+    share of requests whose first admission hit a cached prefix and the share of their
+    prompt tokens it covered; cached tokens per pass with prefill; prefill tokens not
+    computed (every admission's hit, recomputations after a preemption included) and their
+    share of all prefill the passes would have computed without them."""
+    if counts is None:
+        return {}
+    first, hit, prompt, cached_first, cached_all = counts
+    return {
+        "prefix_hit_rate_requests": hit / first if first else math.nan,
+        "prefix_hit_rate_tokens": cached_first / prompt if prompt else math.nan,
+        "prefix_cached_tokens_per_pass": cached_all / prefill_passes if prefill_passes else math.nan,
+        "prefill_tokens_saved": cached_all,
+    }
 
 
 def _passes_per_prompt(prompts: np.ndarray, budgets: np.ndarray) -> float:
@@ -571,4 +591,6 @@ class StreamedResult:
         final.add_passes(sim.log.history())
         live, resumes = sim.requests.live_columns()
         final.add_requests(live, resumes)
-        return final.summary(len(sim.workload), sim.workload.prompt_tokens, sim.now, sim.preemptions)
+        out = final.summary(len(sim.workload), sim.workload.prompt_tokens, sim.now, sim.preemptions)
+        return out | prefix_figures(tuple(sim.prefix_counts) if sim._prefix is not None else None,
+                                    out["decision_passes"])

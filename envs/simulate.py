@@ -53,11 +53,17 @@ _ROWS = [
     ("KV usage mean / max", ("kv_usage_mean", "kv_usage_max"), "{:.1%}"),
     ("p95 prompt / budget", "prefill_passes_per_prompt_p95", "{:.0f} passes"),
 ]
+_PREFIX_ROWS = [
+    ("prefix hits: requests / tokens", ("prefix_hit_rate_requests", "prefix_hit_rate_tokens"), "{:.1%}"),
+    ("cached tokens per prefill pass", "prefix_cached_tokens_per_pass", "{:.0f}"),
+    ("prefill tokens saved", "prefill_tokens_saved", "{:,.0f}"),
+]
+"""Rows of a run with prefix caching (``envs.metrics.prefix_figures``)."""
 
 
 def format_summary(summary: dict) -> str:
     lines = []
-    for label, keys, fmt in _ROWS:
+    for label, keys, fmt in _ROWS + (_PREFIX_ROWS if "prefill_tokens_saved" in summary else []):
         keys = keys if isinstance(keys, tuple) else (keys,)
         vals = []
         for k in keys:

@@ -1,0 +1,259 @@
+"""Prefix caching in the simulator (envs/prefix_cache.py): hand-computed cases, the trace's
+block mapping, invariants under random workloads, and what stays as it was with it off."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from envs.engine import EngineConfig, Simulator
+from envs.errors import ConfigError
+from envs.prefix_cache import PrefixCache, units_of
+from envs.pricing import pass_price
+from envs.workload import BUNDLED_TRACES, Workload, load_trace
+
+HW, MODEL = "h100-sxm", "llama-3-8b"
+
+
+def workload(rows, block_tokens=16, cover_output=False):
+    """rows: (arrival_s, prompt_tokens, output_tokens, ids)."""
+    arrival, prompt, output, ids = zip(*rows)
+    return Workload(np.array(arrival, dtype=np.float64), np.array(prompt, dtype=np.int64),
+                    np.array(output, dtype=np.int64), "test",
+                    tuple(np.array(i, dtype=np.int64) for i in ids), block_tokens, cover_output)
+
+
+def serve(w, budget=8192, blocks=1000, caching=True, record=True, audit=True, max_num_seqs=256):
+    sim = Simulator(HW, MODEL, w, EngineConfig(num_kv_blocks=blocks, enable_prefix_caching=caching,
+                                               max_num_seqs=max_num_seqs), record_shapes=record)
+    while sim.advance():
+        sim.step(budget)
+        if audit:
+            sim.audit()
+    return sim
+
+
+# --- hand-computed cases -------------------------------------------------------------------
+
+def test_a_second_request_reuses_three_full_blocks_and_not_the_partial_one():
+    # A: 56 tokens = 3 full blocks and 8 tokens of a fourth; B, after A has finished, the
+    # same 56 tokens. B finds A's 3 full blocks (48 tokens); the partial block was never cached.
+    ids = [1, 2, 3, 4]
+    sim = serve(workload([(0.0, 56, 1, ids), (5.0, 56, 1, ids)]))
+    assert sim.prefix_counts == [2, 1, 112, 48, 48]
+    a, b = sim.shapes[0], sim.shapes[-1]
+    assert tuple(a) == (0, 0, 56, 0, 56 * 57 // 2)
+    # B's one chunk: its 8 new tokens, reading the 48 cached ones as their prefix
+    assert tuple(b) == (0, 0, 8, 48, 8 * 48 + 8 * 9 // 2)
+    durations = sim.pass_durations()
+    assert durations[-1] == pytest.approx(pass_price(sim.cost, 0, 0, 8, 48, 8 * 48 + 36))
+    summary = sim.result().summary()
+    assert summary["prefix_hit_rate_requests"] == 0.5
+    assert summary["prefix_hit_rate_tokens"] == 48 / 112
+    assert summary["prefill_tokens_saved"] == 48
+
+
+def test_a_fully_cached_prompt_still_computes_its_last_token():
+    # 64 tokens = 4 full blocks, all cached by A: B may hit only the blocks before its last
+    # token (vLLM's max_cache_hit_length), so it recomputes the last block's 16 tokens.
+    ids = [1, 2, 3, 4]
+    sim = serve(workload([(0.0, 64, 1, ids), (5.0, 64, 1, ids)]))
+    assert sim.prefix_counts[3] == 48
+    assert tuple(sim.shapes[-1])[2:4] == (16, 48)
+
+
+def test_only_full_blocks_hit_when_the_cached_prefix_ends_inside_a_block():
+    # A has 40 tokens (2 full blocks and 8 tokens under id 3); B shares those 40 tokens and
+    # goes on. B hits 2 blocks (32 tokens), not 40, and its prefill is chunked from there.
+    sim = serve(workload([(0.0, 40, 1, [1, 2, 3]), (5.0, 100, 1, [1, 2, 3, 9, 10, 11, 12])]),
+                budget=16)
+    assert sim.prefix_counts[3] == 32
+    chunks = [tuple(s)[2:4] for s in sim.shapes if s.prefill_tokens][-5:]
+    assert chunks == [(16, 32), (16, 48), (16, 64), (16, 80), (4, 96)]
+
+
+def test_a_block_shared_by_two_running_requests_is_in_the_pool_once():
+    # A decodes for a long time; B arrives meanwhile with the same 48-token prefix.
+    w = workload([(0.0, 50, 400, [1, 2, 3, 4]), (0.5, 50, 400, [1, 2, 3, 5])])
+    sim = Simulator(HW, MODEL, w, EngineConfig(num_kv_blocks=1000))
+    while sim._num_decodes < 2:
+        sim.advance()
+        sim.step(8192)
+    assert sim.prefix_counts[3] == 48
+    assert sim._prefix.shared_blocks() == 3
+    a, b = sim.requests[0], sim.requests[1]
+    held = [-(-(r.offset + sim.pass_index) // 16) for r in (a, b)]
+    assert sim._kv_used == sum(held) - 3
+    sim.audit()
+
+
+def test_eviction_takes_the_least_recently_freed_tail_first():
+    cache = PrefixCache(10)
+    a = units_of(np.array([1, 2, 3, 4]), 16, 64, 16, rid=0, blocks=4)
+    held, done = [], []
+    cache.fill(a, held, done, 4)  # A fills 4 blocks, one unit each
+    cache.settle(4)
+    assert cache.pristine == 6
+    assert cache.release(a, held, done, 4, 4) == 4  # tail first: 4, 3, 2, 1
+    cache.settle(0)
+    assert [e[0] for e in cache.queue.values()] == [4, 3, 2, 1]
+    cache.settle(8)  # 8 blocks in use by others: the 6 never used, then blocks 4 and 3
+    assert cache.pristine == 0 and cache.evicted == 2
+    assert cache.hits(a, 4) == (2, 2)  # 1 and 2 are left, both in the queue
+    cache.check(8)
+
+
+def test_a_hit_on_a_queued_block_takes_it_out_of_the_queue():
+    cache = PrefixCache(100)
+    a = units_of(np.array([7]), 512, 512, 16, rid=0, blocks=32)  # one unit of 32 blocks
+    held, done = [], []
+    cache.fill(a, held, done, 32)
+    cache.settle(32)
+    cache.release(a, held, done, 32, 32)
+    cache.settle(0)
+    b = units_of(np.array([7]), 512, 160, 16, rid=1, blocks=10)  # the unit's first 10 blocks
+    assert cache.hits(b, 10) == (10, 10)
+    hb, db = [], []
+    cache.acquire(b, 10, hb, db)
+    assert cache.queued == 22  # blocks 10-31 are still free, cached
+    cache.check(10)
+    cache.settle(10 + 68 + 5)  # allocations take the 68 never used, then 5 of unit 7's top
+    assert cache.units[7][0] == 27 and cache.queued == 17
+    cache.check(10 + 68 + 5)
+
+
+def test_a_preempted_request_resumes_on_its_own_cached_blocks():
+    # Two 200-token prompts decoding in 40 blocks: the KV cache runs out, the later one is
+    # preempted, and its recomputation finds its blocks (prompt and decoded) still cached.
+    rows = [(0.0, 200, 300, list(range(1, 14))), (0.01, 200, 300, list(range(101, 114)))]
+    on = serve(workload(rows), blocks=40)
+    off = serve(workload(rows), blocks=40, caching=False)
+    assert on.preemptions >= 1 and off.preemptions >= 1
+    first, _, prompt, cached_first, cached_all = on.prefix_counts
+    assert (first, prompt, cached_first) == (2, 400, 0)
+    assert cached_all > 0  # the resumption's hit
+    computed = sum(s.prefill_tokens for s in on.shapes)
+    recomputed = sum(r.recomputed for r in on.requests)
+    assert computed == prompt + recomputed - cached_all
+    assert on.now < off.now
+
+
+# --- the trace's blocks ----------------------------------------------------------------------
+
+def test_512_token_trace_blocks_map_to_32_kv_blocks_each():
+    u = units_of(np.array([7, 8]), 512, 600, 16, rid=3, blocks=40)
+    # id 7: KV blocks 0-31; id 8: its 88 tokens hold 5 full KV blocks; then the request's own
+    assert (u.keys, u.starts, u.sizes) == ([7, 8, -4], [0, 32, 37], [32, 5, 3])
+    # a KV block larger than the ids' blocks is named by the last id it reaches
+    u = units_of(np.array([1, 2, 3, 4]), 512, 2048, 1024, rid=0, blocks=2)
+    assert (u.keys, u.sizes) == ([2, 4], [1, 1])
+    with pytest.raises(ConfigError, match="hash_block_tokens: got 500"):
+        units_of(np.array([1]), 500, 500, 16, rid=0, blocks=31)
+
+
+def independent_leading_reuse(path):
+    """Over the trace in arrival order: each prompt's leading run of ids seen before, in
+    ids and in tokens (512 a hit id, at most the prompt)."""
+    seen, hit_ids, ids_total, hit_tokens, tokens = set(), 0, 0, 0, 0
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            ids, p = row["block_hashes"].split(), int(row["prompt_tokens"])
+            run = 0
+            while run < len(ids) and ids[run] in seen:
+                run += 1
+            hit_ids += run
+            ids_total += len(ids)
+            hit_tokens += min(run * 512, p)
+            tokens += p
+            seen.update(ids)
+    return hit_ids / ids_total, hit_tokens / tokens
+
+
+def test_the_blocks_trace_hits_what_an_independent_count_finds_with_an_unbounded_pool():
+    blocks, tokens = independent_leading_reuse(BUNDLED_TRACES / "mooncake_synthetic_blocks.csv")
+    assert round(blocks, 3) == 0.640 and round(tokens, 3) == 0.651
+    w = load_trace("mooncake_synthetic_blocks")
+    sim = Simulator(HW, "llama-3-70b-tp4", w, EngineConfig(num_kv_blocks=2**26))
+    summary = sim.run(lambda s: 8192).summary()
+    assert abs(summary["prefix_hit_rate_tokens"] - tokens) < 0.005
+
+
+def test_block_ids_must_be_integers_and_match_the_block_size(tmp_path):
+    bad = tmp_path / "t.csv"
+    bad.write_text("arrival_s,prompt_tokens,output_tokens,block_hashes\n0,600,5,1 x\n")
+    with pytest.raises(ConfigError, match=r"line 2: block_hashes: got '1 x'"):
+        load_trace(bad)
+    bad.write_text("arrival_s,prompt_tokens,output_tokens,block_hashes\n0,600,5,1 2 3\n")
+    with pytest.raises(ConfigError, match="trace_block_tokens: got 512, but request 0"):
+        load_trace(bad)
+    assert load_trace(bad, block_tokens=256).hash_block_tokens == 256
+
+
+# --- with it off, and without block ids -----------------------------------------------------
+
+def same_run(a, b):
+    ra, rb = a.result(), b.result()
+    return (np.array_equal(ra.first_token_s, rb.first_token_s) and np.array_equal(ra.finish_s, rb.finish_s)
+            and np.array_equal(a.pass_durations(), b.pass_durations()))
+
+
+def test_off_serves_the_blocks_trace_as_the_trace_without_ids():
+    with_ids = load_trace("mooncake_synthetic_blocks", max_requests=300)
+    without = load_trace("mooncake_synthetic", max_requests=300)
+    off = Simulator(HW, "llama-3-70b-tp4", with_ids, EngineConfig(enable_prefix_caching=False))
+    plain = Simulator(HW, "llama-3-70b-tp4", without)
+    off.run(lambda s: 4096)
+    plain.run(lambda s: 4096)
+    assert same_run(off, plain)
+    assert "prefix_hit_rate_tokens" not in off.result().summary()
+
+
+# --- invariants -------------------------------------------------------------------------------
+
+@st.composite
+def shared_prefix_workloads(draw):
+    n = draw(st.integers(2, 24))
+    block_tokens = draw(st.sampled_from([16, 32, 8]))
+    rows, t = [], 0.0
+    for i in range(n):
+        t += draw(st.floats(0, 0.3))
+        prompt = draw(st.integers(1, 300))
+        ids_needed = -(-prompt // block_tokens)
+        family = draw(st.integers(0, 3))
+        shared = draw(st.integers(0, ids_needed))
+        ids = [family * 1000 + j for j in range(shared)] + [10**6 + i * 1000 + j
+                                                           for j in range(ids_needed - shared)]
+        rows.append((t, prompt, draw(st.integers(1, 200)), ids))
+    return workload(rows, block_tokens)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(w=shared_prefix_workloads(), blocks=st.integers(32, 120), budget=st.integers(16, 400),
+       seqs=st.integers(1, 8))
+def test_invariants_hold_pass_by_pass(w, blocks, budget, seqs):
+    """No block both free and in use (the pool's count against the cache's, audited every
+    pass); cached tokens are never scheduled: every prompt token of every admission is
+    cached or computed, once; and every request finishes."""
+    sim = serve(w, budget=max(budget, seqs), blocks=blocks, max_num_seqs=seqs)
+    assert sim.finished == len(w)
+    computed = sum(s.prefill_tokens for s in sim.shapes)
+    recomputed = sum(r.recomputed for r in sim.requests)
+    assert computed == int(w.prompt_tokens.sum()) + recomputed - sim.prefix_counts[4]
+    assert 0 <= sim.prefix_counts[3] <= sim.prefix_counts[2] == int(w.prompt_tokens.sum())
+
+
+def test_a_fork_carries_its_own_cache():
+    w = load_trace("mooncake_synthetic_blocks", max_requests=120)
+    sim = Simulator(HW, "llama-3-70b-tp4", w, EngineConfig(num_kv_blocks=20000))
+    for _ in range(60):
+        sim.advance()
+        sim.step(2048)
+    fork = sim.fork()
+    fork.run(lambda s: 2048)
+    sim.run(lambda s: 2048)
+    assert fork.prefix_counts == sim.prefix_counts
+    assert fork.now == sim.now
