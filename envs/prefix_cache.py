@@ -28,19 +28,18 @@ Where this differs from vLLM, on purpose:
 - Blocks are named by workload ids (``Workload.block_hashes``), not hashes of token
   values, which a simulator does not have. Ids name ``id_tokens``-token blocks of a
   request from its first token, each naming everything up to its end (vLLM's hashes chain
-  the same way, and so do the Mooncake trace's ``hash_ids``). The KV blocks whose last
-  token falls in one id's block form a *unit* (a 512-token trace block holds 32 16-token
-  KV blocks); a KV block larger than the ids' is a unit of its own, named by the last id
-  it reaches. A request's full blocks past its ids (what its decodes write) form one more
-  unit, named for it alone: only the request itself, recomputed after a preemption, can
-  hit it.
+  the same way, and so do the Mooncake trace's ``hash_ids``). A run of KV blocks with
+  consecutive names forms a *unit* (:func:`units_of`: a 512-token trace block holds 32
+  16-token KV blocks, and a prompt's new blocks have consecutive ids). A request's full
+  blocks past its ids (what its decodes write) form one more unit, named for it alone:
+  only the request itself, recomputed after a preemption, can hit it.
 - A block computed by a second request while the first copy is cached (two requests
   prefilling the same new prefix side by side) is not cached again: vLLM keeps both
   copies under the hash, and later hits may take either. Here the second copy is freed
   uncached. Only which copy outlives eviction differs.
 
 Bookkeeping by unit, not by block, keeps the cost per request to its units (a 40,000-token
-Mooncake prompt has 79, against 2,510 blocks). It is exact because the cached blocks of a
+Mooncake prompt whose ids run 0-78 is one unit, against 2,510 blocks). It is exact because the cached blocks of a
 unit are always a run from its first: a request holds a unit's blocks from its first, a
 unit is extended only by a request holding all of its cached blocks, and its blocks are
 freed tail first and evicted in the order freed, so the last cached one leaves first.
@@ -79,27 +78,42 @@ def units_of(ids: np.ndarray | None, id_tokens: int, covered: int, block_size: i
              blocks: int) -> Units:
     """The units of a request whose ``ids`` (``id_tokens`` tokens each) describe its first
     ``covered`` tokens and which will fill at most ``blocks`` KV blocks (module docstring).
-    A unit's name is its id (>= 0); the request's own unit is named ``-1 - rid``."""
-    named = covered // block_size if ids is not None else 0
-    named = min(named, blocks)
+
+    Each named KV block gets a number: ``id * (id_tokens / block_size) + its place in the
+    id's block`` where a KV block holds whole ids' blocks' worth of tokens or less, else
+    the id of the last block it reaches. A unit is a run of KV blocks whose numbers go up
+    one step at a time (consecutive ids, as a trace or a generator gives a prompt's new
+    blocks), named by its first number: since an id names everything before it, two
+    requests that share a block share every block before it, and so the start of its run
+    and its place in it. The request's own unit is named ``-1 - rid``."""
+    named = min(covered // block_size if ids is not None else 0, blocks)
     keys: list = []
     starts: list = []
     sizes: list = []
-    if named:
-        if id_tokens % block_size == 0:  # whole KV blocks in each id's block
-            per = id_tokens // block_size
-            first = np.arange(0, named, per)
-            keys = ids[first // per].tolist()
-            starts = first.tolist()
-            sizes = np.minimum(per, named - first).tolist()
-        elif block_size % id_tokens == 0:  # a KV block spans ids: named by its last one
-            last = (np.arange(1, named + 1) * block_size) // id_tokens - 1
-            keys = ids[last].tolist()
-            starts = list(range(named))
-            sizes = [1] * named
+    if named and id_tokens % block_size == 0:  # whole KV blocks in each id's block
+        # runs break only where the ids do: walk the ids (a few dozen), not the blocks
+        per = id_tokens // block_size
+        last_id = (named - 1) // per
+        values = ids[:last_id + 1].tolist()
+        run = 0
+        for j in range(1, last_id + 2):
+            if j > last_id or values[j] != values[j - 1] + 1:
+                keys.append(values[run] * per)
+                starts.append(run * per)
+                sizes.append(min(j * per, named) - run * per)
+                run = j
+    elif named:
+        k = np.arange(named, dtype=np.int64)
+        if block_size % id_tokens == 0:  # a KV block spans ids: named by its last one
+            span = block_size // id_tokens
+            numbers = ids[(k + 1) * span - 1]
         else:
             raise ConfigError(f"hash_block_tokens: got {id_tokens}, must be a multiple or a divisor "
                               f"of the KV block size ({block_size} tokens)")
+        first = np.concatenate(([0], np.flatnonzero(np.diff(numbers) != span) + 1))
+        keys = numbers[first].tolist()
+        starts = first.tolist()
+        sizes = np.diff(np.append(first, named)).tolist()
     if blocks > named:
         keys.append(-1 - rid)
         starts.append(named)
@@ -150,22 +164,23 @@ class PrefixCache:
         self.queued -= excess
         queue, units = self.queue, self.units
         while excess:
-            eid = next(iter(queue))
-            entry = queue[eid]
+            eid, entry = queue.popitem(last=False)
             key, lo, hi = entry
-            take = min(hi - lo, excess)
-            excess -= take
+            if hi - lo > excess:  # the entry's top leaves; the rest stays at the front
+                entry[2] = hi - excess
+                queue[eid] = entry
+                queue.move_to_end(eid, last=False)
+                if key is not None:
+                    units[key][0] -= excess
+                    self.evicted += excess
+                break
+            excess -= hi - lo
             if key is not None:  # the unit's last cached blocks leave
                 unit = units[key]
-                unit[0] -= take
-                self.evicted += take
-            if take < hi - lo:
-                entry[2] = hi - take
-                continue
-            del queue[eid]
-            if key is not None:
+                unit[0] = lo
+                self.evicted += hi - lo
                 unit[2].pop(0)
-                if not unit[0]:
+                if not lo:
                     del units[key]
 
     def _push(self, key, lo: int, hi: int) -> None:
@@ -200,11 +215,11 @@ class PrefixCache:
     def acquire(self, units: Units, hit: int, held: list, done: list) -> None:
         """A request takes its first ``hit`` blocks, found cached by :meth:`hits`; ``held``
         and ``done`` (empty) become its cached and filled blocks per unit."""
-        for key, start in zip(units.keys, units.starts):
+        for key, start, size in zip(*units):
             if start >= hit:
                 break
             unit = self.units[key]
-            h = min(unit[0], hit - start)
+            h = min(unit[0], size, hit - start)
             in_use = max(unit[1]) if unit[1] else 0
             if h > in_use:
                 self._touch(key, unit, h)
@@ -234,11 +249,21 @@ class PrefixCache:
         unit where it holds all of its unit's cached blocks or the unit is not cached;
         elsewhere its blocks are copies, kept uncached."""
         cached = self.units
-        for j in range(max(len(done) - 1, 0), len(units.keys)):
-            start = units.starts[j]
+        keys, starts, sizes = units
+        j = max(len(done) - 1, 0)
+        if j == len(done):  # its first blocks: new units whole, in bulk while none is cached
+            while j < len(keys) and starts[j] + sizes[j] <= upto and keys[j] not in cached:
+                size = sizes[j]
+                cached[keys[j]] = [size, {size: 1}, []]
+                held.append(size)
+                done.append(size)
+                j += 1
+            j = max(j - 1, 0)
+        for j in range(j, len(keys)):
+            start = starts[j]
             if start >= upto:
                 break
-            want = min(units.sizes[j], upto - start)
+            want = min(sizes[j], upto - start)
             if j == len(done):
                 held.append(0)
                 done.append(0)
@@ -248,7 +273,7 @@ class PrefixCache:
             done[j] = want
             if c < d:  # already copying this unit
                 continue
-            key = units.keys[j]
+            key = keys[j]
             unit = cached.get(key)
             if unit is None:
                 cached[key] = [want, {want: 1}, []]

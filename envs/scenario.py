@@ -65,6 +65,11 @@ class Scenario:
     empirical:PATH, mix:W*SPEC+W*SPEC, short-long)."""
     output: str = "lognormal:128:0.8:1024"
     """Synthetic: output lengths, same forms as --prompt."""
+    sharing: str = "none"
+    """Synthetic: shared prompt prefixes, served with prefix caching (envs/sharing.py):
+    none; conversation:TURNS (each turn resends the conversation so far, --prompt its new
+    text); agent:HIT[:PREFIXES] (a shared prefix, the share HIT of prompt tokens, before
+    each request's own --prompt text)."""
     seed: int = 0
     """Seed of the synthetic stream."""
     max_num_seqs: int = 256
@@ -151,7 +156,7 @@ class Scenario:
     def synthetic_spec(self) -> SyntheticSpec:
         return SyntheticSpec(rate=self.rate, num_requests=self.num_requests, arrival=self.arrival,
                              burstiness=self.burstiness, on_s=self.on_s, off_s=self.off_s,
-                             prompt=self.prompt, output=self.output)
+                             prompt=self.prompt, output=self.output, sharing=self.sharing)
 
     def arrivals(self, seed: int | None = None) -> Workload:
         """The scenario's requests; ``seed`` overrides the synthetic seed."""

@@ -563,9 +563,15 @@ class SyntheticSpec:
     off_s: float = 10.0
     prompt: str = "short-long"
     output: str = "lognormal:128:0.8:1024"
+    sharing: str = "none"
+    """Shared prefixes (``envs.sharing``): none, conversation:TURNS or agent:HIT[:PREFIXES];
+    ``prompt`` is then each request's own new text."""
 
     def __post_init__(self) -> None:
         """Scalars are checked here; the length specs when :meth:`build` parses them."""
+        from envs.sharing import parse_sharing
+
+        parse_sharing(self.sharing)
         check_rate("rate", self.rate)
         check_num_requests("num_requests", self.num_requests)
         require(self.arrival in ARRIVALS, "arrival", self.arrival, f"must be one of {', '.join(ARRIVALS)}")
@@ -586,4 +592,9 @@ class SyntheticSpec:
         prompts = parse_lengths(self.prompt, "prompt", "prompt_tokens").sample(rng, self.num_requests)
         outputs = parse_lengths(self.output, "output", "output_tokens").sample(rng, self.num_requests)
         name = f"{self.arrival}@{self.rate:g}rps,{self.prompt},{self.output}"
-        return Workload(t, prompts, outputs, name)
+        if self.sharing == "none":
+            return Workload(t, prompts, outputs, name)
+        from envs.sharing import ID_TOKENS, share_prefixes
+
+        prompts, ids, cover = share_prefixes(self.sharing, rng, prompts, outputs)
+        return Workload(t, prompts, outputs, f"{name},{self.sharing}", ids, ID_TOKENS, cover)

@@ -93,23 +93,27 @@ def test_a_block_shared_by_two_running_requests_is_in_the_pool_once():
 
 def test_eviction_takes_the_least_recently_freed_tail_first():
     cache = PrefixCache(10)
-    a = units_of(np.array([1, 2, 3, 4]), 16, 64, 16, rid=0, blocks=4)
+    # ids 1 and 2 consecutive (one unit of 2 blocks), then 5 and 9 (a unit each)
+    a = units_of(np.array([1, 2, 5, 9]), 16, 64, 16, rid=0, blocks=4)
+    assert (a.keys, a.sizes) == ([1, 5, 9], [2, 1, 1])
     held, done = [], []
-    cache.fill(a, held, done, 4)  # A fills 4 blocks, one unit each
+    cache.fill(a, held, done, 4)
     cache.settle(4)
     assert cache.pristine == 6
-    assert cache.release(a, held, done, 4, 4) == 4  # tail first: 4, 3, 2, 1
+    assert cache.release(a, held, done, 4, 4) == 4  # tail first: 9, 5, then 2 and 1
     cache.settle(0)
-    assert [e[0] for e in cache.queue.values()] == [4, 3, 2, 1]
-    cache.settle(8)  # 8 blocks in use by others: the 6 never used, then blocks 4 and 3
-    assert cache.pristine == 0 and cache.evicted == 2
-    assert cache.hits(a, 4) == (2, 2)  # 1 and 2 are left, both in the queue
-    cache.check(8)
+    assert list(cache.queue.values()) == [[9, 0, 1], [5, 0, 1], [1, 0, 2]]
+    cache.settle(9)  # 9 blocks in use by others: the 6 never used, then 9, 5 and block 2
+    assert cache.pristine == 0 and cache.evicted == 3
+    assert list(cache.queue.values()) == [[1, 0, 1]]
+    assert cache.hits(a, 4) == (1, 1)  # block 1 is left, in the queue
+    cache.check(9)
 
 
 def test_a_hit_on_a_queued_block_takes_it_out_of_the_queue():
     cache = PrefixCache(100)
     a = units_of(np.array([7]), 512, 512, 16, rid=0, blocks=32)  # one unit of 32 blocks
+    assert a.keys == [7 * 32]
     held, done = [], []
     cache.fill(a, held, done, 32)
     cache.settle(32)
@@ -122,7 +126,7 @@ def test_a_hit_on_a_queued_block_takes_it_out_of_the_queue():
     assert cache.queued == 22  # blocks 10-31 are still free, cached
     cache.check(10)
     cache.settle(10 + 68 + 5)  # allocations take the 68 never used, then 5 of unit 7's top
-    assert cache.units[7][0] == 27 and cache.queued == 17
+    assert cache.units[7 * 32][0] == 27 and cache.queued == 17
     cache.check(10 + 68 + 5)
 
 
@@ -145,12 +149,18 @@ def test_a_preempted_request_resumes_on_its_own_cached_blocks():
 # --- the trace's blocks ----------------------------------------------------------------------
 
 def test_512_token_trace_blocks_map_to_32_kv_blocks_each():
-    u = units_of(np.array([7, 8]), 512, 600, 16, rid=3, blocks=40)
-    # id 7: KV blocks 0-31; id 8: its 88 tokens hold 5 full KV blocks; then the request's own
-    assert (u.keys, u.starts, u.sizes) == ([7, 8, -4], [0, 32, 37], [32, 5, 3])
+    # id 7: KV blocks 0-31, numbered 7 * 32 + place; id 9: its 88 tokens hold 5 full KV
+    # blocks; then the request's own unit
+    u = units_of(np.array([7, 9]), 512, 600, 16, rid=3, blocks=40)
+    assert (u.keys, u.starts, u.sizes) == ([224, 288, -4], [0, 32, 37], [32, 5, 3])
+    # consecutive ids run on: one unit
+    u = units_of(np.array([7, 8]), 512, 600, 16, rid=3, blocks=37)
+    assert (u.keys, u.starts, u.sizes) == ([224], [0], [37])
     # a KV block larger than the ids' blocks is named by the last id it reaches
     u = units_of(np.array([1, 2, 3, 4]), 512, 2048, 1024, rid=0, blocks=2)
-    assert (u.keys, u.sizes) == ([2, 4], [1, 1])
+    assert (u.keys, u.sizes) == ([2], [2])
+    u = units_of(np.array([1, 2, 3, 7]), 512, 2048, 1024, rid=0, blocks=2)
+    assert (u.keys, u.sizes) == ([2, 7], [1, 1])
     with pytest.raises(ConfigError, match="hash_block_tokens: got 500"):
         units_of(np.array([1]), 500, 500, 16, rid=0, blocks=31)
 
