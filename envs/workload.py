@@ -36,6 +36,7 @@ import numpy as np
 from envs.errors import (MAX_TOKENS, ConfigError, integer, non_negative, number, positive, require,
                          show)
 from envs.files import GIB, csv_rows
+from envs.sharing import ID_TOKENS, parse_sharing, share_prefixes
 
 TRACE_HEADER = ("arrival_s", "prompt_tokens", "output_tokens")
 HASH_COLUMN = "block_hashes"
@@ -569,8 +570,6 @@ class SyntheticSpec:
 
     def __post_init__(self) -> None:
         """Scalars are checked here; the length specs when :meth:`build` parses them."""
-        from envs.sharing import parse_sharing
-
         parse_sharing(self.sharing)
         check_rate("rate", self.rate)
         check_num_requests("num_requests", self.num_requests)
@@ -594,7 +593,5 @@ class SyntheticSpec:
         name = f"{self.arrival}@{self.rate:g}rps,{self.prompt},{self.output}"
         if self.sharing == "none":
             return Workload(t, prompts, outputs, name)
-        from envs.sharing import ID_TOKENS, share_prefixes
-
         prompts, ids, cover = share_prefixes(self.sharing, rng, prompts, outputs)
         return Workload(t, prompts, outputs, f"{name},{self.sharing}", ids, ID_TOKENS, cover)
