@@ -193,7 +193,7 @@ class Request:
     __slots__ = ("rid", "pos", "arrival", "prompt", "output", "warm", "computed", "generated",
                  "blocks", "admit_seq", "offset", "decode_start", "generated_at_start", "finish_pass",
                  "first_token_s", "last_token_s", "finish_s", "preemptions", "segments",
-                 "resume_gaps", "recomputed", "ids", "covered", "units", "held", "done")
+                 "resume_gaps", "recomputed", "ids", "covered", "units", "held", "done", "first_cached")
 
     def __init__(self, rid: int, arrival: float, prompt: int, output: int, warm: bool = False):
         self.rid = rid
@@ -225,6 +225,7 @@ class Request:
         self.units = None
         self.held: list | None = None
         self.done: list | None = None
+        self.first_cached = 0  # tokens its first admission found cached (vLLM's prefill stats)
 
     @property
     def target(self) -> int:
@@ -303,13 +304,22 @@ class SchedulerState:
 
     @property
     def head_prefilled_tokens(self) -> int:
-        head = self._sim.head()
-        return head.computed if head else 0
+        sim = self._sim
+        if sim.prefilling:
+            return sim.prefilling[0].computed
+        return sim.waiting_head_hit() if sim.waiting else 0
 
     @property
     def head_remaining_tokens(self) -> int:
         head = self._sim.head()
-        return head.target - head.computed if head else 0
+        return head.target - self.head_prefilled_tokens if head else 0
+
+    @property
+    def head_cached_tokens(self) -> int:
+        sim = self._sim
+        if sim.prefilling:
+            return sim.prefilling[0].first_cached
+        return sim.waiting_head_hit() if sim.waiting else 0
 
     @property
     def oldest_wait_s(self) -> float:
@@ -318,9 +328,8 @@ class SchedulerState:
     @property
     def free_ride_tokens(self) -> int:
         sim = self._sim
-        head = sim.head()
         return int(free_ride_root(sim.cost, sim._num_decodes, self.decode_context_tokens,
-                                  head.computed if head else 0))
+                                  self.head_prefilled_tokens))
 
     def itl_slack(self, itl_s: float) -> ItlSlackMeter:
         """The slack counts at ITL target ``itl_s`` (``itl_slow_tokens`` and
@@ -386,6 +395,8 @@ class Simulator:
         self._prefix = (PrefixCache(self.total_blocks) if self.config.enable_prefix_caching
                         and self.workload.block_hashes is not None else None)
         """The cached blocks (None: prefix caching off, or a workload without block ids)."""
+        self._head_hit = (None, 0)  # (pass, request) and its hit: waiting_head_hit's last answer
+        self._freeing: list | None = None  # (prefix caching) requests finished in this pass
         self.prefix_counts = [0, 0, 0, 0, 0]
         """With prefix caching: first admissions, those with a hit, their prompt tokens and
         their cached tokens, and the cached tokens of every admission (recomputations after
@@ -474,7 +485,7 @@ class Simulator:
                     "_kv_used", "_admit_seq",
                     "pass_index", "now", "waiting_prefill_tokens", "preemptions", "finished",
                     "last_pass_s", "_pending_decision", "_decode_alloc_pass", "_first_wait_n",
-                    "_first_wait_arrivals", "_ttft_sum")
+                    "_first_wait_arrivals", "_ttft_sum", "_head_hit", "_freeing")
     _FORK_CLONED = ("requests", "waiting", "_awaiting_first", "prefilling", "_decodes", "_finish_at",
                     "_finish_heap", "_by_residue", "_slack", "_prefix", "prefix_counts")
     _FORK_FRESH = ("log", "_shapes", "_view", "stream")
@@ -610,6 +621,20 @@ class Simulator:
         if self.prefilling:
             return self.prefilling[0]
         return self.waiting[0] if self.waiting else None
+
+    def waiting_head_hit(self) -> int:
+        """The tokens the first waiting request would find cached if admitted now (0 without
+        prefix caching): what vLLM's ``KVCacheManager.get_computed_blocks`` looks up. The
+        pass's own allocations, made before it is admitted, may evict some of them."""
+        r = self.waiting[0]
+        if self._prefix is None or r.held is None:
+            return 0
+        key = (self.pass_index, r.rid)
+        if self._head_hit[0] != key:
+            self._prefix.settle(self._kv_used)
+            bs = self._block_size
+            self._head_hit = (key, self._prefix.hits(self._units(r), (r.target - 1) // bs)[0] * bs)
+        return self._head_hit[1]
 
     def oldest_wait_s(self) -> float:
         """``envs.state``'s oldest_wait_s: how long the earliest-arrived request without a
@@ -857,6 +882,7 @@ class Simulator:
             cache.acquire(units, hit, r.held, r.done)
             cached = hit * bs
             if r.generated == 0 and not r.preemptions:
+                r.first_cached = cached
                 counts[0] += 1
                 counts[1] += hit > 0
                 counts[2] += r.prompt
@@ -912,12 +938,16 @@ class Simulator:
             self._shapes.append(shape)
         self.pass_index = p + 1
         self.waiting_prefill_tokens -= prefill
+        if self._prefix is not None:
+            self._freeing = []
         for r, x, _ in plan.chunks:
             r.computed += x
             if r.computed == r.prompt + r.generated:
                 self._complete_prefill(r, p, now)
         if p in self._finish_at:
             self._finish_decodes(p)
+        if self._prefix is not None:
+            self._free_finished()
         log.prefill += (p, prefill, plan.budget, len(plan.chunks), self._kv_used)
 
     def _complete_prefill(self, r: Request, p: int, now: float) -> None:
@@ -936,7 +966,10 @@ class Simulator:
             r.resume_gaps.append(now - r.last_token_s)
         r.last_token_s = now
         if r.generated >= r.output:
-            self._release(r, r.blocks)
+            if self._freeing is not None:
+                self._freeing.append(r)
+            else:
+                self._release(r, r.blocks)
             r.finish_s = now
             self.finished += 1
             self.requests.finish(r)
@@ -1083,12 +1116,25 @@ class Simulator:
             self._stop_decode(r, p + 1)
             r.finish_s = r.last_token_s = now
             if self._prefix is not None:
-                self._release(r, r.blocks)
+                if self._freeing is None:
+                    self._freeing = []
+                self._freeing.append(r)
             else:
                 self._kv_used -= r.blocks  # (_release)
                 r.blocks, r.admit_seq = 0, -1
             finish(r)
         self.finished += len(done)
+        if self._prefix is not None:
+            self._free_finished()
+
+    def _free_finished(self) -> None:
+        """(prefix caching) Release the requests that finished this pass in the order vLLM
+        frees them, its running list's (``Scheduler.update_from_output`` walks the step's
+        requests in the order scheduled): the order their blocks join the free queue."""
+        freeing, self._freeing = self._freeing, None
+        if freeing:
+            for r in sorted(freeing, key=lambda r: r.admit_seq):
+                self._release(r, r.blocks)
 
     def _release(self, r: Request, blocks: int) -> None:
         if self._prefix is not None:

@@ -13,8 +13,10 @@ a whole prefix. What this module follows of it:
   token, to sample from it).
 - **Blocks with no running request on them stay cached** in the free queue, and the pool
   takes blocks for new work from the queue's front, evicting whatever was cached there
-  (``FreeKVCacheBlockQueue``, ``BlockPool.get_new_blocks``): blocks never used come first,
-  then the least recently freed. A request's blocks are freed tail first
+  (``FreeKVCacheBlockQueue``, ``BlockPool.get_new_blocks``). Blocks that hold nothing
+  cached come first: those never used, and freed blocks that were never cached (a
+  partial block), which ``BlockPool.free_blocks`` puts at the front; then cached blocks,
+  least recently freed first. A request's blocks are freed tail first
   (``KVCacheManager.free``: ``reversed(blocks)``), so a prefix loses its end before its
   start.
 - **A hit on a block still in the queue takes it out** (``BlockPool.touch``): it is in
@@ -44,8 +46,8 @@ unit are always a run from its first: a request holds a unit's blocks from its f
 unit is extended only by a request holding all of its cached blocks, and its blocks are
 freed tail first and evicted in the order freed, so the last cached one leaves first.
 Each unit keeps ``n``, its cached blocks, and the holders' counts (running requests
-holding its first ``c`` blocks); the queue keeps runs ``[lo, hi)`` of a unit's blocks, or
-of uncached blocks, in the order freed.
+holding its first ``c`` blocks); the queue keeps runs ``[lo, hi)`` of a unit's blocks in
+the order freed, and a count of the blank blocks before them.
 
 The pool's block *count* is the simulator's (``Simulator._kv_used``); this module keeps
 which blocks are cached and in what order they leave. Allocation in the simulator moves
@@ -125,7 +127,7 @@ class PrefixCache:
     """Which of the pool's blocks are cached, unit by unit, and the free queue's order
     (see the module docstring)."""
 
-    __slots__ = ("total", "units", "queue", "queued", "pristine", "_entries", "evicted")
+    __slots__ = ("total", "units", "queue", "queued", "blank", "_entries", "evicted")
 
     def __init__(self, total_blocks: int):
         self.total = total_blocks
@@ -133,12 +135,12 @@ class PrefixCache:
         """Cached units: name -> [n cached blocks, {held count c: holders}, its queue
         entries' ids, oldest first]."""
         self.queue: OrderedDict = OrderedDict()
-        """The free queue after the never-used blocks, front first: entry id -> [unit name
-        or None for uncached blocks, lo, hi], blocks [lo, hi) of the unit."""
+        """The free queue's cached blocks, front first: entry id -> [unit name, lo, hi],
+        blocks [lo, hi) of the unit."""
         self.queued = 0
         """Blocks in :attr:`queue`."""
-        self.pristine = total_blocks
-        """Blocks never used, at the queue's front."""
+        self.blank = total_blocks
+        """Free blocks that hold nothing cached, at the queue's front."""
         self._entries = 0
         self.evicted = 0
         """Cached blocks evicted so far."""
@@ -154,12 +156,12 @@ class PrefixCache:
 
     def settle(self, used: int) -> None:
         """Evict from the queue's front what allocations took since the last call: after
-        it, the never-used and queued blocks are the pool's ``total - used`` free ones."""
-        excess = self.pristine + self.queued - (self.total - used)
+        it, the blank and queued blocks are the pool's ``total - used`` free ones."""
+        excess = self.blank + self.queued - (self.total - used)
         if excess <= 0:
             return
-        take = min(excess, self.pristine)
-        self.pristine -= take
+        take = min(excess, self.blank)
+        self.blank -= take
         excess -= take
         self.queued -= excess
         queue, units = self.queue, self.units
@@ -170,26 +172,23 @@ class PrefixCache:
                 entry[2] = hi - excess
                 queue[eid] = entry
                 queue.move_to_end(eid, last=False)
-                if key is not None:
-                    units[key][0] -= excess
-                    self.evicted += excess
+                units[key][0] -= excess
+                self.evicted += excess
                 break
             excess -= hi - lo
-            if key is not None:  # the unit's last cached blocks leave
-                unit = units[key]
-                unit[0] = lo
-                self.evicted += hi - lo
-                unit[2].pop(0)
-                if not lo:
-                    del units[key]
+            unit = units[key]  # the unit's last cached blocks leave
+            unit[0] = lo
+            self.evicted += hi - lo
+            unit[2].pop(0)
+            if not lo:
+                del units[key]
 
     def _push(self, key, lo: int, hi: int) -> None:
-        """Blocks [lo, hi) of unit ``key`` (None: uncached blocks) join the queue's back."""
+        """Blocks [lo, hi) of unit ``key`` join the queue's back."""
         self._entries += 1
         self.queue[self._entries] = [key, lo, hi]
         self.queued += hi - lo
-        if key is not None:
-            self.units[key][2].append(self._entries)
+        self.units[key][2].append(self._entries)
 
     # --- a request ------------------------------------------------------------------------
 
@@ -289,18 +288,16 @@ class PrefixCache:
                 held[j] = want
 
     def release(self, units: Units, held: list, done: list, full: int, blocks: int) -> int:
-        """A request frees its ``blocks`` blocks, tail first, its first ``full`` full (its
-        decodes' blocks are cached now, as :meth:`fill` would have). Returns the blocks
-        that joined the queue (those another request still holds did not)."""
+        """A request frees its ``blocks`` blocks, its first ``full`` full (its decodes'
+        blocks are cached now, as :meth:`fill` would have): those with nothing cached to the
+        queue's front, its cached ones tail first to its back. Returns the blocks freed
+        (those another request still holds are not)."""
         self.fill(units, held, done, full)
-        tail = blocks - sum(done)
-        if tail > 0:
-            self._push(None, 0, tail)
+        # its blocks with nothing cached (a partial one, copies) go to the front, blank
+        self.blank += blocks - sum(held)
         shared = 0
         for j in range(len(done) - 1, -1, -1):
-            c, d = held[j], done[j]
-            if d > c:  # its copies
-                self._push(None, c, d)
+            c = held[j]
             if not c:
                 continue
             key = units.keys[j]
@@ -327,11 +324,11 @@ class PrefixCache:
 
     def check(self, used: int) -> None:
         """The invariants (for tests, after :meth:`settle`): the free blocks are the
-        never-used and queued ones; each unit's cached blocks are a run from its first, those
+        blank and queued ones; each unit's cached blocks are a run from its first, those
         in use below those queued, and its queue entries its queued blocks from the top
         down, in the order freed."""
-        assert self.pristine >= 0 and self.queued >= 0
-        assert self.pristine + self.queued == self.total - used, (self.pristine, self.queued, used)
+        assert self.blank >= 0 and self.queued >= 0
+        assert self.blank + self.queued == self.total - used, (self.blank, self.queued, used)
         assert self.queued == sum(hi - lo for _, lo, hi in self.queue.values())
         for key, (n, hold, entries) in self.units.items():
             in_use = max(hold) if hold else 0
@@ -343,5 +340,4 @@ class PrefixCache:
                 assert k == key and hi == top and lo < hi, (key, n, lo, hi, top)
                 top = lo
             assert top == in_use, (key, n, in_use, top)
-        named = sum(len(u[2]) for u in self.units.values())
-        assert named == sum(1 for k, _, _ in self.queue.values() if k is not None)
+        assert sum(len(u[2]) for u in self.units.values()) == len(self.queue)

@@ -24,6 +24,12 @@ exactly how it is counted from a request's counters. The counters are vLLM V1's
   recomputation counts its output tokens too).
 - *the head*: the request next in line for prefill: the first in-prefill running request
   in admission order (vLLM's ``running`` list keeps it), else the first waiting one.
+- *cached*, with prefix caching: the tokens of a request's leading full blocks the cache
+  holds. A waiting request's are what its admission would find now (vLLM's
+  ``KVCacheManager.get_computed_blocks``, a lookup without side effects); a request's
+  first admission's stay with it (vLLM's prefill stats, ``num_local_cached_tokens``).
+  Only the head is looked up: a lookup of the whole queue every pass would cost what
+  admitting it does.
 
 The simulator's :class:`~envs.engine.SchedulerState` offers every name below (its fast
 running sums), the slack counts through ``itl_slack(itl_s)`` (they depend on a target); :func:`read_requests` counts the engine-side ones from vLLM's request
@@ -62,10 +68,12 @@ QUANTITIES: tuple[Quantity, ...] = (
              "blocks held by running requests / all blocks", "vllm:kv_cache_usage_perc"),
     Quantity("decode_context_tokens", "tokens", "KV-cache tokens the decodes' attention reads",
              "sum of computed over decoding requests"),
-    Quantity("head_prefilled_tokens", "tokens", "the head's tokens already prefilled",
-             "computed of the head; 0 without one"),
+    Quantity("head_prefilled_tokens", "tokens", "the head's tokens already in the KV cache, "
+             "which its next chunk reads as its prefix",
+             "computed of an in-prefill head; a waiting head's cached tokens (0 without prefix "
+             "caching); 0 without a head"),
     Quantity("head_remaining_tokens", "tokens", "the head's tokens still to prefill",
-             "tokens - computed of the head; 0 without one"),
+             "tokens - head_prefilled_tokens of the head; 0 without one"),
     Quantity("oldest_wait_s", "seconds", "how long the oldest request without a first token has waited",
              "now - arrival_s of the earliest-arrived waiting or in-prefill request with no "
              "output token (a preempted request has one: its TTFT is behind it); 0 without one"),
@@ -89,6 +97,9 @@ QUANTITIES: tuple[Quantity, ...] = (
     Quantity("max_num_seqs", "requests", "most requests running at once", "the engine's setting",
              "max_num_seqs"),
     Quantity("now_s", "seconds", "the engine's clock", "seconds since the engine started"),
+    Quantity("head_cached_tokens", "tokens", "the head's prompt tokens the prefix cache serves",
+             "an in-prefill head's cached tokens at its first admission; a waiting head's cached "
+             "tokens; 0 without a head or without prefix caching"),
     Quantity("free_ride_tokens", "tokens", "about the largest chunk that keeps this pass memory-bound",
              "envs.pricing.free_ride_root over the decodes and the head's prefix, rounded down"),
 )
@@ -96,7 +107,8 @@ BY_NAME = {q.name: q for q in QUANTITIES}
 
 TABLE_INPUTS = ("running_decodes", "waiting_requests", "waiting_prefill_tokens", "kv_usage",
                 "decode_context_tokens", "head_prefilled_tokens", "head_remaining_tokens",
-                "oldest_wait_s", "last_step_s", "itl_slow_tokens", "itl_decode_tokens")
+                "oldest_wait_s", "last_step_s", "itl_slow_tokens", "itl_decode_tokens",
+                "head_cached_tokens")
 """What a serving engine provides to a table before each pass (``policies.table``)."""
 
 SLACK_COUNTS = ("itl_slow_tokens", "itl_decode_tokens")
@@ -131,18 +143,20 @@ def counters(request) -> tuple[int, int, int]:
             request.num_output_tokens + pending)
 
 
-HEAD_INPUTS = frozenset({"head_prefilled_tokens", "head_remaining_tokens"})
+HEAD_INPUTS = frozenset({"head_prefilled_tokens", "head_remaining_tokens", "head_cached_tokens"})
 
 
 def read_requests(running: Iterable, waiting, wall_now_s: float,
-                  needs: Iterable[str] = TABLE_INPUTS) -> dict:
+                  needs: Iterable[str] = TABLE_INPUTS, cached=None) -> dict:
     """The request-counted quantities among ``needs`` (and always ``running_decodes``, which
     bounds every budget) from vLLM V1 request objects, as the module docstring defines
     them: ``running`` in admission order; ``waiting`` a sized queue, iterated in the order
     the scheduler takes it; arrivals on the clock of ``wall_now_s`` (vLLM's
     ``arrival_time`` is ``time.time()``). The engine supplies the rest itself:
     ``kv_usage`` from its cache, ``last_step_s`` and the slack counts from its passes
-    (``envs.slack.StepSlack``)."""
+    (``envs.slack.StepSlack``). ``cached(request, running)``, with prefix caching, gives a
+    request's cached tokens (the module docstring's *cached*: for a running request its
+    first admission's, for a waiting one a lookup now); None: no prefix caching."""
     needs = frozenset(needs)
     decodes = context = to_prefill = 0
     head = None
@@ -174,11 +188,16 @@ def read_requests(running: Iterable, waiting, wall_now_s: float,
         state["waiting_prefill_tokens"] = to_prefill
         state["oldest_wait_s"] = wall_now_s - oldest if oldest < math.inf else 0.0
     if needs & HEAD_INPUTS:
+        running_head = head is not None
         if head is None and len(waiting):  # the request the scheduler takes next
             head = waiting.peek_request() if hasattr(waiting, "peek_request") else next(iter(waiting))
         computed, tokens, _ = counters(head) if head is not None else (0, 0, 0)
+        hit = cached(head, running_head) if cached is not None and head is not None else 0
+        if head is not None and not running_head:
+            computed = hit  # what its first chunk will find in the cache
         state["head_prefilled_tokens"] = computed
         state["head_remaining_tokens"] = tokens - computed
+        state["head_cached_tokens"] = hit
     return {k: v for k, v in state.items() if k in needs or k == "running_decodes"}
 
 

@@ -101,6 +101,7 @@ class TableBudget:
         self._cp_summary_from = now
         self._cp_file = _file_signature(settings.table_path)
         self._cp_logged: set[str] = set()
+        self._cp_first_cached: dict[str, int] = {}  # request id -> its first admission's hit
         self.chunkpilot_recorder = StepRecorder(settings.record_steps) if settings.record_steps else None
         self._cp_use(table)
         if allowed:
@@ -155,7 +156,8 @@ class TableBudget:
         (``envs.state.read_requests``), its KV cache, the last completed step's duration and,
         read at ``now_s`` (monotonic), the slack counts of the steps completed so far."""
         needs = self._cp_needs
-        state = read_requests(self.running, self.waiting, time.time(), needs)
+        cached = self._cp_cached_of if self.cache_config.enable_prefix_caching else None
+        state = read_requests(self.running, self.waiting, time.time(), needs, cached)
         if "kv_usage" in needs:
             state["kv_usage"] = self.kv_cache_manager.usage
         if "last_step_s" in needs:
@@ -165,6 +167,14 @@ class TableBudget:
             meter = slack.read(time.monotonic() if now_s is None else now_s)
             state["itl_slow_tokens"], state["itl_decode_tokens"] = meter.slow, meter.tokens
         return state
+
+    def _cp_cached_of(self, request, running: bool) -> int:
+        """A request's cached tokens, as ``envs.state`` defines them: a running request's
+        at its first admission (recorded by :meth:`schedule`), a waiting one's as its
+        admission would find them now (the cache's lookup, which changes nothing)."""
+        if running:
+            return self._cp_first_cached.get(request.request_id, 0)
+        return self.kv_cache_manager.get_computed_blocks(request)[1]
 
     # --- the budget ----------------------------------------------------------------
 
@@ -252,6 +262,11 @@ class TableBudget:
         start = time.monotonic()
         self.max_num_scheduled_tokens = self.chunkpilot_budget()
         output = super().schedule(*args, **kwargs)
+        first = self._cp_first_cached
+        for new in output.scheduled_new_reqs:  # what a first admission found cached
+            first.setdefault(new.req_id, new.num_computed_tokens)
+        for rid in output.finished_req_ids:
+            first.pop(rid, None)
         decodes, priced, shape = 0, 0.0, None
         if self._cp_slack is not None or self._cp_cost is not None or self.chunkpilot_recorder:
             shape = step_shape(self, output)

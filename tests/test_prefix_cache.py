@@ -99,12 +99,12 @@ def test_eviction_takes_the_least_recently_freed_tail_first():
     held, done = [], []
     cache.fill(a, held, done, 4)
     cache.settle(4)
-    assert cache.pristine == 6
+    assert cache.blank == 6
     assert cache.release(a, held, done, 4, 4) == 4  # tail first: 9, 5, then 2 and 1
     cache.settle(0)
     assert list(cache.queue.values()) == [[9, 0, 1], [5, 0, 1], [1, 0, 2]]
-    cache.settle(9)  # 9 blocks in use by others: the 6 never used, then 9, 5 and block 2
-    assert cache.pristine == 0 and cache.evicted == 3
+    cache.settle(9)  # 9 blocks in use by others: the 6 blank ones, then 9, 5 and block 2
+    assert cache.blank == 0 and cache.evicted == 3
     assert list(cache.queue.values()) == [[1, 0, 1]]
     assert cache.hits(a, 4) == (1, 1)  # block 1 is left, in the queue
     cache.check(9)
@@ -125,7 +125,7 @@ def test_a_hit_on_a_queued_block_takes_it_out_of_the_queue():
     cache.acquire(b, 10, hb, db)
     assert cache.queued == 22  # blocks 10-31 are still free, cached
     cache.check(10)
-    cache.settle(10 + 68 + 5)  # allocations take the 68 never used, then 5 of unit 7's top
+    cache.settle(10 + 68 + 5)  # allocations take the 68 blank ones, then 5 of unit 7's top
     assert cache.units[7 * 32][0] == 27 and cache.queued == 17
     cache.check(10 + 68 + 5)
 

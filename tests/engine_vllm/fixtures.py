@@ -52,7 +52,8 @@ def model_dir(root: Path) -> str:
 
 
 def create_scheduler(cls, model: str, max_num_batched_tokens: int, max_num_seqs: int = 32,
-                     num_blocks: int = 4000, async_scheduling: bool = False, **kwargs):
+                     num_blocks: int = 4000, async_scheduling: bool = False,
+                     prefix_caching: bool = False, **kwargs):
     """vLLM's scheduler ``cls`` over a KV cache of ``num_blocks`` blocks. ``async_scheduling``
     is set after the config is built: vLLM's CPU platform turns it off, as GPU vLLM would
     not (the scheduler classes behave the same either way; only start-up checks read it)."""
@@ -63,7 +64,7 @@ def create_scheduler(cls, model: str, max_num_batched_tokens: int, max_num_seqs:
     model_config = ModelConfig(model=model, skip_tokenizer_init=True, dtype="float32", seed=0,
                                max_model_len=8192)
     cache_config = CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.9, cache_dtype="auto",
-                               enable_prefix_caching=False)
+                               enable_prefix_caching=prefix_caching)
     vllm_config = VllmConfig(scheduler_config=sched_config, model_config=model_config,
                              cache_config=cache_config)
     kv_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
@@ -76,10 +77,23 @@ def create_scheduler(cls, model: str, max_num_batched_tokens: int, max_num_seqs:
                log_stats=False, **kwargs)
 
 
-def make_request(rid: str, prompt_tokens: int, max_tokens: int) -> Request:
+def make_request(rid: str, prompt_tokens: int, max_tokens: int, tokens: list | None = None,
+                 block_hasher=None) -> Request:
+    """A request of ``prompt_tokens`` 7s, or of ``tokens``; with ``block_hasher`` (see
+    :func:`block_hasher`) its blocks are hashed for prefix caching, as vLLM's engine does."""
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    return Request(request_id=rid, prompt_token_ids=[7] * prompt_tokens, sampling_params=params,
-                   pooling_params=None)
+    return Request(request_id=rid, prompt_token_ids=tokens or [7] * prompt_tokens,
+                   sampling_params=params, pooling_params=None, block_hasher=block_hasher)
+
+
+def block_hasher():
+    """vLLM's block hasher, as its engine core sets it up when prefix caching is on."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    fn = get_hash_fn_by_name("sha256")
+    init_none_hash(fn)
+    return get_request_block_hasher(BLOCK, fn)
 
 
 def fake_output(scheduler, scheduler_output) -> ModelRunnerOutput:

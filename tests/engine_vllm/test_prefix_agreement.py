@@ -1,0 +1,188 @@
+"""Prefix caching in the simulator against vLLM's own (``KVCacheManager``, ``BlockPool``): the
+real ``Scheduler`` with ``enable_prefix_caching`` (no model: fake runner outputs) and the
+simulator, driven through the same requests whose prompts share prefixes, schedule the same
+tokens for every request at every step, so they find the same prefixes cached: hits,
+prompts whose cached prefix ends inside a block, eviction from a pool too small to keep
+everything, and preempted requests recomputing on their own cached blocks. vLLM hashes the
+tokens; the simulator reads block ids named the same way (``envs.prefix_cache``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip(
+    "vllm.v1.core.sched.scheduler",
+    reason="vLLM is not installed here; this tier runs in .venv-vllm (see .ci/run)")
+
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+
+from envs.engine import EngineConfig  # noqa: E402
+from envs.workload import Workload  # noqa: E402
+from tests.engine_vllm.fixtures import (BLOCK, block_hasher, create_scheduler, fake_output,  # noqa: E402
+                                        make_request, model_dir)
+from tests.engine_vllm.test_scheduler_agreement import (ONE_SECOND_PASS, PassByPass,  # noqa: E402
+                                                        first_difference)
+
+
+SEEDS = 30
+"""Random cases per test (each a few hundred steps on both sides)."""
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return model_dir(tmp_path_factory.mktemp("models"))
+
+
+def block_ids(prompts: list[list[int]]) -> tuple:
+    """Each prompt's block ids, one per BLOCK tokens: a block's id names its tokens and
+    the id before it (vLLM's chained hash, as numbers in order of first appearance)."""
+    names: dict = {}
+    out = []
+    for tokens in prompts:
+        ids, previous = [], -1
+        for j in range(0, len(tokens), BLOCK):
+            previous = names.setdefault((previous, tuple(tokens[j:j + BLOCK])), len(names))
+            ids.append(previous)
+        out.append(np.array(ids, dtype=np.int64))
+    return tuple(out)
+
+
+def case(seed: int, kv_tight: bool):
+    """Requests from three families of shared prefixes (each a family's first S tokens, S
+    drawn per request, then its own tokens), arriving while others run."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(4, 20))
+    families = [[1000 * f + k for k in range(600)] for f in range(3)]
+    arrival = np.sort(rng.integers(0, 30, n)) + 0.5 * (rng.random(n) < 0.7)
+    prompts, outputs = [], []
+    for i in range(n):
+        shared = int(rng.integers(0, 600))
+        own = int(rng.integers(1, 200))  # its own last tokens: no two prompts are the same
+        prompts.append(families[int(rng.integers(0, 3))][:shared] + [10**6 + 1000 * i + k for k in range(own)])
+        outputs.append(int(rng.integers(1, 40)))
+    budgets = [int(b) for b in rng.choice((16, 40, 64, 100, 256, 512, 2048), 7)]
+    max_seqs = int(rng.integers(2, 10))
+    need = max(-(-(len(p) + o) // BLOCK) for p, o in zip(prompts, outputs)) + 1  # and the null block
+    blocks = need + int(rng.integers(0, 2 * need)) if kv_tight else 5000
+    order = np.argsort(arrival, kind="stable")
+    rows = [(float(arrival[i]), prompts[i], outputs[i]) for i in order]
+    return rows, budgets, max_seqs, blocks
+
+
+def simulated(rows, budgets, max_num_seqs: int, kv_blocks: int):
+    arrival = np.array([a for a, _, _ in rows])
+    prompts = [p for _, p, _ in rows]
+    w = Workload(arrival, np.array([len(p) for p in prompts], dtype=np.int64),
+                 np.array([o for _, _, o in rows], dtype=np.int64), "shared", block_ids(prompts), BLOCK)
+    sim = PassByPass(ONE_SECOND_PASS, "llama-3-8b", w,
+                     EngineConfig(max_num_seqs=max_num_seqs, num_kv_blocks=kv_blocks, block_size=BLOCK))
+    sim.run(lambda s: max(budgets[sim.pass_index % len(budgets)], s["running_decodes"]))
+    return sim.passes, sim.preemptions, sim.prefix_counts
+
+
+def in_vllm(model, rows, budgets, max_seqs: int, num_blocks: int):
+    sched = create_scheduler(Scheduler, model, max_num_batched_tokens=8192, max_num_seqs=max_seqs,
+                             num_blocks=num_blocks, prefix_caching=True)
+    hasher = block_hasher()
+    now, nxt, passes, preemptions = 0.0, 0, [], 0
+    while nxt < len(rows) or sched.has_unfinished_requests():
+        while nxt < len(rows) and rows[nxt][0] <= now:
+            _, tokens, output = rows[nxt]
+            sched.add_request(make_request(str(nxt), len(tokens), output, tokens, hasher))
+            nxt += 1
+        if not sched.has_unfinished_requests():
+            now = rows[nxt][0]
+            continue
+        decodes = sum(1 for r in sched.running
+                      if r.num_output_tokens > 0 and r.num_computed_tokens == r.num_tokens - 1)
+        sched.max_num_scheduled_tokens = max(budgets[len(passes) % len(budgets)], decodes)
+        out = sched.schedule()
+        preemptions += len(out.preempted_req_ids or ())
+        passes.append({int(rid): k for rid, k in out.num_scheduled_tokens.items()})
+        sched.update_from_output(out, fake_output(sched, out))
+        now += 1.0
+    return passes, preemptions
+
+
+@pytest.mark.parametrize("kv_tight", [False, True], ids=["ample-kv", "tight-kv"])
+def test_vllm_and_the_simulator_find_the_same_prefixes_cached(model, kv_tight):
+    """Every step, every request gets the same tokens on both sides: a request whose
+    prefix is cached schedules only the rest, so the same tokens mean the same hits."""
+    hit = preempted = resumed_on_cache = 0
+    for seed in range(SEEDS):
+        rows, budgets, max_seqs, blocks = case(seed, kv_tight)
+        sim, sim_pre, counts = simulated(rows, budgets, max_seqs, blocks - 1)
+        real, real_pre = in_vllm(model, rows, budgets, max_seqs, blocks)
+        assert first_difference(sim, real) is None, (seed, first_difference(sim, real))
+        assert sim_pre == real_pre
+        hit += counts[3]
+        preempted += real_pre
+        resumed_on_cache += counts[4] > counts[3]
+    assert hit > 0
+    assert (preempted > 0) == kv_tight and (resumed_on_cache > 0) == kv_tight
+
+
+COUNTED = ("running_decodes", "waiting_requests", "waiting_prefill_tokens", "decode_context_tokens",
+           "head_prefilled_tokens", "head_remaining_tokens", "head_cached_tokens")
+"""The request-counted quantities (the wait is on two clocks, the KV usage the engine's)."""
+
+
+def test_the_adapter_reads_the_cache_as_the_simulator_does(model):
+    """vLLM's scheduler with chunkpilot's adapter and the simulator, scheduling the same
+    tokens: before every step with prefill work, the state the adapter would hand a table
+    (a waiting head's cached tokens looked up in vLLM's cache, a running head's recorded
+    at its first admission) is the simulator's, quantity by quantity."""
+    import policies.vllm_scheduler as vs
+    from policies.table import BudgetTable
+    from tests.engine_vllm.fixtures import table_dict
+
+    table = BudgetTable(table_dict([(n, [1]) for n in COUNTED], [64] * 2 ** len(COUNTED),
+                                   default_budget=64))
+    seen = {True: 0, False: 0}
+    for seed in range(12):
+        rows, budgets, max_seqs, blocks = case(seed, kv_tight=seed % 2 == 1)
+        expected = {}
+
+        class Recording(PassByPass):
+            def _schedule(self, budget):
+                if self.prefilling or self.waiting:
+                    expected[self.pass_index] = {n: self.state()[n] for n in COUNTED}
+                return super()._schedule(budget)
+
+        arrival = np.array([a for a, _, _ in rows])
+        prompts = [p for _, p, _ in rows]
+        w = Workload(arrival, np.array([len(p) for p in prompts], dtype=np.int64),
+                     np.array([o for _, _, o in rows], dtype=np.int64), "shared", block_ids(prompts), BLOCK)
+        sim = Recording(ONE_SECOND_PASS, "llama-3-8b", w,
+                        EngineConfig(max_num_seqs=max_seqs, num_kv_blocks=blocks - 1, block_size=BLOCK))
+        sim.run(lambda s: max(budgets[sim.pass_index % len(budgets)], s["running_decodes"]))
+
+        sched = create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=8192,
+                                 max_num_seqs=max_seqs, num_blocks=blocks, prefix_caching=True,
+                                 chunkpilot_table=table)
+        hasher = block_hasher()
+        now, nxt, step = 0.0, 0, 0
+        while nxt < len(rows) or sched.has_unfinished_requests():
+            while nxt < len(rows) and rows[nxt][0] <= now:
+                _, tokens, output = rows[nxt]
+                sched.add_request(make_request(str(nxt), len(tokens), output, tokens, hasher))
+                nxt += 1
+            if not sched.has_unfinished_requests():
+                now = rows[nxt][0]
+                continue
+            got = sched.chunkpilot_state()
+            if step in expected:
+                assert {n: got[n] for n in COUNTED} == expected[step], (seed, step)
+                if got["head_cached_tokens"]:  # a head with a hit: waiting (looked up) or running
+                    seen[bool(sched.waiting) and not any(
+                        r.num_output_tokens == 0 and r.num_computed_tokens < r.num_tokens
+                        for r in sched.running)] += 1
+            decodes = got["running_decodes"]
+            budget = max(budgets[step % len(budgets)], decodes)
+            sched.chunkpilot_budget = lambda budget=budget: budget  # the simulator's budgets
+            out = sched.schedule()
+            sched.update_from_output(out, fake_output(sched, out))
+            now += 1.0
+            step += 1
+    assert seen[True] > 0 and seen[False] > 0, seen
