@@ -78,7 +78,7 @@ class ChunkBudgetEnv(gym.Env):
     | 5 | price of a decode-only pass at the current decodes | seconds / ITL target / 4 |
     | 6 | chunk a pass can carry within the ITL target | log1p(x)/log1p(16384) |
     | 7 | head request's prompt tokens still to prefill | log1p(x)/log1p(131072) |
-    | 8 | share of the head request's prompt already prefilled | fraction |
+    | 8 | share of the head request's prompt already prefilled (or cached) | fraction |
     | 9 | last pass's duration | duration / ITL target / 4 |
     | 10 | mean decode context, tokens | log1p(x)/log1p(131072) |
     | 11 | p99 ITL slack: passes over the ITL target the running decodes could take | log1p(x)/log1p(64) |
@@ -87,6 +87,10 @@ class ChunkBudgetEnv(gym.Env):
     | 13 | ITL target | log1p(1000 s)/log1p(1000) |
     | 14 | when the prefill queue would be done, from its oldest request's arrival: that | seconds / TTFT target / 4 |
     |    | request's age plus every waiting prompt token at the chunk of entry 6 per ITL target | |
+
+    With prefix caching, a waiting head's cached tokens count as prefilled (``envs.state``'s
+    ``head_prefilled_tokens``): entry 8 is then its cached share, and entry 6 the chunk
+    that fits with their keys and values read as its prefix.
 
     All of them are cheap for a real engine to read or compute each pass (counts, KV
     usage, the head request's computed tokens, running requests' context lengths, the

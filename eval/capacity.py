@@ -38,9 +38,10 @@ class CapacityResult:
     kind: str
     per_stream: tuple[float, ...]
     """Each stream's capacity, requests/s (0 when even the lowest probe fails)."""
-    probes: tuple[tuple[int, float, float, float, float, float], ...]
+    probes: tuple[tuple[int, float, float, float, float, float, float], ...]
     """(stream, load factor, p99 TTFT, p99 ITL, worst gap, share of passes with decodes
-    over the ITL target) of every probe, in the order run."""
+    over the ITL target, share of prompt tokens the prefix cache served or NaN without
+    prefix caching) of every probe, in the order run."""
     factors: tuple[float, ...] = ()
     """Each stream's capacity as a multiple of the scenario's own load."""
     unbounded: tuple[int, ...] = ()
@@ -82,6 +83,14 @@ class CapacityResult:
         slow = [pr[5] for pr in at if not math.isnan(pr[5])]  # NaN: no pass with decodes
         return max(pr[4] for pr in at), (float(np.mean(slow)) if slow else math.nan)
 
+    def hit_rate_at_capacity(self) -> float:
+        """The share of prompt tokens the prefix cache served at each stream's capacity, the
+        mean over the streams (NaN without prefix caching, or where none meets the SLO)."""
+        at = [pr[6] for i, f in enumerate(self.factors) if f > 0
+              for pr in [p for p in self.probes if p[0] == i and p[1] == f][-1:]]
+        at = [h for h in at if not math.isnan(h)]
+        return float(np.mean(at)) if at else math.nan
+
     def stall_text(self) -> str:
         """The worst gap and the slow-pass share at capacity, as a report's cell."""
         gap, slow = self.at_capacity()
@@ -97,6 +106,9 @@ class CapacityResult:
                "slow_pass_share_at_capacity": None if math.isnan(slow) else slow}
         if self.unbounded:
             out["unbounded_streams"] = list(self.unbounded)
+        hits = self.hit_rate_at_capacity()
+        if not math.isnan(hits):
+            out["prefix_hit_rate_tokens_at_capacity"] = hits
         return out
 
 
@@ -118,15 +130,16 @@ def probe_stream(scenario: Scenario, stream: int, streams: int, num_requests: in
 def _probe(scenario: Scenario, policy, stream: int, streams: int, num_requests: int,
            factor: float, min_duration_s: float = 0.0,
            seed_base: int = CAPACITY_SEEDS) -> tuple[bool, tuple[float, ...], float]:
-    """(meets the SLO, (p99 TTFT, p99 ITL, worst gap, slow-pass share), arrival rate in
-    req/s) of one stream at a load (:func:`probe_stream`)."""
+    """(meets the SLO, (p99 TTFT, p99 ITL, worst gap, slow-pass share, prefix-cache hit
+    rate in tokens), arrival rate in req/s) of one stream at a load (:func:`probe_stream`)."""
     sc, w = probe_stream(scenario, stream, streams, num_requests, factor, min_duration_s, seed_base)
     policy.reset()
     s = sc.simulator(w).run(policy).summary(sc.slo())
     itl = 0.0 if math.isnan(s["itl_p99_s"]) else s["itl_p99_s"]
     rate = sc.rate if not sc.trace else (w.mean_rate if len(w) > 1 else 0.0)
     gap = 0.0 if math.isnan(s["itl_max_s"]) else s["itl_max_s"]
-    figures = (s["ttft_p99_s"], itl, gap, s["slow_pass_share"])
+    figures = (s["ttft_p99_s"], itl, gap, s["slow_pass_share"],
+               s.get("prefix_hit_rate_tokens", math.nan))
     return meets_slo(sc, s["ttft_p99_s"], itl), figures, rate
 
 

@@ -4,6 +4,7 @@ ladder, and the pictures (:mod:`eval.figures`)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from envs.files import write_atomic
@@ -159,6 +160,11 @@ def capacity_report(study, out: Path, seeds: int, num_requests: int, uses: dict 
         lines.append(f"| {n} | {r.text(3)} | {against} | {held_out_cell(study, n)} "
                      f"| {r.stall_text()} |")
     lines += ["", ladder_line(study)]
+    hits = {n: r.hit_rate_at_capacity() for n, r in study.policies.items()}
+    if any(not math.isnan(h) for h in hits.values()):
+        lines += ["", "Prefix caching: the share of prompt tokens the cache served at each "
+                  "policy's capacity (the mean over the streams): "
+                  + "; ".join(f"{n} {h:.1%}" for n, h in hits.items() if not math.isnan(h)) + "."]
     note = unbounded_note([study])
     if note:
         lines += ["", note]

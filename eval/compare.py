@@ -20,8 +20,8 @@ from eval.harness import (MATCH_TOLERANCE, PolicyResult, Verdict, best_of, paire
 from eval.parallel import LocalExecutor
 from eval.figures import (CURVE_STREAMS, GOODPUT_LOADS, at_load_figures, figure_policies,
                           goodput_curves, runs_at_load)
-from eval.report import (figure_lines, git_commit, ladder_words, results_table, scenario_line,
-                         verdict_sentence)
+from eval.report import (figure_lines, git_commit, ladder_words, prefix_table, results_table,
+                         scenario_line, verdict_sentence)
 from policies.baselines import StaticPolicy
 
 
@@ -240,7 +240,8 @@ def comparison_report(cmp: Comparison, out: Path, seeds: int, title: str = "Comp
              "of passes with decodes that took longer than the ITL target (p99 ITL hides them; "
              "`--max-pass-itl` caps the first for every adaptive policy). Smooth share: requests "
              "whose worst gap is within twice the ITL target.", "",
-             results_table(cmp.results), "", "## Against the best fixed budget", "",
+             results_table(cmp.results), *prefix_table(cmp.results), "",
+             "## Against the best fixed budget", "",
              *two_questions(cmp), ""]
     if cmp.notes:
         lines += ["## Note on training arrivals", "", *[f"- {n}" for n in cmp.notes], ""]

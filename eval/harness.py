@@ -22,6 +22,10 @@ KEY_METRICS = ("goodput", "goodput_rps", "ttft_p50_s", "ttft_p99_s", "itl_p50_s"
                "itl_max_s", "slow_pass_share", "tpot_p99_s", "throughput_tok_s", "smooth_share", "preemptions",
                "stall_passes", "budget_mean", "requests_finished")
 
+PREFIX_METRICS = ("prefix_hit_rate_requests", "prefix_hit_rate_tokens", "prefix_cached_tokens_per_pass",
+                  "prefill_tokens_saved")
+"""Prefix caching's figures (``envs.metrics.prefix_figures``), averaged where runs have them."""
+
 OnResult = Callable[[object, int, object], None]
 """Called as ``on_result(policy, stream index, SimResult)`` after every simulation."""
 
@@ -212,6 +216,8 @@ class PolicyResult:
 
     def summary(self) -> dict:
         out = {k: self.mean(k) for k in KEY_METRICS}
+        if self.runs and PREFIX_METRICS[0] in self.runs[0]:
+            out.update({k: self.mean(k) for k in PREFIX_METRICS})
         out.update({f"{k}_ci95": self.ci95(k) for k in ("goodput", "ttft_p99_s", "itl_p99_s")})
         out["seeds"] = len(self.runs)
         out["slo_streams"] = self.slo_streams()

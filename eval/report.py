@@ -55,6 +55,21 @@ def results_table(results: dict[str, PolicyResult]) -> str:
     return "\n".join(lines)
 
 
+def prefix_table(results: dict[str, PolicyResult]) -> list[str]:
+    """Prefix caching's figures of every policy (none without it): eval compare's report."""
+    rows = [(name, r.summary()) for name, r in results.items()]
+    rows = [(name, s) for name, s in rows if "prefix_hit_rate_tokens" in s]
+    if not rows:
+        return []
+    lines = ["| policy | prefix hits: requests / prompt tokens | cached tokens per prefill pass "
+             "| prefill tokens saved |", "|---|---:|---:|---:|"]
+    for name, s in rows:
+        lines.append(f"| {name} | {share(s['prefix_hit_rate_requests'])} / "
+                     f"{share(s['prefix_hit_rate_tokens'])} | {fmt(s['prefix_cached_tokens_per_pass'], digits=0)} "
+                     f"| {fmt(s['prefill_tokens_saved'], digits=0)} |")
+    return ["", "Prefix caching (the mean over streams):", "", *lines]
+
+
 def verdict_sentence(verdict, best_name: str, what: str = "goodput") -> str:
     """DESIGN.md section 5's two jobs, said plainly, for a policy against the hindsight-best
     static budget (an :class:`eval.harness.Verdict` over the same streams)."""
