@@ -166,14 +166,16 @@ class SloWatch:
 
 def run_vllm(model: Path, w, budget: int | None, steps: list | None = None,
              served: list | None = None, slo: tuple[float, float] | None = None,
-             **engine_args) -> dict:
+             prompts: list | None = None, **engine_args) -> dict:
     """Replay ``w`` in real time through vLLM at a static ``budget`` (None: vLLM's
     default; ``engine_args``: more of ``EngineArgs``, a ``scheduler_cls`` say), timing every
     token; ``steps``, where given, collects every step's shape and wall time; ``served``,
     under a table's scheduler, every step's (state read, budget set, shape, wall time,
     time it ended on ``time.monotonic``). With ``slo`` (p99 TTFT and ITL targets) the
     replay stops as soon as it cannot meet them (:class:`SloWatch`); its summary then has
-    ``gave_up_s``, the replay's time at that point, and describes what was served so far."""
+    ``gave_up_s``, the replay's time at that point, and describes what was served so far.
+    ``prompts``: each request's token ids (default: random ones); prefix caching is off
+    unless ``engine_args`` turn it on (``enable_prefix_caching=True``)."""
     from vllm import EngineArgs, LLMEngine, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -182,7 +184,7 @@ def run_vllm(model: Path, w, budget: int | None, steps: list | None = None,
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=str(model), skip_tokenizer_init=True, dtype="float32", max_model_len=2048,
         max_num_seqs=16, enforce_eager=True, async_scheduling=False, seed=0,
-        enable_prefix_caching=False, **engine_args))
+        **{"enable_prefix_caching": False, **engine_args}))
     shapes = attach_step_recorder(engine)
     scheduler = engine.engine_core.engine_core.scheduler
     rng = np.random.default_rng(1)
@@ -198,7 +200,8 @@ def run_vllm(model: Path, w, budget: int | None, steps: list | None = None,
             break
         while pending and w.arrival_s[pending[0]] <= now:
             i = pending.pop(0)
-            ids = rng.integers(3, VOCAB - 1, int(w.prompt_tokens[i])).tolist()
+            ids = (prompts[i] if prompts is not None
+                   else rng.integers(3, VOCAB - 1, int(w.prompt_tokens[i])).tolist())
             engine.add_request(str(i), TokensPrompt(prompt_token_ids=ids),
                                SamplingParams(max_tokens=int(w.output_tokens[i]), temperature=0,
                                               ignore_eos=True))

@@ -132,18 +132,23 @@ class _Namer:
         return out
 
 
-def repeated_share(prompts: np.ndarray, ids: tuple, id_tokens: int = ID_TOKENS) -> float:
-    """The share of prompt tokens that a request's leading blocks repeat of earlier
-    requests' (in arrival order, full blocks of its prompt only, with every block ever
-    seen still cached): what an unbounded prefix cache can serve."""
+def repeated_share(w) -> float:
+    """The share of a workload's prompt tokens that a request's leading blocks repeat of
+    earlier requests' (``w.block_hashes``, in arrival order): what a prefix cache that
+    never evicts can serve. Counted as an engine counts them: a request's full blocks
+    before its last token (which it computes to sample from), against the blocks earlier
+    requests left full (their prompts, and their answers where the ids go on into them:
+    all but the last token sampled)."""
     seen: set = set()
     hit = 0
-    for p, row in zip(prompts.tolist(), ids):
-        full = min(len(row), int(p) // id_tokens)
+    bt = w.hash_block_tokens
+    for p, o, row in zip(w.prompt_tokens.tolist(), w.output_tokens.tolist(), w.block_hashes):
+        row = row.tolist()
+        full = min(len(row), (p - 1) // bt)
         run = 0
-        while run < full and int(row[run]) in seen:
+        while run < full and row[run] in seen:
             run += 1
-        hit += run * id_tokens
-        seen.update(row.tolist())
-    total = int(prompts.sum())
+        hit += run * bt
+        seen.update(row[:(p + o - 1 if w.hashes_cover_output else p) // bt])
+    total = int(w.prompt_tokens.sum())
     return hit / total if total else math.nan

@@ -36,7 +36,7 @@ from eval.compare import compare, comparison_figures, comparison_report, run_str
 from eval.export.cli import main as export_main
 from eval.parallel import MAX_CLUSTER_WORKERS, make_executor, progress_bar
 from eval.report import save_json
-from eval.scenarios import SUITE
+from eval.scenarios import GROUPS, SUITE
 from eval.suite import run_suite
 from eval.table_use import tables_use
 from policies.baselines import StaticPolicy
@@ -119,7 +119,8 @@ class SuiteArgs(SweepArgs):
     policies: str = "vllm-default,static:2048,queue-depth,sarathi-slo,free-ride,time-budget,time-budget-kv"
     """Comma-separated policy specs (the fine static ladder is always searched)."""
     scenarios: str = "all"
-    """Comma-separated names from eval/scenarios.py, or all."""
+    """Comma-separated names from eval/scenarios.py, or groups: all, main (the reference
+    results of docs/suite.md), prefix (prompts sharing prefixes, with prefix caching)."""
     seeds: int = 5
     """Streams per scenario (a trace's window is cut into this many parts)."""
     requests: int = 600
@@ -235,7 +236,7 @@ def cmd_capacity(argv) -> int:
 
 def cmd_suite(argv) -> int:
     args = parse(SuiteArgs, argv, prog="python -m eval suite")
-    names = list(SUITE) if args.scenarios == "all" else [s.strip() for s in args.scenarios.split(",")]
+    names = [n for s in args.scenarios.split(",") for n in GROUPS.get(s.strip(), [s.strip()])]
     unknown = [n for n in names if n not in SUITE]
     if unknown:
         raise ConfigError(f"scenarios: unknown {show(', '.join(unknown), 200)}; "

@@ -3,6 +3,11 @@
 Datacenter scenarios run twice: on DESIGN.md's pure roofline (no per-pass overhead)
 and with 3 ms per pass (what real engines pay per step); their names end in
 ``+3ms``. One scenario puts the KV cache under pressure (preemptions happen).
+
+The prefix-caching scenarios (:data:`PREFIX`, ``--scenarios prefix``) serve prompts that
+share prefixes with prefix caching on: the Mooncake trace with its block ids,
+conversations and agents at two hit rates each, and agents on a KV cache small enough
+that eviction takes prefixes back (:mod:`envs.sharing`, :mod:`envs.prefix_cache`).
 """
 
 from __future__ import annotations
@@ -41,12 +46,38 @@ _BASE: dict[str, Scenario] = {
                        output="lognormal:200:0.5:800", slo_ttft_s=10.0, slo_itl_s=0.2),
 }
 
+# Own texts of 64-1,024 tokens (a chat turn, a task), answers as in MIX.
+_SHARED = dict(hardware="h100-sxm", model="llama-3-8b", rate=8.0, prompt="uniform:64:1024",
+               output="lognormal:128:0.8:1024")
+
+PREFIX: dict[str, Scenario] = {
+    # The mooncake scenario's window with the trace's block ids: 64% of its prompt blocks
+    # are a prefix seen before (envs/data/README.md).
+    "mooncake-blocks": _BASE["mooncake"].with_fields(trace="mooncake_synthetic_blocks"),
+    # Each turn resends the conversation so far: about 40% of prompt tokens repeat with 2
+    # turns, 82% with 8 (envs.sharing.repeated_share over a 600-request stream).
+    "conversation-2": Scenario(sharing="conversation:2", **_SHARED),
+    "conversation-8": Scenario(sharing="conversation:8", **_SHARED),
+    # Eight agents' instructions, half and nine tenths of the prompt tokens.
+    "agent-50": Scenario(sharing="agent:0.5:8", **_SHARED),
+    "agent-90": Scenario(sharing="agent:0.9:8", **_SHARED),
+    # The same in 3,000 blocks (48K tokens, a tenth of the H100's): at 8 req/s eviction
+    # already takes back a fifth of the hits.
+    "agent-90-tight-kv": Scenario(sharing="agent:0.9:8", num_kv_blocks=3000, **_SHARED),
+}
+"""Scenarios whose prompts share prefixes, served with prefix caching (no +3ms twins)."""
+
 # Scenarios whose hardware pays no per-pass overhead by default get a +3ms twin.
 SUITE: dict[str, Scenario] = {}
 for _name, _sc in _BASE.items():
     SUITE[_name] = _sc
     if _sc.hardware_profile().per_pass_overhead_s == 0:
         SUITE[_name + "+3ms"] = _sc.with_fields(per_pass_overhead_s=0.003)
+MAIN = list(SUITE)
+SUITE.update(PREFIX)
+GROUPS = {"all": list(SUITE), "main": MAIN, "prefix": list(PREFIX)}
+"""Names ``--scenarios`` takes for several scenarios: every one, the main suite (the
+reference results of docs/suite.md), the prefix-caching scenarios."""
 
 
 def scenario_names() -> list[str]:
