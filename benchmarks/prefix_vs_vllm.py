@@ -44,6 +44,7 @@ BLOCK = 16
 def agent_workload(seed: int, rate: float, requests: int, prefixes: int, prefix_tokens: int):
     """(workload with block ids, each request's token ids): Poisson arrivals; each prompt
     one of ``prefixes`` shared prefixes, then 32-160 tokens of its own; 8-24 outputs."""
+    from envs.sharing import token_block_ids
     from envs.workload import Workload
 
     rng = np.random.default_rng(seed)
@@ -55,22 +56,8 @@ def agent_workload(seed: int, rate: float, requests: int, prefixes: int, prefix_
     outputs = rng.integers(8, 25, requests)
     w = Workload(arrival, np.array([len(t) for t in tokens], dtype=np.int64),
                  outputs.astype(np.int64), f"agents-{prefixes}x{prefix_tokens}",
-                 block_ids(tokens), BLOCK)
+                 token_block_ids(tokens, BLOCK), BLOCK)
     return w, tokens
-
-
-def block_ids(prompts: list[list[int]]) -> tuple:
-    """Each prompt's ids, one per BLOCK tokens: a block's id names its tokens and the id
-    before it (vLLM's chained block hash, as numbers in order of first appearance)."""
-    names: dict = {}
-    out = []
-    for tokens in prompts:
-        ids, previous = [], -1
-        for j in range(0, len(tokens), BLOCK):
-            previous = names.setdefault((previous, tuple(tokens[j:j + BLOCK])), len(names))
-            ids.append(previous)
-        out.append(np.array(ids, dtype=np.int64))
-    return tuple(out)
 
 
 def vllm_side(model: Path, w, tokens, budget: int, caching: bool) -> dict:

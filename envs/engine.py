@@ -64,7 +64,7 @@ import gc
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
@@ -72,7 +72,7 @@ import numpy as np
 from envs.cost import PassShape, Roofline
 from envs.errors import MAX_TOKENS, ConfigError, fraction, integer, require, show
 from envs.metrics import SimResult, StreamedResult, StreamingSummary
-from envs.prefix_cache import PrefixCache, Units, units_of
+from envs.prefix_cache import PrefixCache, PrefixCounts, Units, check_hash_block_tokens, units_of
 from envs.pricing import free_ride_root
 from envs.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
 from envs.records import FLUSH_VALUES, PassLog, RequestBook
@@ -193,7 +193,8 @@ class Request:
     __slots__ = ("rid", "pos", "arrival", "prompt", "output", "warm", "computed", "generated",
                  "blocks", "admit_seq", "offset", "decode_start", "generated_at_start", "finish_pass",
                  "first_token_s", "last_token_s", "finish_s", "preemptions", "segments",
-                 "resume_gaps", "recomputed", "ids", "covered", "units", "held", "done", "first_cached")
+                 "resume_gaps", "recomputed", "block_ids", "covered", "units", "held", "filled",
+                 "first_cached_tokens")
 
     def __init__(self, rid: int, arrival: float, prompt: int, output: int, warm: bool = False):
         self.rid = rid
@@ -219,13 +220,13 @@ class Request:
         self.recomputed = 0  # prefill tokens its preemptions added (work done again)
         # With prefix caching: the workload's ids of its blocks and the tokens they cover,
         # its units (envs.prefix_cache.units_of), and per unit the blocks it holds cached
-        # and the blocks it has filled.
-        self.ids = None
+        # and the blocks it has filled (cached or not).
+        self.block_ids = None
         self.covered = 0
         self.units = None
         self.held: list | None = None
-        self.done: list | None = None
-        self.first_cached = 0  # tokens its first admission found cached (vLLM's prefill stats)
+        self.filled: list | None = None
+        self.first_cached_tokens = 0  # what its first admission found cached (vLLM's prefill stats)
 
     @property
     def target(self) -> int:
@@ -240,7 +241,7 @@ class Request:
         c.segments = []
         c.resume_gaps = list(self.resume_gaps)
         if self.held is not None:
-            c.held, c.done = list(self.held), list(self.done)
+            c.held, c.filled = list(self.held), list(self.filled)
         return c
 
 
@@ -318,7 +319,7 @@ class SchedulerState:
     def head_cached_tokens(self) -> int:
         sim = self._sim
         if sim.prefilling:
-            return sim.prefilling[0].first_cached
+            return sim.prefilling[0].first_cached_tokens
         return sim.waiting_head_hit() if sim.waiting else 0
 
     @property
@@ -391,16 +392,16 @@ class Simulator:
         self.workload = workload if workload is not None else Workload.from_arrays([], [], [])
         self._check_every_request_fits()
         self._view_workload()
-        self._id_tokens = self.workload.hash_block_tokens or 1
+        self._hash_block_tokens = self.workload.hash_block_tokens or 1
         self._prefix = (PrefixCache(self.total_blocks) if self.config.enable_prefix_caching
                         and self.workload.block_hashes is not None else None)
         """The cached blocks (None: prefix caching off, or a workload without block ids)."""
+        if self._prefix is not None:
+            check_hash_block_tokens(self._hash_block_tokens, self._block_size)
         self._head_hit = (None, 0)  # (pass, request) and its hit: waiting_head_hit's last answer
         self._freeing: list | None = None  # (prefix caching) requests finished in this pass
-        self.prefix_counts = [0, 0, 0, 0, 0]
-        """With prefix caching: first admissions, those with a hit, their prompt tokens and
-        their cached tokens, and the cached tokens of every admission (recomputations after
-        a preemption too: prefill not computed again)."""
+        self.prefix_counts = PrefixCounts()
+        """What prefix caching served (counted only with it)."""
         self._next_arrival = 0  # index of the next arrival
         self.log = PassLog()
         self._slack: dict[float, SlackCounter] = {}
@@ -480,7 +481,7 @@ class Simulator:
     # is in exactly one of them, so a new field cannot be forgotten here.
     _FORK_SHARED = ("hardware", "model", "config", "roofline", "cost", "total_blocks",
                     "_block_size", "_chunk_cap", "workload", "_arrival_s", "_prompt_tokens",
-                    "_output_tokens", "_jitter", "_jitter_scale", "_id_tokens")
+                    "_output_tokens", "_jitter", "_jitter_scale", "_hash_block_tokens")
     _FORK_COPIED = ("_next_arrival", "_next_rid", "_num_decodes", "_offset_sum", "_offset_blocks",
                     "_kv_used", "_admit_seq",
                     "pass_index", "now", "waiting_prefill_tokens", "preemptions", "finished",
@@ -527,7 +528,7 @@ class Simulator:
         new._finish_heap = list(self._finish_heap)
         new._by_residue = list(self._by_residue)
         new._prefix = self._prefix.copy() if self._prefix is not None else None
-        new.prefix_counts = list(self.prefix_counts)
+        new.prefix_counts = replace(self.prefix_counts)
         new.log = PassLog(self.pass_index)
         if outputs:
             new._set_outputs(clones, outputs)
@@ -572,10 +573,16 @@ class Simulator:
         w, k, bs = self.workload, self._next_arrival, self._block_size
         keep = (future.arrival_s >= self.now) & (
             (future.prompt_tokens + future.output_tokens + bs - 1) // bs <= self.total_blocks)
+        hashes = None
+        if w.block_hashes is not None or future.block_hashes is not None:
+            hashes = ((w.block_hashes[:k] if w.block_hashes is not None else (None,) * k)
+                      + (tuple(future.block_hashes[i] for i in np.flatnonzero(keep))
+                         if future.block_hashes is not None else (None,) * int(keep.sum())))
         return Workload(np.concatenate([w.arrival_s[:k], future.arrival_s[keep]]),
                         np.concatenate([w.prompt_tokens[:k], future.prompt_tokens[keep]]),
                         np.concatenate([w.output_tokens[:k], future.output_tokens[keep]]),
-                        f"{w.name}+future")
+                        f"{w.name}+future", hashes, w.hash_block_tokens or future.hash_block_tokens,
+                        w.hashes_cover_output)
 
     def itl_slack(self, itl_s: float) -> ItlSlackMeter:
         """The decode tokens so far over ``itl_s`` and in all, over the last few minutes
@@ -824,8 +831,9 @@ class Simulator:
                 break
             r.blocks += new_blocks
             self._kv_used += new_blocks
-            if self._prefix is not None:  # the blocks this chunk fills are cached now
-                self._prefix.fill(self._units(r), r.held, r.done, (q + x) // bs)
+            if self._prefix is not None:  # the blocks this chunk fills are cached now, after
+                self._prefix.settle(self._kv_used)  # what allocating them evicted
+                self._prefix.fill(self._units(r), r.held, r.filled, (q + x) // bs)
             chunks.append((r, x, q))
             left -= x
         return left
@@ -879,38 +887,40 @@ class Simulator:
             r.admit_seq = self._admit_seq
             self._admit_seq += 1
             prefilling.append(r)
-            cache.acquire(units, hit, r.held, r.done)
+            cache.acquire(units, hit, r.held, r.filled)
             cached = hit * bs
             if r.generated == 0 and not r.preemptions:
-                r.first_cached = cached
-                counts[0] += 1
-                counts[1] += hit > 0
-                counts[2] += r.prompt
-                counts[3] += cached
-            counts[4] += cached
+                r.first_cached_tokens = cached
+                counts.first_admissions += 1
+                counts.hit_admissions += hit > 0
+                counts.first_prompt_tokens += r.prompt
+                counts.first_cached_tokens += cached
+            counts.cached_tokens += cached
             r.computed = cached
             self.waiting_prefill_tokens -= cached
             x = min(target - cached, thresh, left)
             r.blocks = -(-(cached + x) // bs)
             self._kv_used += r.blocks - hit + from_queue
-            cache.fill(units, r.held, r.done, (cached + x) // bs)
+            cache.settle(self._kv_used)  # vLLM allocates (and evicts), then caches
+            cache.fill(units, r.held, r.filled, (cached + x) // bs)
             chunks.append((r, x, cached))
             left -= x
 
     def _name_blocks(self, r: Request, i: int) -> None:
         """(prefix caching) Arrival ``i``'s block ids and the tokens they cover."""
         w = self.workload
-        r.held, r.done = [], []
-        if w.block_hashes is None:
+        r.held, r.filled = [], []
+        ids = w.block_hashes[i] if w.block_hashes is not None else None
+        if ids is None:
             return
-        r.ids = ids = w.block_hashes[i]
-        r.covered = min(len(ids) * self._id_tokens,
+        r.block_ids = ids
+        r.covered = min(len(ids) * self._hash_block_tokens,
                         r.prompt + (r.output if w.hashes_cover_output else 0))
 
     def _units(self, r: Request) -> Units:
         """(prefix caching) r's units, made on first use."""
         if r.units is None:
-            r.units = units_of(r.ids, self._id_tokens, r.covered, self._block_size, r.rid,
+            r.units = units_of(r.block_ids, self._hash_block_tokens, r.covered, self._block_size, r.rid,
                                (r.prompt + r.output) // self._block_size)
         return r.units
 
@@ -1141,8 +1151,8 @@ class Simulator:
             # Its blocks join the free queue (those another request holds stay in use).
             self._prefix.settle(self._kv_used)
             if r.held is None:  # a warm start's blocks: never named
-                r.held, r.done = [], []
-            blocks = self._prefix.release(self._units(r), r.held, r.done,
+                r.held, r.filled = [], []
+            blocks = self._prefix.release(self._units(r), r.held, r.filled,
                                           r.computed // self._block_size, blocks)
         self._kv_used -= blocks
         r.blocks = 0

@@ -30,13 +30,14 @@ log-bucketed histograms (within 0.05%).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
 
 from envs import records
 from envs.errors import MAX_SLO_ITL_S, MAX_SLO_TTFT_S, slo_seconds
+from envs.prefix_cache import PrefixCounts
 from envs.records import PassChunk, PassHistory
 
 
@@ -169,7 +170,7 @@ class SimResult:
     total_preemptions: int
     sim_time_s: float
     requests_total: int
-    prefix_counts: tuple | None = None
+    prefix_counts: PrefixCounts | None = None
     """With prefix caching: ``Simulator.prefix_counts`` (read by :func:`prefix_figures`)."""
 
     @classmethod
@@ -190,7 +191,7 @@ class SimResult:
             resume_gaps_s=cols["resume_gap_s"], history=sim.log.history(),
             kv_total_blocks=sim.total_blocks, total_preemptions=sim.preemptions, sim_time_s=sim.now,
             requests_total=len(sim.workload),
-            prefix_counts=tuple(sim.prefix_counts) if sim._prefix is not None else None)
+            prefix_counts=replace(sim.prefix_counts) if sim._prefix is not None else None)
 
     # --- per pass (expanded on first use) ------------------------------------------------
 
@@ -370,7 +371,7 @@ class SimResult:
         } | prefix_figures(self.prefix_counts, len(decided))
 
 
-def prefix_figures(counts: tuple | None, prefill_passes: int) -> dict:
+def prefix_figures(counts: PrefixCounts | None, prefill_passes: int) -> dict:
     """Prefix caching's figures from ``Simulator.prefix_counts`` (none without it): the
     share of requests whose first admission hit a cached prefix and the share of their
     prompt tokens it covered; cached tokens per pass with prefill; prefill tokens not
@@ -378,7 +379,8 @@ def prefix_figures(counts: tuple | None, prefill_passes: int) -> dict:
     share of all prefill the passes would have computed without them."""
     if counts is None:
         return {}
-    first, hit, prompt, cached_first, cached_all = counts
+    first, hit, prompt = counts.first_admissions, counts.hit_admissions, counts.first_prompt_tokens
+    cached_first, cached_all = counts.first_cached_tokens, counts.cached_tokens
     return {
         "prefix_hit_rate_requests": hit / first if first else math.nan,
         "prefix_hit_rate_tokens": cached_first / prompt if prompt else math.nan,
@@ -592,5 +594,5 @@ class StreamedResult:
         live, resumes = sim.requests.live_columns()
         final.add_requests(live, resumes)
         out = final.summary(len(sim.workload), sim.workload.prompt_tokens, sim.now, sim.preemptions)
-        return out | prefix_figures(tuple(sim.prefix_counts) if sim._prefix is not None else None,
+        return out | prefix_figures(replace(sim.prefix_counts) if sim._prefix is not None else None,
                                     out["decision_passes"])

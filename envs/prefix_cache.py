@@ -28,7 +28,7 @@ a whole prefix. What this module follows of it:
 Where this differs from vLLM, on purpose:
 
 - Blocks are named by workload ids (``Workload.block_hashes``), not hashes of token
-  values, which a simulator does not have. Ids name ``id_tokens``-token blocks of a
+  values, which a simulator does not have. Ids name ``hash_block_tokens``-token blocks of a
   request from its first token, each naming everything up to its end (vLLM's hashes chain
   the same way, and so do the Mooncake trace's ``hash_ids``). A run of KV blocks with
   consecutive names forms a *unit* (:func:`units_of`: a 512-token trace block holds 32
@@ -36,9 +36,12 @@ Where this differs from vLLM, on purpose:
   blocks past its ids (what its decodes write) form one more unit, named for it alone:
   only the request itself, recomputed after a preemption, can hit it.
 - A block computed by a second request while the first copy is cached (two requests
-  prefilling the same new prefix side by side) is not cached again: vLLM keeps both
-  copies under the hash, and later hits may take either. Here the second copy is freed
-  uncached. Only which copy outlives eviction differs.
+  prefilling the same new prefix side by side) is not cached while the first copy is:
+  vLLM caches both under the hash, and frees the second to the queue's back. Here it is
+  freed blank, to the front, unless the first copy was evicted by then (the second then
+  becomes the cached one). So where requests prefill the same new prefix side by side,
+  which blocks leave the queue first can differ; ``tests/engine_vllm/
+  test_prefix_agreement.py`` finds no step that differs in 300 random cases.
 
 Bookkeeping by unit, not by block, keeps the cost per request to its units (a 40,000-token
 Mooncake prompt whose ids run 0-78 is one unit, against 2,510 blocks). It is exact because the cached blocks of a
@@ -61,11 +64,29 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 from envs.errors import ConfigError
+
+
+@dataclass
+class PrefixCounts:
+    """What prefix caching served in a run (``Simulator.prefix_counts``)."""
+
+    first_admissions: int = 0
+    """Requests admitted for the first time."""
+    hit_admissions: int = 0
+    """Of those, the ones that found a cached prefix."""
+    first_prompt_tokens: int = 0
+    """Their prompt tokens."""
+    first_cached_tokens: int = 0
+    """Of those, the ones found cached."""
+    cached_tokens: int = 0
+    """Tokens found cached at every admission, recomputations after a preemption included:
+    prefill not computed again."""
 
 
 class Units(NamedTuple):
@@ -76,25 +97,27 @@ class Units(NamedTuple):
     sizes: list
 
 
-def units_of(ids: np.ndarray | None, id_tokens: int, covered: int, block_size: int, rid: int,
-             blocks: int) -> Units:
-    """The units of a request whose ``ids`` (``id_tokens`` tokens each) describe its first
-    ``covered`` tokens and which will fill at most ``blocks`` KV blocks (module docstring).
+def units_of(ids: np.ndarray | None, hash_block_tokens: int, covered: int, block_size: int,
+             rid: int, blocks: int) -> Units:
+    """The units of a request that will fill at most ``blocks`` KV blocks, whose ``ids``
+    name its first ``covered`` tokens, ``hash_block_tokens`` a id (module docstring).
 
-    Each named KV block gets a number: ``id * (id_tokens / block_size) + its place in the
-    id's block`` where a KV block holds whole ids' blocks' worth of tokens or less, else
-    the id of the last block it reaches. A unit is a run of KV blocks whose numbers go up
-    one step at a time (consecutive ids, as a trace or a generator gives a prompt's new
-    blocks), named by its first number: since an id names everything before it, two
-    requests that share a block share every block before it, and so the start of its run
-    and its place in it. The request's own unit is named ``-1 - rid``."""
+    Every KV block inside the covered tokens gets a number. Where an id's block holds
+    whole KV blocks, a KV block's number is ``id * (hash_block_tokens / block_size)`` plus
+    its place among them; where a KV block spans several ids' blocks, it is the id of the
+    last one it reaches. A unit is a run of KV blocks whose numbers go up by one each
+    (by ``block_size / hash_block_tokens`` in the second case): a prompt's new blocks,
+    whose ids a trace or a generator gives in a row. It is named by its first number.
+    Since an id names everything before it, two requests that share a block share every
+    block before it, and so the run it is in starts at the same block for both. The
+    blocks past the covered tokens form the request's own unit, named ``-1 - rid``."""
     named = min(covered // block_size if ids is not None else 0, blocks)
     keys: list = []
     starts: list = []
     sizes: list = []
-    if named and id_tokens % block_size == 0:  # whole KV blocks in each id's block
+    if named and hash_block_tokens % block_size == 0:  # whole KV blocks in each id's block
         # runs break only where the ids do: walk the ids (a few dozen), not the blocks
-        per = id_tokens // block_size
+        per = hash_block_tokens // block_size
         last_id = (named - 1) // per
         values = ids[:last_id + 1].tolist()
         run = 0
@@ -106,12 +129,11 @@ def units_of(ids: np.ndarray | None, id_tokens: int, covered: int, block_size: i
                 run = j
     elif named:
         k = np.arange(named, dtype=np.int64)
-        if block_size % id_tokens == 0:  # a KV block spans ids: named by its last one
-            span = block_size // id_tokens
+        if block_size % hash_block_tokens == 0:  # a KV block spans ids: named by its last one
+            span = block_size // hash_block_tokens
             numbers = ids[(k + 1) * span - 1]
         else:
-            raise ConfigError(f"hash_block_tokens: got {id_tokens}, must be a multiple or a divisor "
-                              f"of the KV block size ({block_size} tokens)")
+            check_hash_block_tokens(hash_block_tokens, block_size)
         first = np.concatenate(([0], np.flatnonzero(np.diff(numbers) != span) + 1))
         keys = numbers[first].tolist()
         starts = first.tolist()
@@ -121,6 +143,14 @@ def units_of(ids: np.ndarray | None, id_tokens: int, covered: int, block_size: i
         starts.append(named)
         sizes.append(blocks - named)
     return Units(keys, starts, sizes)
+
+
+def check_hash_block_tokens(hash_block_tokens: int, block_size: int) -> None:
+    """Block ids name whole KV blocks, or whole runs of them: their blocks' size must be a
+    multiple or a divisor of the KV block's."""
+    if hash_block_tokens % block_size and block_size % hash_block_tokens:
+        raise ConfigError(f"hash_block_tokens: got {hash_block_tokens}, must be a multiple or a divisor "
+                          f"of the KV block size ({block_size} tokens)")
 
 
 class PrefixCache:
@@ -211,9 +241,9 @@ class PrefixCache:
                 break
         return hit, from_queue
 
-    def acquire(self, units: Units, hit: int, held: list, done: list) -> None:
+    def acquire(self, units: Units, hit: int, held: list, filled: list) -> None:
         """A request takes its first ``hit`` blocks, found cached by :meth:`hits`; ``held``
-        and ``done`` (empty) become its cached and filled blocks per unit."""
+        and ``filled`` (empty) become its cached and filled blocks per unit."""
         for key, start, size in zip(*units):
             if start >= hit:
                 break
@@ -224,7 +254,7 @@ class PrefixCache:
                 self._touch(key, unit, h)
             unit[1][h] = unit[1].get(h, 0) + 1
             held.append(h)
-            done.append(h)
+            filled.append(h)
 
     def _touch(self, key, unit: list, h: int) -> None:
         """Take unit ``key``'s queued blocks below ``h`` out of the queue: the lowest queued
@@ -243,41 +273,42 @@ class PrefixCache:
                 self.queued -= h - lo
                 break
 
-    def fill(self, units: Units, held: list, done: list, upto: int) -> None:
+    def fill(self, units: Units, held: list, filled: list, upto: int) -> None:
         """A request's blocks up to ``upto`` are full (scheduled to be): cache them unit by
-        unit where it holds all of its unit's cached blocks or the unit is not cached;
-        elsewhere its blocks are copies, kept uncached."""
+        unit where the unit's cached blocks end where its own cached ones do (it holds all
+        of them, or the others' were evicted down to its), or the unit is not cached; there
+        its earlier copies become the cached blocks too. Elsewhere its blocks are copies of
+        cached ones, kept uncached. Call it after :meth:`settle`: vLLM allocates a chunk's
+        blocks, evicting, before it caches them."""
         cached = self.units
         keys, starts, sizes = units
-        j = max(len(done) - 1, 0)
-        if j == len(done):  # its first blocks: new units whole, in bulk while none is cached
+        j = max(len(filled) - 1, 0)
+        if j == len(filled):  # its first blocks: new units whole, in bulk while none is cached
             while j < len(keys) and starts[j] + sizes[j] <= upto and keys[j] not in cached:
                 size = sizes[j]
                 cached[keys[j]] = [size, {size: 1}, []]
                 held.append(size)
-                done.append(size)
+                filled.append(size)
                 j += 1
             j = max(j - 1, 0)
         for j in range(j, len(keys)):
             start = starts[j]
             if start >= upto:
                 break
-            want = min(sizes[j], upto - start)
-            if j == len(done):
+            if j == len(filled):
                 held.append(0)
-                done.append(0)
-            c, d = held[j], done[j]
-            if want <= d:
-                continue
-            done[j] = want
-            if c < d:  # already copying this unit
+                filled.append(0)
+            want = max(min(sizes[j], upto - start), filled[j])
+            filled[j] = want
+            c = held[j]
+            if want <= c:
                 continue
             key = keys[j]
             unit = cached.get(key)
-            if unit is None:
+            if unit is None:  # nothing of it cached (so it held none)
                 cached[key] = [want, {want: 1}, []]
                 held[j] = want
-            elif unit[0] == c:  # it holds the unit's every cached block: extend it
+            elif unit[0] == c:  # its cached blocks end where the unit's do: extend the unit
                 unit[0] = want
                 hold = unit[1]
                 if c:
@@ -287,16 +318,16 @@ class PrefixCache:
                 hold[want] = hold.get(want, 0) + 1
                 held[j] = want
 
-    def release(self, units: Units, held: list, done: list, full: int, blocks: int) -> int:
+    def release(self, units: Units, held: list, filled: list, full: int, blocks: int) -> int:
         """A request frees its ``blocks`` blocks, its first ``full`` full (its decodes'
         blocks are cached now, as :meth:`fill` would have): those with nothing cached to the
         queue's front, its cached ones tail first to its back. Returns the blocks freed
-        (those another request still holds are not)."""
-        self.fill(units, held, done, full)
+        (those another request still holds are not). Call it after :meth:`settle`."""
+        self.fill(units, held, filled, full)
         # its blocks with nothing cached (a partial one, copies) go to the front, blank
         self.blank += blocks - sum(held)
         shared = 0
-        for j in range(len(done) - 1, -1, -1):
+        for j in range(len(filled) - 1, -1, -1):
             c = held[j]
             if not c:
                 continue
@@ -311,7 +342,7 @@ class PrefixCache:
             if c > in_use:
                 self._push(key, in_use, c)
         held.clear()
-        done.clear()
+        filled.clear()
         return blocks - shared
 
     # --- checking ---------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 A request's tokens are segments of text, each with an identity (a conversation's turns and
 answers; an agent's shared instructions and a request's own text). Its block ids
-(``Workload.block_hashes``, one per ``ID_TOKENS`` tokens) name each block by everything up
+(``Workload.block_hashes``, one per ``HASH_BLOCK_TOKENS`` tokens) name each block by everything up
 to its end, as vLLM's chained block hashes do: two blocks get the same id exactly when the
 segments up to their ends are the same. ``envs.prefix_cache`` reads them.
 
@@ -30,7 +30,7 @@ import numpy as np
 
 from envs.errors import MAX_TOKENS, ConfigError, show
 
-ID_TOKENS = 16
+HASH_BLOCK_TOKENS = 16
 """Tokens per block id: vLLM's default KV block, so that every KV block is named."""
 SHARING_FORMS = "none, conversation:TURNS, agent:HIT[:PREFIXES]"
 MAX_TURNS = 1000
@@ -102,8 +102,6 @@ def _conversations(turns: int, own: np.ndarray, outputs: np.ndarray, namer: "_Na
         with_answer = segments + [(("answer", i), int(outputs[i]))]
         ids.append(namer.name(with_answer, prompt + int(outputs[i])))
         segments.append((("answer", i), int(outputs[i])))
-        if len(segments) >= 2 * turns:
-            history[c] = []  # the conversation is over; the next arrival here starts a new one
     return prompts, tuple(ids)
 
 
@@ -116,13 +114,13 @@ class _Namer:
         self._ids: dict = {}
 
     def name(self, segments: list, tokens: int) -> np.ndarray:
-        """The ids of the ceil(tokens / ID_TOKENS) blocks of these segments' tokens."""
-        out = np.empty(-(-tokens // ID_TOKENS), dtype=np.int64)
+        """The ids of the ceil(tokens / HASH_BLOCK_TOKENS) blocks of these segments' tokens."""
+        out = np.empty(-(-tokens // HASH_BLOCK_TOKENS), dtype=np.int64)
         ids = self._ids
         seg, start = 0, 0  # the segment holding a block's last token, and where it starts
         previous = -1
         for j in range(len(out)):
-            end = min((j + 1) * ID_TOKENS, tokens)
+            end = min((j + 1) * HASH_BLOCK_TOKENS, tokens)
             while start + segments[seg][1] < end:
                 start += segments[seg][1]
                 seg += 1
@@ -130,6 +128,21 @@ class _Namer:
             previous = out[j] = ids.setdefault(key, len(ids))
         out.setflags(write=False)
         return out
+
+
+def token_block_ids(prompts: list, block_tokens: int = HASH_BLOCK_TOKENS) -> tuple:
+    """Block ids of prompts given as token ids, one per ``block_tokens`` tokens: a block's
+    id names its tokens and the id before it, as vLLM's chained block hashes do (numbers in
+    order of first appearance, so a prompt's new blocks get consecutive ones)."""
+    names: dict = {}
+    out = []
+    for tokens in prompts:
+        ids, previous = [], -1
+        for j in range(0, len(tokens), block_tokens):
+            previous = names.setdefault((previous, tuple(tokens[j:j + block_tokens])), len(names))
+            ids.append(previous)
+        out.append(np.array(ids, dtype=np.int64))
+    return tuple(out)
 
 
 def repeated_share(w) -> float:

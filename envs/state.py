@@ -26,7 +26,7 @@ exactly how it is counted from a request's counters. The counters are vLLM V1's
   in admission order (vLLM's ``running`` list keeps it), else the first waiting one.
 - *cached*, with prefix caching: the tokens of a request's leading full blocks the cache
   holds. A waiting request's are what its admission would find now (vLLM's
-  ``KVCacheManager.get_computed_blocks``, a lookup without side effects); a request's
+  ``KVCacheManager.get_computed_blocks``, a lookup that takes and frees no block); a request's
   first admission's stay with it (vLLM's prefill stats, ``num_local_cached_tokens``).
   Only the head is looked up: a lookup of the whole queue every pass would cost what
   admitting it does.

@@ -36,7 +36,7 @@ import numpy as np
 from envs.errors import (MAX_TOKENS, ConfigError, integer, non_negative, number, positive, require,
                          show)
 from envs.files import GIB, csv_rows
-from envs.sharing import ID_TOKENS, parse_sharing, share_prefixes
+from envs.sharing import HASH_BLOCK_TOKENS, parse_sharing, share_prefixes
 
 TRACE_HEADER = ("arrival_s", "prompt_tokens", "output_tokens")
 HASH_COLUMN = "block_hashes"
@@ -90,10 +90,10 @@ class Workload:
     output_tokens: np.ndarray
     name: str = "workload"
     block_hashes: tuple | None = None
-    """Prefix-cache ids of each request's blocks (an int64 array a request), or None:
-    consecutive ``hash_block_tokens``-token blocks of its prompt from its first token, each
-    naming everything up to its end, so that requests whose leading ids agree share that
-    prefix (``envs.prefix_cache.block_keys``)."""
+    """Prefix-cache ids of each request's blocks (an int64 array a request, or None for a
+    request without them), or None for none: consecutive ``hash_block_tokens``-token blocks
+    of its prompt from its first token, each naming everything up to its end, so that
+    requests whose leading ids agree share that prefix (``envs.prefix_cache.units_of``)."""
     hash_block_tokens: int = 0
     """Tokens per id of ``block_hashes`` (512 in the Mooncake trace)."""
     hashes_cover_output: bool = False
@@ -130,6 +130,10 @@ class Workload:
             require(len(self.block_hashes) == n, "block_hashes", len(self.block_hashes),
                     f"must hold one array of ids per request ({n})")
             integer("hash_block_tokens", self.hash_block_tokens, 1, MAX_TOKENS)
+            for i, ids in enumerate(self.block_hashes):
+                require(ids is None or (isinstance(ids, np.ndarray) and ids.dtype == np.int64
+                                        and ids.ndim == 1), f"block_hashes of request {i}",
+                        type(ids).__name__, "must be a 1-D int64 array of ids, or None")
 
     @classmethod
     def from_arrays(cls, arrival_s, prompt_tokens, output_tokens, name: str = "workload") -> "Workload":
@@ -164,11 +168,15 @@ class Workload:
     def scaled(self, rate_scale: float) -> "Workload":
         """The same requests arriving ``rate_scale`` times as fast."""
         check_rate("rate_scale", rate_scale)
-        return self._with(self.arrival_s / rate_scale, slice(None), f"{self.name}x{rate_scale:g}")
+        return self.rows(slice(None), self.arrival_s / rate_scale, f"{self.name}x{rate_scale:g}")
 
-    def _with(self, arrival_s: np.ndarray, rows: slice, name: str) -> "Workload":
-        """Requests ``rows`` (their lengths and block ids) arriving at ``arrival_s``."""
-        hashes = self.block_hashes[rows] if self.block_hashes is not None else None
+    def rows(self, rows, arrival_s: np.ndarray, name: str) -> "Workload":
+        """Requests ``rows`` (a slice or an array of indices: their lengths and block ids)
+        arriving at ``arrival_s``."""
+        hashes = None
+        if self.block_hashes is not None:
+            hashes = (self.block_hashes[rows] if isinstance(rows, slice)
+                      else tuple(self.block_hashes[i] for i in rows))
         return Workload(arrival_s, self.prompt_tokens[rows].copy(), self.output_tokens[rows].copy(),
                         name, hashes, self.hash_block_tokens, self.hashes_cover_output)
 
@@ -179,11 +187,11 @@ class Workload:
             number("window_end_s", end_s, start_s, MAX_SECONDS, low_open=True)
         lo = int(np.searchsorted(self.arrival_s, start_s, side="left"))
         hi = len(self) if end_s is None else int(np.searchsorted(self.arrival_s, end_s, side="left"))
-        return self._with(self.arrival_s[lo:hi] - start_s, slice(lo, hi),
-                          f"{self.name}[{start_s:g}:{end_s}]")
+        return self.rows(slice(lo, hi), self.arrival_s[lo:hi] - start_s,
+                         f"{self.name}[{start_s:g}:{end_s}]")
 
     def head(self, n: int) -> "Workload":
-        return self._with(self.arrival_s[:n].copy(), slice(None, n), f"{self.name}[:{n}]")
+        return self.rows(slice(None, n), self.arrival_s[:n].copy(), f"{self.name}[:{n}]")
 
     def describe(self) -> dict:
         if not len(self):
@@ -594,4 +602,4 @@ class SyntheticSpec:
         if self.sharing == "none":
             return Workload(t, prompts, outputs, name)
         prompts, ids, cover = share_prefixes(self.sharing, rng, prompts, outputs)
-        return Workload(t, prompts, outputs, f"{name},{self.sharing}", ids, ID_TOKENS, cover)
+        return Workload(t, prompts, outputs, f"{name},{self.sharing}", ids, HASH_BLOCK_TOKENS, cover)

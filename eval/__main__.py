@@ -118,7 +118,7 @@ class SuiteArgs(SweepArgs):
 
     policies: str = "vllm-default,static:2048,queue-depth,sarathi-slo,free-ride,time-budget,time-budget-kv"
     """Comma-separated policy specs (the fine static ladder is always searched)."""
-    scenarios: str = "all"
+    scenarios: str = "main"
     """Comma-separated names from eval/scenarios.py, or groups: all, main (the reference
     results of docs/suite.md), prefix (prompts sharing prefixes, with prefix caching)."""
     seeds: int = 5

@@ -73,22 +73,26 @@ class CapacityResult:
         decodes slower than the ITL target, averaged over the streams) at each stream's
         capacity: the stalls users feel where the policy is judged. NaN where no stream
         meets the SLO at any load."""
-        at = []
-        for i, f in enumerate(self.factors):
-            found = [pr for pr in self.probes if pr[0] == i and pr[1] == f]
-            if f > 0 and found:
-                at.append(found[-1])
+        at = self.probes_at_capacity()
         if not at:
             return math.nan, math.nan
         slow = [pr[5] for pr in at if not math.isnan(pr[5])]  # NaN: no pass with decodes
         return max(pr[4] for pr in at), (float(np.mean(slow)) if slow else math.nan)
 
+    def probes_at_capacity(self) -> list:
+        """The probe at each stream's capacity (the last run at that load), for the streams
+        that meet the SLO at some load."""
+        at = []
+        for i, f in enumerate(self.factors):
+            found = [pr for pr in self.probes if pr[0] == i and pr[1] == f]
+            if f > 0 and found:
+                at.append(found[-1])
+        return at
+
     def hit_rate_at_capacity(self) -> float:
         """The share of prompt tokens the prefix cache served at each stream's capacity, the
         mean over the streams (NaN without prefix caching, or where none meets the SLO)."""
-        at = [pr[6] for i, f in enumerate(self.factors) if f > 0
-              for pr in [p for p in self.probes if p[0] == i and p[1] == f][-1:]]
-        at = [h for h in at if not math.isnan(h)]
+        at = [pr[6] for pr in self.probes_at_capacity() if not math.isnan(pr[6])]
         return float(np.mean(at)) if at else math.nan
 
     def stall_text(self) -> str:

@@ -25,7 +25,7 @@ from envs.actions import FINE_LADDER, FRACTION_LADDER, capped_budget, clamp_budg
 from envs.engine import check_static_budget
 from envs.errors import MAX_TOKENS, ConfigError, require, show
 from envs.reward import P99_ALLOWANCE, RewardMeter, SLOMeter
-from envs.workload import MAX_SECONDS, Workload
+from envs.workload import MAX_SECONDS
 from policies.base import BudgetPolicy, Param
 from policies.baselines import (StaticPolicy, TimeBudgetFewPolicy, TimeBudgetKVPolicy,
                                 TimeBudgetPolicy)
@@ -257,7 +257,7 @@ class SampledRolloutPolicy(RolloutPolicy):
             idx.append(np.arange(0, hi2))
             times.append(a[:hi2] + (span - u) + now)
         i = np.concatenate(idx)
-        return Workload(np.concatenate(times), w.prompt_tokens[i], w.output_tokens[i], "stretch")
+        return w.rows(i, np.concatenate(times), "stretch")
 
     def outputs(self, sim) -> dict[int, int]:
         """An output length for each request in flight, drawn from the stream's output

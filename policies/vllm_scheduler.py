@@ -171,7 +171,7 @@ class TableBudget:
     def _cp_cached_of(self, request, running: bool) -> int:
         """A request's cached tokens, as ``envs.state`` defines them: a running request's
         at its first admission (recorded by :meth:`schedule`), a waiting one's as its
-        admission would find them now (the cache's lookup, which changes nothing)."""
+        admission would find them now (the cache's lookup, which takes and frees no block)."""
         if running:
             return self._cp_first_cached.get(request.request_id, 0)
         return self.kv_cache_manager.get_computed_blocks(request)[1]

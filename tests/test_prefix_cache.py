@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from envs.engine import EngineConfig, Simulator
 from envs.errors import ConfigError
-from envs.prefix_cache import PrefixCache, units_of
+from envs.prefix_cache import PrefixCache, PrefixCounts, units_of
 from envs.pricing import pass_price
 from envs.workload import BUNDLED_TRACES, Workload, load_trace
 
@@ -44,7 +44,7 @@ def test_a_second_request_reuses_three_full_blocks_and_not_the_partial_one():
     # same 56 tokens. B finds A's 3 full blocks (48 tokens); the partial block was never cached.
     ids = [1, 2, 3, 4]
     sim = serve(workload([(0.0, 56, 1, ids), (5.0, 56, 1, ids)]))
-    assert sim.prefix_counts == [2, 1, 112, 48, 48]
+    assert sim.prefix_counts == PrefixCounts(2, 1, 112, 48, 48)
     a, b = sim.shapes[0], sim.shapes[-1]
     assert tuple(a) == (0, 0, 56, 0, 56 * 57 // 2)
     # B's one chunk: its 8 new tokens, reading the 48 cached ones as their prefix
@@ -62,7 +62,7 @@ def test_a_fully_cached_prompt_still_computes_its_last_token():
     # token (vLLM's max_cache_hit_length), so it recomputes the last block's 16 tokens.
     ids = [1, 2, 3, 4]
     sim = serve(workload([(0.0, 64, 1, ids), (5.0, 64, 1, ids)]))
-    assert sim.prefix_counts[3] == 48
+    assert sim.prefix_counts.first_cached_tokens == 48
     assert tuple(sim.shapes[-1])[2:4] == (16, 48)
 
 
@@ -71,7 +71,7 @@ def test_only_full_blocks_hit_when_the_cached_prefix_ends_inside_a_block():
     # goes on. B hits 2 blocks (32 tokens), not 40, and its prefill is chunked from there.
     sim = serve(workload([(0.0, 40, 1, [1, 2, 3]), (5.0, 100, 1, [1, 2, 3, 9, 10, 11, 12])]),
                 budget=16)
-    assert sim.prefix_counts[3] == 32
+    assert sim.prefix_counts.first_cached_tokens == 32
     chunks = [tuple(s)[2:4] for s in sim.shapes if s.prefill_tokens][-5:]
     assert chunks == [(16, 32), (16, 48), (16, 64), (16, 80), (4, 96)]
 
@@ -83,7 +83,7 @@ def test_a_block_shared_by_two_running_requests_is_in_the_pool_once():
     while sim._num_decodes < 2:
         sim.advance()
         sim.step(8192)
-    assert sim.prefix_counts[3] == 48
+    assert sim.prefix_counts.first_cached_tokens == 48
     assert sim._prefix.shared_blocks() == 3
     a, b = sim.requests[0], sim.requests[1]
     held = [-(-(r.offset + sim.pass_index) // 16) for r in (a, b)]
@@ -137,12 +137,13 @@ def test_a_preempted_request_resumes_on_its_own_cached_blocks():
     on = serve(workload(rows), blocks=40)
     off = serve(workload(rows), blocks=40, caching=False)
     assert on.preemptions >= 1 and off.preemptions >= 1
-    first, _, prompt, cached_first, cached_all = on.prefix_counts
-    assert (first, prompt, cached_first) == (2, 400, 0)
+    counts = on.prefix_counts
+    assert (counts.first_admissions, counts.first_prompt_tokens, counts.first_cached_tokens) == (2, 400, 0)
+    cached_all = counts.cached_tokens
     assert cached_all > 0  # the resumption's hit
     computed = sum(s.prefill_tokens for s in on.shapes)
     recomputed = sum(r.recomputed for r in on.requests)
-    assert computed == prompt + recomputed - cached_all
+    assert computed == 400 + recomputed - cached_all
     assert on.now < off.now
 
 
@@ -252,8 +253,8 @@ def test_invariants_hold_pass_by_pass(w, blocks, budget, seqs):
     assert sim.finished == len(w)
     computed = sum(s.prefill_tokens for s in sim.shapes)
     recomputed = sum(r.recomputed for r in sim.requests)
-    assert computed == int(w.prompt_tokens.sum()) + recomputed - sim.prefix_counts[4]
-    assert 0 <= sim.prefix_counts[3] <= sim.prefix_counts[2] == int(w.prompt_tokens.sum())
+    assert computed == int(w.prompt_tokens.sum()) + recomputed - sim.prefix_counts.cached_tokens
+    assert 0 <= sim.prefix_counts.first_cached_tokens <= sim.prefix_counts.first_prompt_tokens == int(w.prompt_tokens.sum())
 
 
 def test_a_fork_carries_its_own_cache():

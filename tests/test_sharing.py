@@ -10,7 +10,7 @@ import pytest
 from envs.engine import EngineConfig, Simulator
 from envs.errors import ConfigError
 from envs.scenario import Scenario
-from envs.sharing import ID_TOKENS, parse_sharing, repeated_share
+from envs.sharing import HASH_BLOCK_TOKENS, parse_sharing, repeated_share
 from envs.workload import SyntheticSpec
 
 
@@ -29,21 +29,25 @@ def test_each_turn_resends_the_conversation_so_far():
         assert w.prompt_tokens[second] > w.prompt_tokens[first] + w.output_tokens[first]
         assert w.prompt_tokens[third] > w.prompt_tokens[second] + w.output_tokens[second]
         # its ids start with every full block of turn 1's prompt and answer
-        shared = (int(w.prompt_tokens[first] + w.output_tokens[first])) // ID_TOKENS
+        shared = (int(w.prompt_tokens[first] + w.output_tokens[first])) // HASH_BLOCK_TOKENS
         assert np.array_equal(w.block_hashes[second][:shared], w.block_hashes[first][:shared])
-        assert w.block_hashes[second][shared] != w.block_hashes[first][shared] if \
-            len(w.block_hashes[first]) > shared else True
+        # then a block no request named before: turn 1's last partial block with new text
+        assert w.block_hashes[second][shared] not in set(w.block_hashes[first].tolist())
     assert w.hashes_cover_output
     # the ids go on into each answer: ceil((prompt + output) / 16) of them
-    assert all(len(ids) == -(-int(p + o) // ID_TOKENS)
+    assert all(len(ids) == -(-int(p + o) // HASH_BLOCK_TOKENS)
                for ids, p, o in zip(w.block_hashes, w.prompt_tokens, w.output_tokens))
 
 
-def test_a_new_conversation_starts_after_its_last_turn():
-    w = build("conversation:2", n=8)  # 4 at a time: arrivals 8.. would start new ones
-    assert w.prompt_tokens[0] < w.prompt_tokens[4]
-    w2 = build("conversation:1", n=8)
-    assert repeated_share(w2) == 0.0  # one turn: nothing repeats
+def test_conversations_take_turns_in_arrival_order():
+    own = build("none", n=12)
+    w = build("conversation:2", n=12)  # 6 at a time: arrivals 0-5 first turns, 6-11 second
+    assert np.array_equal(w.prompt_tokens[:6], own.prompt_tokens[:6])
+    assert np.array_equal(w.prompt_tokens[6:], own.prompt_tokens[:6] + own.output_tokens[:6]
+                          + own.prompt_tokens[6:])
+    one = build("conversation:1", n=8)
+    assert np.array_equal(one.prompt_tokens, build("none", n=8).prompt_tokens)
+    assert repeated_share(one) == 0.0  # one turn: nothing repeats
 
 
 def test_an_agent_prefix_is_the_share_hit_of_the_prompt_on_average():
@@ -56,8 +60,9 @@ def test_an_agent_prefix_is_the_share_hit_of_the_prompt_on_average():
         # four prefixes: the first request of each misses, then each repeats its prefix's
         # full blocks
         assert repeated_share(w) == pytest.approx(
-            hit * (prefix // ID_TOKENS * ID_TOKENS) / prefix, abs=0.02)
-    assert build("agent:0:3", n=50).block_hashes is not None
+            hit * (prefix // HASH_BLOCK_TOKENS * HASH_BLOCK_TOKENS) / prefix, abs=0.02)
+    nothing = build("agent:0:3", n=50)  # no prefix: nothing repeats
+    assert repeated_share(nothing) == 0.0
 
 
 @pytest.mark.parametrize("sharing", ["conversation:4", "agent:0.7:3"])
@@ -73,7 +78,7 @@ def test_an_unbounded_cache_hits_what_repeats(sharing):
                                                         abs=1e-12)
 
 
-def test_the_same_seed_draws_the_same_workload_and_none_is_today_s():
+def test_the_same_seed_draws_the_same_workload_and_the_same_arrivals_as_without_sharing():
     a, b = build("conversation:3"), build("conversation:3")
     assert np.array_equal(a.prompt_tokens, b.prompt_tokens)
     assert all(np.array_equal(x, y) for x, y in zip(a.block_hashes, b.block_hashes))

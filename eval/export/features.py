@@ -23,6 +23,8 @@ from policies.table import DERIVED, SLACK_COUNTS, STATE
 
 CANDIDATES = tuple(n for n in STATE if n not in SLACK_COUNTS) + tuple(DERIVED)
 """Features a table may bucket (the slack counts enter only through ``itl_slack_passes``)."""
+VARYING_ONLY = frozenset({"head_cached_tokens"})
+"""Candidates only where the build set's values vary."""
 MAX_BUCKETS = 32
 """Buckets per feature: 32 over four features is a million cells (a few MB of JSON)."""
 
@@ -70,6 +72,9 @@ def pick_features(build: tuple, held: tuple, buckets: int, max_features: int, pr
     (bstate, bvals), (hstate, hvals) = build, held
     candidates = [n for n in CANDIDATES if n in bstate or (
         n in DERIVED and action and all(k in bstate for k in DERIVED[n]))]
+    # The cache's share is a candidate where prefix caching served something: without it
+    # the column is all zeros, a feature that splits nothing.
+    candidates = [n for n in candidates if n not in VARYING_ONLY or np.ptp(bstate[n]) > 0]
 
     # Each candidate's values and edges do not depend on the others: found once.
     bfeat, hfeat = features_of(candidates, bstate, action), features_of(candidates, hstate, action)

@@ -18,6 +18,7 @@ pytest.importorskip(
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
 from envs.engine import EngineConfig  # noqa: E402
+from envs.sharing import token_block_ids  # noqa: E402
 from envs.workload import Workload  # noqa: E402
 from tests.engine_vllm.fixtures import (BLOCK, block_hasher, create_scheduler, fake_output,  # noqa: E402
                                         make_request, model_dir)
@@ -32,20 +33,6 @@ SEEDS = 30
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     return model_dir(tmp_path_factory.mktemp("models"))
-
-
-def block_ids(prompts: list[list[int]]) -> tuple:
-    """Each prompt's block ids, one per BLOCK tokens: a block's id names its tokens and
-    the id before it (vLLM's chained hash, as numbers in order of first appearance)."""
-    names: dict = {}
-    out = []
-    for tokens in prompts:
-        ids, previous = [], -1
-        for j in range(0, len(tokens), BLOCK):
-            previous = names.setdefault((previous, tuple(tokens[j:j + BLOCK])), len(names))
-            ids.append(previous)
-        out.append(np.array(ids, dtype=np.int64))
-    return tuple(out)
 
 
 def case(seed: int, kv_tight: bool):
@@ -70,20 +57,26 @@ def case(seed: int, kv_tight: bool):
     return rows, budgets, max_seqs, blocks
 
 
-def simulated(rows, budgets, max_num_seqs: int, kv_blocks: int):
-    arrival = np.array([a for a, _, _ in rows])
+def shared_workload(rows) -> Workload:
+    """The rows' requests, their prompts' block ids named from their tokens."""
     prompts = [p for _, p, _ in rows]
-    w = Workload(arrival, np.array([len(p) for p in prompts], dtype=np.int64),
-                 np.array([o for _, _, o in rows], dtype=np.int64), "shared", block_ids(prompts), BLOCK)
-    sim = PassByPass(ONE_SECOND_PASS, "llama-3-8b", w,
-                     EngineConfig(max_num_seqs=max_num_seqs, num_kv_blocks=kv_blocks, block_size=BLOCK))
+    return Workload(np.array([a for a, _, _ in rows]), np.array([len(p) for p in prompts], dtype=np.int64),
+                    np.array([o for _, _, o in rows], dtype=np.int64), "shared",
+                    token_block_ids(prompts, BLOCK), BLOCK)
+
+
+def simulated(rows, budgets, max_num_seqs: int, kv_blocks: int, cls=PassByPass):
+    sim = cls(ONE_SECOND_PASS, "llama-3-8b", shared_workload(rows),
+              EngineConfig(max_num_seqs=max_num_seqs, num_kv_blocks=kv_blocks, block_size=BLOCK))
     sim.run(lambda s: max(budgets[sim.pass_index % len(budgets)], s["running_decodes"]))
     return sim.passes, sim.preemptions, sim.prefix_counts
 
 
-def in_vllm(model, rows, budgets, max_seqs: int, num_blocks: int):
-    sched = create_scheduler(Scheduler, model, max_num_batched_tokens=8192, max_num_seqs=max_seqs,
-                             num_blocks=num_blocks, prefix_caching=True)
+def drive(sched, rows, budgets, before_step=None):
+    """vLLM's scheduler through ``rows`` on a clock that moves as the simulator's does (one
+    second a step, jumping to the next arrival when nothing is left to run), step k at
+    ``budgets[k % len]`` or the running decodes if more; ``before_step(k)`` is called
+    before each step. Returns each step's {request: tokens} and the preemptions."""
     hasher = block_hasher()
     now, nxt, passes, preemptions = 0.0, 0, [], 0
     while nxt < len(rows) or sched.has_unfinished_requests():
@@ -94,15 +87,26 @@ def in_vllm(model, rows, budgets, max_seqs: int, num_blocks: int):
         if not sched.has_unfinished_requests():
             now = rows[nxt][0]
             continue
+        if before_step is not None:
+            before_step(len(passes))
         decodes = sum(1 for r in sched.running
                       if r.num_output_tokens > 0 and r.num_computed_tokens == r.num_tokens - 1)
-        sched.max_num_scheduled_tokens = max(budgets[len(passes) % len(budgets)], decodes)
+        budget = max(budgets[len(passes) % len(budgets)], decodes)
+        if hasattr(sched, "chunkpilot_budget"):  # chunkpilot's scheduler sets the budget itself
+            sched.chunkpilot_budget = lambda budget=budget: budget
+        sched.max_num_scheduled_tokens = budget
         out = sched.schedule()
         preemptions += len(out.preempted_req_ids or ())
         passes.append({int(rid): k for rid, k in out.num_scheduled_tokens.items()})
         sched.update_from_output(out, fake_output(sched, out))
         now += 1.0
     return passes, preemptions
+
+
+def in_vllm(model, rows, budgets, max_seqs: int, num_blocks: int):
+    sched = create_scheduler(Scheduler, model, max_num_batched_tokens=8192, max_num_seqs=max_seqs,
+                             num_blocks=num_blocks, prefix_caching=True)
+    return drive(sched, rows, budgets)
 
 
 @pytest.mark.parametrize("kv_tight", [False, True], ids=["ample-kv", "tight-kv"])
@@ -116,9 +120,9 @@ def test_vllm_and_the_simulator_find_the_same_prefixes_cached(model, kv_tight):
         real, real_pre = in_vllm(model, rows, budgets, max_seqs, blocks)
         assert first_difference(sim, real) is None, (seed, first_difference(sim, real))
         assert sim_pre == real_pre
-        hit += counts[3]
+        hit += counts.first_cached_tokens
         preempted += real_pre
-        resumed_on_cache += counts[4] > counts[3]
+        resumed_on_cache += counts.cached_tokens > counts.first_cached_tokens
     assert hit > 0
     assert (preempted > 0) == kv_tight and (resumed_on_cache > 0) == kv_tight
 
@@ -139,7 +143,7 @@ def test_the_adapter_reads_the_cache_as_the_simulator_does(model):
 
     table = BudgetTable(table_dict([(n, [1]) for n in COUNTED], [64] * 2 ** len(COUNTED),
                                    default_budget=64))
-    seen = {True: 0, False: 0}
+    seen = {"waiting head": 0, "running head": 0}  # compared steps whose head had a hit
     for seed in range(12):
         rows, budgets, max_seqs, blocks = case(seed, kv_tight=seed % 2 == 1)
         expected = {}
@@ -150,39 +154,19 @@ def test_the_adapter_reads_the_cache_as_the_simulator_does(model):
                     expected[self.pass_index] = {n: self.state()[n] for n in COUNTED}
                 return super()._schedule(budget)
 
-        arrival = np.array([a for a, _, _ in rows])
-        prompts = [p for _, p, _ in rows]
-        w = Workload(arrival, np.array([len(p) for p in prompts], dtype=np.int64),
-                     np.array([o for _, _, o in rows], dtype=np.int64), "shared", block_ids(prompts), BLOCK)
-        sim = Recording(ONE_SECOND_PASS, "llama-3-8b", w,
-                        EngineConfig(max_num_seqs=max_seqs, num_kv_blocks=blocks - 1, block_size=BLOCK))
-        sim.run(lambda s: max(budgets[sim.pass_index % len(budgets)], s["running_decodes"]))
-
+        simulated(rows, budgets, max_seqs, blocks - 1, Recording)
         sched = create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=8192,
                                  max_num_seqs=max_seqs, num_blocks=blocks, prefix_caching=True,
                                  chunkpilot_table=table)
-        hasher = block_hasher()
-        now, nxt, step = 0.0, 0, 0
-        while nxt < len(rows) or sched.has_unfinished_requests():
-            while nxt < len(rows) and rows[nxt][0] <= now:
-                _, tokens, output = rows[nxt]
-                sched.add_request(make_request(str(nxt), len(tokens), output, tokens, hasher))
-                nxt += 1
-            if not sched.has_unfinished_requests():
-                now = rows[nxt][0]
-                continue
+
+        def compare(step):
             got = sched.chunkpilot_state()
             if step in expected:
                 assert {n: got[n] for n in COUNTED} == expected[step], (seed, step)
-                if got["head_cached_tokens"]:  # a head with a hit: waiting (looked up) or running
-                    seen[bool(sched.waiting) and not any(
-                        r.num_output_tokens == 0 and r.num_computed_tokens < r.num_tokens
-                        for r in sched.running)] += 1
-            decodes = got["running_decodes"]
-            budget = max(budgets[step % len(budgets)], decodes)
-            sched.chunkpilot_budget = lambda budget=budget: budget  # the simulator's budgets
-            out = sched.schedule()
-            sched.update_from_output(out, fake_output(sched, out))
-            now += 1.0
-            step += 1
-    assert seen[True] > 0 and seen[False] > 0, seen
+                if got["head_cached_tokens"]:
+                    running = any(r.num_output_tokens == 0 and r.num_computed_tokens < r.num_tokens
+                                  for r in sched.running)
+                    seen["running head" if running else "waiting head"] += 1
+
+        drive(sched, rows, budgets, compare)
+    assert seen["waiting head"] and seen["running head"], seen

@@ -56,7 +56,7 @@ class Account:
                 "decode_context_tokens": sum(self.computed[r] for r in decoding),
                 "head_prefilled_tokens": self.computed.get(head, 0) if head in self.running else 0,
                 "head_remaining_tokens": todo[head] if head else 0,
-                "head_cached_tokens": 0,  # no prefix caching here (test_prefix_caching below)
+                "head_cached_tokens": 0,  # no prefix caching here (test_prefix_agreement.py has it)
                 "oldest_wait_s": now_wall - min(first_less) if first_less else 0.0}
 
     def step(self, output) -> None:
