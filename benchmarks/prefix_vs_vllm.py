@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     if args.report_only:
-        print(report(out))
+        print(write_report(out))
         return 0
     from benchmarks.engine_capacity import SHAPE, calibrate
     from benchmarks.sim_vs_vllm import model_profile_toml, write_model
@@ -121,8 +121,14 @@ def main(argv=None) -> int:
     results = {"args": vars(args), "fit": fit, "workload": w.describe(), "vllm": runs, "sim": sim,
                "wall_s": time.monotonic() - t0}
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    print(report(out))
+    print(write_report(out))
     return 0
+
+
+def write_report(out: Path) -> str:
+    text = report(out)
+    (out / "README.md").write_text(text)
+    return text
 
 
 def report(out: Path) -> str:
