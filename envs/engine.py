@@ -194,7 +194,7 @@ class Request:
                  "blocks", "admit_seq", "offset", "decode_start", "generated_at_start", "finish_pass",
                  "first_token_s", "last_token_s", "finish_s", "preemptions", "segments",
                  "resume_gaps", "recomputed", "block_ids", "covered", "units", "held", "filled",
-                 "first_cached_tokens")
+                 "first_cached_tokens", "joined_cached_tokens")
 
     def __init__(self, rid: int, arrival: float, prompt: int, output: int, warm: bool = False):
         self.rid = rid
@@ -227,6 +227,7 @@ class Request:
         self.held: list | None = None
         self.filled: list | None = None
         self.first_cached_tokens = 0  # what its first admission found cached (vLLM's prefill stats)
+        self.joined_cached_tokens = 0  # what was cached when it last joined the waiting queue
 
     @property
     def target(self) -> int:
@@ -400,6 +401,7 @@ class Simulator:
             check_hash_block_tokens(self._hash_block_tokens, self._block_size)
         self._head_hit = (None, 0)  # (pass, request) and its hit: waiting_head_hit's last answer
         self._freeing: list | None = None  # (prefix caching) requests finished in this pass
+        self._joining: list[Request] = []  # (prefix caching) requests preempted in this pass
         self.prefix_counts = PrefixCounts()
         """What prefix caching served (counted only with it)."""
         self._next_arrival = 0  # index of the next arrival
@@ -489,7 +491,7 @@ class Simulator:
                     "_first_wait_arrivals", "_ttft_sum", "_head_hit", "_freeing")
     _FORK_CLONED = ("requests", "waiting", "_awaiting_first", "prefilling", "_decodes", "_finish_at",
                     "_finish_heap", "_by_residue", "_slack", "_prefix", "prefix_counts")
-    _FORK_FRESH = ("log", "_shapes", "_view", "stream")
+    _FORK_FRESH = ("log", "_shapes", "_view", "stream", "_joining")
 
     def fork(self, future: Workload | None = None,
              outputs: dict[int, int] | None = None) -> "Simulator":
@@ -540,6 +542,7 @@ class Simulator:
             new.requests.add(r)
         new._shapes = None
         new._view = SchedulerState(new)
+        new._joining = []
         return new
 
     def generated_so_far(self) -> dict[int, int]:
@@ -750,6 +753,7 @@ class Simulator:
             self._next_rid += 1
             if self._prefix is not None:
                 self._name_blocks(r, i)
+                self._note_joined(r)
             self.requests.add(r)
             self.waiting.append(r)
             self._awaiting_first.append(r)
@@ -897,7 +901,8 @@ class Simulator:
                 counts.first_cached_tokens += cached
             counts.cached_tokens += cached
             r.computed = cached
-            self.waiting_prefill_tokens -= cached
+            self.waiting_prefill_tokens -= cached - r.joined_cached_tokens
+            r.joined_cached_tokens = 0
             x = min(target - cached, thresh, left)
             r.blocks = -(-(cached + x) // bs)
             self._kv_used += r.blocks - hit + from_queue
@@ -905,6 +910,16 @@ class Simulator:
             cache.fill(units, r.held, r.filled, (cached + x) // bs)
             chunks.append((r, x, cached))
             left -= x
+
+    def _note_joined(self, r: Request) -> None:
+        """(prefix caching) r joined the waiting queue (it arrived, or the pass that
+        preempted it has run): what is cached of it now counts out of the tokens still to
+        prefill (``envs.state``'s *cached* for a waiting request)."""
+        self._prefix.settle(self._kv_used)
+        bs = self._block_size
+        hit = self._prefix.hits(self._units(r), (r.target - 1) // bs)[0] * bs
+        r.joined_cached_tokens = hit
+        self.waiting_prefill_tokens -= hit
 
     def _name_blocks(self, r: Request, i: int) -> None:
         """(prefix caching) Arrival ``i``'s block ids and the tokens they cover."""
@@ -958,6 +973,11 @@ class Simulator:
             self._finish_decodes(p)
         if self._prefix is not None:
             self._free_finished()
+            if self._joining:
+                for r in self._joining:
+                    if r.admit_seq < 0:  # still waiting
+                        self._note_joined(r)
+                self._joining.clear()
         log.prefill += (p, prefill, plan.budget, len(plan.chunks), self._kv_used)
 
     def _complete_prefill(self, r: Request, p: int, now: float) -> None:
@@ -1191,6 +1211,8 @@ class Simulator:
         r.recomputed += added
         self._release(r, r.blocks)
         r.computed = 0
+        if self._prefix is not None:  # what it finds cached, once the pass is scheduled
+            self._joining.append(r)
         r.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(r)
@@ -1217,7 +1239,8 @@ class Simulator:
             self._prefix.check(self._kv_used)
         assert blocks == self._kv_used, (blocks, self._kv_used)
         assert self._kv_used <= self.total_blocks
-        assert self.waiting_prefill_tokens == sum(r.target - r.computed for r in self.waiting) + sum(
+        assert self.waiting_prefill_tokens == sum(
+            r.target - r.computed - r.joined_cached_tokens for r in self.waiting) + sum(
             r.target - r.computed for r in self.prefilling)
         assert sum(len(v) for v in self._finish_at.values()) == self._num_decodes
 

@@ -25,11 +25,13 @@ exactly how it is counted from a request's counters. The counters are vLLM V1's
 - *the head*: the request next in line for prefill: the first in-prefill running request
   in admission order (vLLM's ``running`` list keeps it), else the first waiting one.
 - *cached*, with prefix caching: the tokens of a request's leading full blocks the cache
-  holds. A waiting request's are what its admission would find now (vLLM's
-  ``KVCacheManager.get_computed_blocks``, a lookup that takes and frees no block); a request's
-  first admission's stay with it (vLLM's prefill stats, ``num_local_cached_tokens``).
-  Only the head is looked up: a lookup of the whole queue every pass would cost what
-  admitting it does.
+  holds, looked up as vLLM's admission looks them up
+  (``KVCacheManager.get_computed_blocks``, which takes and frees no block). A request's
+  *cached now*: what its admission would find now (read for a waiting head). Its *cached
+  on joining*: what was cached when it joined the waiting queue, looked up once, on
+  arrival or after the pass that preempted it (a lookup of the whole queue every pass
+  would cost what admitting it does). Its *cached at admission*: what its first admission
+  found (vLLM's prefill stats, ``num_local_cached_tokens``).
 
 The simulator's :class:`~envs.engine.SchedulerState` offers every name below (its fast
 running sums), the slack counts through ``itl_slack(itl_s)`` (they depend on a target); :func:`read_requests` counts the engine-side ones from vLLM's request
@@ -61,16 +63,16 @@ QUANTITIES: tuple[Quantity, ...] = (
     Quantity("waiting_requests", "requests", "requests not admitted",
              "the waiting queue: new requests and preempted ones", "vllm:num_requests_waiting"),
     Quantity("waiting_prefill_tokens", "tokens", "tokens still to prefill (prompts, and the "
-             "output a recomputation redoes)",
+             "output a recomputation redoes), less what the prefix cache holds of them",
              "sum of tokens - computed over waiting and in-prefill requests (a recomputation's "
-             "output tokens included)"),
+             "output tokens included), less each waiting request's cached on joining"),
     Quantity("kv_usage", "fraction", "share of the KV cache's blocks in use",
              "blocks held by running requests / all blocks", "vllm:kv_cache_usage_perc"),
     Quantity("decode_context_tokens", "tokens", "KV-cache tokens the decodes' attention reads",
              "sum of computed over decoding requests"),
     Quantity("head_prefilled_tokens", "tokens", "the head's tokens already in the KV cache, "
              "which its next chunk reads as its prefix",
-             "computed of an in-prefill head; a waiting head's cached tokens (0 without prefix "
+             "computed of an in-prefill head; a waiting head's cached now (0 without prefix "
              "caching); 0 without a head"),
     Quantity("head_remaining_tokens", "tokens", "the head's tokens still to prefill",
              "tokens - head_prefilled_tokens of the head; 0 without one"),
@@ -98,8 +100,8 @@ QUANTITIES: tuple[Quantity, ...] = (
              "max_num_seqs"),
     Quantity("now_s", "seconds", "the engine's clock", "seconds since the engine started"),
     Quantity("head_cached_tokens", "tokens", "the head's prompt tokens the prefix cache serves",
-             "an in-prefill head's cached tokens at its first admission; a waiting head's cached "
-             "tokens; 0 without a head or without prefix caching"),
+             "an in-prefill head's cached at admission; a waiting head's cached now; 0 without a "
+             "head or without prefix caching"),
     Quantity("free_ride_tokens", "tokens", "about the largest chunk that keeps this pass memory-bound",
              "envs.pricing.free_ride_root over the decodes and the head's prefix, rounded down"),
 )
@@ -154,9 +156,9 @@ def read_requests(running: Iterable, waiting, wall_now_s: float,
     the scheduler takes it; arrivals on the clock of ``wall_now_s`` (vLLM's
     ``arrival_time`` is ``time.time()``). The engine supplies the rest itself:
     ``kv_usage`` from its cache, ``last_step_s`` and the slack counts from its passes
-    (``envs.slack.StepSlack``). ``cached(request, running)``, with prefix caching, gives a
-    request's cached tokens (the module docstring's *cached*: for a running request its
-    first admission's, for a waiting one a lookup now); None: no prefix caching."""
+    (``envs.slack.StepSlack``). ``cached(request, when)``, with prefix caching, gives a
+    request's cached tokens as the module docstring's *cached* counts them, ``when`` one
+    of ``"now"``, ``"on joining"`` and ``"at admission"``; None: no prefix caching."""
     needs = frozenset(needs)
     decodes = context = to_prefill = 0
     head = None
@@ -182,7 +184,7 @@ def read_requests(running: Iterable, waiting, wall_now_s: float,
     if needs & QUEUE_INPUTS:
         for r in waiting:
             computed, tokens, output = counters(r)
-            to_prefill += tokens - computed
+            to_prefill += tokens - computed - (cached(r, "on joining") if cached is not None else 0)
             if output == 0 and r.arrival_time < oldest:
                 oldest = r.arrival_time
         state["waiting_prefill_tokens"] = to_prefill
@@ -192,7 +194,8 @@ def read_requests(running: Iterable, waiting, wall_now_s: float,
         if head is None and len(waiting):  # the request the scheduler takes next
             head = waiting.peek_request() if hasattr(waiting, "peek_request") else next(iter(waiting))
         computed, tokens, _ = counters(head) if head is not None else (0, 0, 0)
-        hit = cached(head, running_head) if cached is not None and head is not None else 0
+        hit = (cached(head, "at admission" if running_head else "now")
+               if cached is not None and head is not None else 0)
         if head is not None and not running_head:
             computed = hit  # what its first chunk will find in the cache
         state["head_prefilled_tokens"] = computed

@@ -102,6 +102,7 @@ class TableBudget:
         self._cp_file = _file_signature(settings.table_path)
         self._cp_logged: set[str] = set()
         self._cp_first_cached: dict[str, int] = {}  # request id -> its first admission's hit
+        self._cp_joined: dict[tuple, int] = {}  # (request id, preemptions) -> its hit on joining
         self.chunkpilot_recorder = StepRecorder(settings.record_steps) if settings.record_steps else None
         self._cp_use(table)
         if allowed:
@@ -168,13 +169,20 @@ class TableBudget:
             state["itl_slow_tokens"], state["itl_decode_tokens"] = meter.slow, meter.tokens
         return state
 
-    def _cp_cached_of(self, request, running: bool) -> int:
-        """A request's cached tokens, as ``envs.state`` defines them: a running request's
-        at its first admission (recorded by :meth:`schedule`), a waiting one's as its
-        admission would find them now (the cache's lookup, which takes and frees no block)."""
-        if running:
+    def _cp_cached_of(self, request, when: str) -> int:
+        """A request's cached tokens, as ``envs.state`` counts them: at its first admission
+        (recorded by :meth:`schedule`), now (the cache's lookup, which takes and frees no
+        block), or on joining the waiting queue (the lookup at the first reading that finds
+        it there since it arrived or was preempted, kept)."""
+        if when == "at admission":
             return self._cp_first_cached.get(request.request_id, 0)
-        return self.kv_cache_manager.get_computed_blocks(request)[1]
+        if when == "now":
+            return self.kv_cache_manager.get_computed_blocks(request)[1]
+        key = (request.request_id, request.num_preemptions)
+        hit = self._cp_joined.get(key)
+        if hit is None:
+            hit = self._cp_joined[key] = self.kv_cache_manager.get_computed_blocks(request)[1]
+        return hit
 
     # --- the budget ----------------------------------------------------------------
 
@@ -267,6 +275,9 @@ class TableBudget:
             first.setdefault(new.req_id, new.num_computed_tokens)
         for rid in output.finished_req_ids:
             first.pop(rid, None)
+        if self._cp_joined:  # a request admitted has left the waiting queue
+            waiting = {r.request_id for r in self.waiting}
+            self._cp_joined = {k: v for k, v in self._cp_joined.items() if k[0] in waiting}
         decodes, priced, shape = 0, 0.0, None
         if self._cp_slack is not None or self._cp_cost is not None or self.chunkpilot_recorder:
             shape = step_shape(self, output)

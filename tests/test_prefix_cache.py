@@ -57,6 +57,25 @@ def test_a_second_request_reuses_three_full_blocks_and_not_the_partial_one():
     assert summary["prefill_tokens_saved"] == 48
 
 
+def test_the_state_counts_a_waiting_request_s_cached_tokens_out():
+    # B arrives after A, with A's 48 cached tokens: before B's first pass, its head and the
+    # queue read only its 8 uncached tokens as prefill to do, and its chunk's prefix is 48.
+    ids = [1, 2, 3, 4]
+    sim = Simulator(HW, MODEL, workload([(0.0, 56, 1, ids), (5.0, 56, 1, ids), (5.0, 40, 1, [9, 8, 7])]),
+                    EngineConfig(num_kv_blocks=1000))
+    seen = []
+
+    def policy(state):
+        seen.append((state.waiting_prefill_tokens, state.head_prefilled_tokens,
+                     state.head_remaining_tokens, state.head_cached_tokens))
+        return 8192
+
+    sim.run(policy)
+    assert seen[0] == (56, 0, 56, 0)  # A: nothing cached yet
+    assert seen[1] == (8 + 40, 48, 8, 48)  # B (48 of 56 cached) and a new 40-token prompt
+    sim.audit()
+
+
 def test_a_fully_cached_prompt_still_computes_its_last_token():
     # 64 tokens = 4 full blocks, all cached by A: B may hit only the blocks before its last
     # token (vLLM's max_cache_hit_length), so it recomputes the last block's 16 tokens.
