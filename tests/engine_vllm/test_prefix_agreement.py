@@ -20,10 +20,9 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from envs.engine import EngineConfig  # noqa: E402
 from envs.sharing import token_block_ids  # noqa: E402
 from envs.workload import Workload  # noqa: E402
-from tests.engine_vllm.fixtures import (BLOCK, block_hasher, create_scheduler, fake_output,  # noqa: E402
-                                        make_request, model_dir)
+from tests.engine_vllm.fixtures import BLOCK, block_hasher, create_scheduler, model_dir  # noqa: E402
 from tests.engine_vllm.test_scheduler_agreement import (ONE_SECOND_PASS, PassByPass,  # noqa: E402
-                                                        first_difference)
+                                                        drive, first_difference)
 
 
 SEEDS = 30
@@ -72,41 +71,10 @@ def simulated(rows, budgets, max_num_seqs: int, kv_blocks: int, cls=PassByPass):
     return sim.passes, sim.preemptions, sim.prefix_counts
 
 
-def drive(sched, rows, budgets, before_step=None):
-    """vLLM's scheduler through ``rows`` on a clock that moves as the simulator's does (one
-    second a step, jumping to the next arrival when nothing is left to run), step k at
-    ``budgets[k % len]`` or the running decodes if more; ``before_step(k)`` is called
-    before each step. Returns each step's {request: tokens} and the preemptions."""
-    hasher = block_hasher()
-    now, nxt, passes, preemptions = 0.0, 0, [], 0
-    while nxt < len(rows) or sched.has_unfinished_requests():
-        while nxt < len(rows) and rows[nxt][0] <= now:
-            _, tokens, output = rows[nxt]
-            sched.add_request(make_request(str(nxt), len(tokens), output, tokens, hasher))
-            nxt += 1
-        if not sched.has_unfinished_requests():
-            now = rows[nxt][0]
-            continue
-        if before_step is not None:
-            before_step(len(passes))
-        decodes = sum(1 for r in sched.running
-                      if r.num_output_tokens > 0 and r.num_computed_tokens == r.num_tokens - 1)
-        budget = max(budgets[len(passes) % len(budgets)], decodes)
-        if hasattr(sched, "chunkpilot_budget"):  # chunkpilot's scheduler sets the budget itself
-            sched.chunkpilot_budget = lambda budget=budget: budget
-        sched.max_num_scheduled_tokens = budget
-        out = sched.schedule()
-        preemptions += len(out.preempted_req_ids or ())
-        passes.append({int(rid): k for rid, k in out.num_scheduled_tokens.items()})
-        sched.update_from_output(out, fake_output(sched, out))
-        now += 1.0
-    return passes, preemptions
-
-
 def in_vllm(model, rows, budgets, max_seqs: int, num_blocks: int):
     sched = create_scheduler(Scheduler, model, max_num_batched_tokens=8192, max_num_seqs=max_seqs,
                              num_blocks=num_blocks, prefix_caching=True)
-    return drive(sched, rows, budgets)
+    return drive(sched, rows, budgets, hasher=block_hasher())
 
 
 @pytest.mark.parametrize("kv_tight", [False, True], ids=["ample-kv", "tight-kv"])
@@ -168,5 +136,5 @@ def test_the_adapter_reads_the_cache_as_the_simulator_does(model):
                                   for r in sched.running)
                     seen["running head" if running else "waiting head"] += 1
 
-        drive(sched, rows, budgets, compare)
+        drive(sched, rows, budgets, compare, block_hasher())
     assert seen["waiting head"] and seen["running head"], seen

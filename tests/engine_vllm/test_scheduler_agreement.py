@@ -61,30 +61,46 @@ def simulated(requests, budgets, max_num_seqs: int, kv_blocks: int, threshold: i
     return sim.passes, sim.preemptions
 
 
-def in_vllm(model, requests, budgets, max_num_seqs: int, num_blocks: int, threshold: int = 0):
-    """The same in vLLM's Scheduler, on a clock that moves as the simulator's does: one
-    second a step, jumping to the next arrival when nothing is left to run."""
-    sched = create_scheduler(Scheduler, model, max_num_batched_tokens=8192,
-                             max_num_seqs=max_num_seqs, num_blocks=num_blocks)
-    sched.scheduler_config.long_prefill_token_threshold = threshold
+def drive(sched, requests, budgets, before_step=None, hasher=None):
+    """vLLM's scheduler ``sched`` through ``requests`` ((arrival s, prompt, output), the
+    prompt a token count of 7s or the token ids; ``hasher`` names their blocks for prefix
+    caching) on a clock that moves as the simulator's does: one second a step, jumping to
+    the next arrival when nothing is left to run; step k at ``budgets[k % len]`` or the
+    running decodes if more; ``before_step(k)`` is called before each step. Returns each
+    step's {request: tokens} and the preemptions."""
     now, nxt, passes, preemptions = 0.0, 0, [], 0
     while nxt < len(requests) or sched.has_unfinished_requests():
         while nxt < len(requests) and requests[nxt][0] <= now:
             _, prompt, output = requests[nxt]
-            sched.add_request(make_request(str(nxt), prompt, output))
+            tokens = prompt if isinstance(prompt, list) else None
+            sched.add_request(make_request(str(nxt), len(tokens) if tokens else prompt, output,
+                                           tokens, hasher))
             nxt += 1
         if not sched.has_unfinished_requests():
             now = requests[nxt][0]
             continue
+        if before_step is not None:
+            before_step(len(passes))
         decodes = sum(1 for r in sched.running
                       if r.num_output_tokens > 0 and r.num_computed_tokens == r.num_tokens - 1)
-        sched.max_num_scheduled_tokens = max(budgets[len(passes) % len(budgets)], decodes)
+        budget = max(budgets[len(passes) % len(budgets)], decodes)
+        if hasattr(sched, "chunkpilot_budget"):  # chunkpilot's scheduler sets the budget itself
+            sched.chunkpilot_budget = lambda budget=budget: budget
+        sched.max_num_scheduled_tokens = budget
         out = sched.schedule()
         preemptions += len(out.preempted_req_ids or ())
         passes.append({int(rid): k for rid, k in out.num_scheduled_tokens.items()})
         sched.update_from_output(out, fake_output(sched, out))
         now += 1.0
     return passes, preemptions
+
+
+def in_vllm(model, requests, budgets, max_num_seqs: int, num_blocks: int, threshold: int = 0):
+    """The same in vLLM's Scheduler (:func:`drive`)."""
+    sched = create_scheduler(Scheduler, model, max_num_batched_tokens=8192,
+                             max_num_seqs=max_num_seqs, num_blocks=num_blocks)
+    sched.scheduler_config.long_prefill_token_threshold = threshold
+    return drive(sched, requests, budgets)
 
 
 def first_difference(a: list[dict], b: list[dict]):
