@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from envs.pricing import time_budget
+from envs.pricing import state_budget
 
 DEFAULT_LADDER = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 """The environment's discrete actions: log-spaced budgets, 64 to 16,384 tokens."""
@@ -70,8 +70,7 @@ def pass_budget(state, actions: str, value: float, itl_s: float,
         return budget if max_pass is None else capped_budget(state, budget, max_pass * itl_s)
     if max_pass is not None:
         value = min(value, max_pass)
-    return time_budget(state.cost, state.running_decodes, state.decode_context_tokens,
-                       state.head_prefilled_tokens, value * itl_s, BUDGET_CAP)
+    return state_budget(state.cost, state, value * itl_s, BUDGET_CAP)
 
 
 def capped_budget(state, budget: int, max_pass_s: float) -> int:
@@ -82,8 +81,7 @@ def capped_budget(state, budget: int, max_pass_s: float) -> int:
     n = state.running_decodes
     if not n:
         return budget
-    return min(budget, time_budget(state.cost, n, state.decode_context_tokens,
-                                   state.head_prefilled_tokens, max_pass_s, max(budget, n)))
+    return min(budget, state_budget(state.cost, state, max_pass_s, max(budget, n)))
 
 
 def clamp_budget(budget: int, num_decodes: int) -> int:

@@ -65,6 +65,7 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, replace
+from itertools import islice
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
@@ -77,7 +78,7 @@ from envs.pricing import free_ride_root
 from envs.profiles import HardwareProfile, ModelProfile, get_hardware, get_model
 from envs.records import FLUSH_VALUES, PassLog, RequestBook
 from envs.slack import ItlSlackMeter, SlackCounter
-from envs.state import QUANTITIES, SLACK_COUNTS
+from envs.state import NEXT_PREFILLS, QUANTITIES, SLACK_COUNTS
 from envs.workload import Workload
 
 if TYPE_CHECKING:  # for annotations only
@@ -324,6 +325,17 @@ class SchedulerState:
         return sim.waiting_head_hit() if sim.waiting else 0
 
     @property
+    def next_prefills(self) -> tuple[tuple[int, int], ...]:
+        sim = self._sim
+        if sim._prefix is None:
+            return ()
+        out = [(r.computed, r.target - r.computed) for r in islice(sim.prefilling, 1, NEXT_PREFILLS + 1)]
+        start = 0 if sim.prefilling else 1
+        out += [(r.joined_cached_tokens, r.target - r.computed - r.joined_cached_tokens)
+                for r in islice(sim.waiting, start, start + NEXT_PREFILLS - len(out))]
+        return tuple(out)
+
+    @property
     def oldest_wait_s(self) -> float:
         return self._sim.oldest_wait_s()
 
@@ -340,6 +352,9 @@ class SchedulerState:
 
     def __getitem__(self, name: str):
         return getattr(self, name)
+
+    def get(self, name: str, default=None):
+        return getattr(self, name, default)
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.FIELDS}

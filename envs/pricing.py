@@ -27,7 +27,7 @@ chunk: :func:`chunk_attention_pairs`). DESIGN.md section 2 derives the roofline;
 from __future__ import annotations
 
 import math
-from typing import Mapping, NamedTuple
+from typing import Mapping, NamedTuple, Sequence
 
 COST_FIELDS = ("weights_s", "kv_s_per_token", "token_s", "pair_s", "exposed", "fixed_s",
                "serial_s_per_token")
@@ -162,6 +162,75 @@ def time_budget(c: Coefficients, num_decodes: int, decode_context_tokens: int, p
     if n == 0:
         return cap
     return n + chunk_within(c, n, decode_context_tokens, seconds, prefix_tokens, max(cap - n, 0))
+
+
+def state_budget(c: Coefficients, state, seconds: float, cap: int) -> int:
+    """:func:`time_budget` for an engine state read by ``envs.state``'s names (``state[name]``
+    and ``state.get(name)``: the simulator's ``SchedulerState`` or a mapping), with prefix
+    caching priced in full: where the chunk that fits takes all the head's remaining tokens
+    and ``next_prefills`` lists the requests the pass admits next, each one it reaches reads
+    its own cached prefix (:func:`chunks_within`; ``head_remaining_tokens`` is read then).
+    Without ``next_prefills``, or with it empty (no prefix caching), exactly
+    :func:`time_budget`."""
+    n = int(state["running_decodes"])
+    if n == 0:
+        return cap
+    ctx, q = int(state["decode_context_tokens"]), int(state["head_prefilled_tokens"])
+    x = chunk_within(c, n, ctx, seconds, q, max(cap - n, 0))
+    if x:
+        later = state.get("next_prefills")
+        if later:
+            remaining = int(state["head_remaining_tokens"])
+            if x > remaining:
+                x = chunks_within(c, n, ctx, seconds, q, x, remaining, later)
+    return n + x
+
+
+def chunks_price(c: Coefficients, num_decodes: int, decode_context_tokens: int, chunk_tokens: int,
+                 prefix_tokens: int, head_remaining_tokens: int,
+                 later: Sequence[tuple[int, int]]) -> float:
+    """Seconds of a pass carrying these decodes and ``chunk_tokens`` of prefill: the head's
+    ``head_remaining_tokens`` after its ``prefix_tokens`` first, then each request of
+    ``later`` ((cached prefix, tokens to prefill) pairs) in turn. The tokens past the head's
+    are priced as continuing its chunk (their attention to it is an upper bound on their
+    attention to each other, and is exactly :func:`chunk_price` with nothing cached), plus,
+    for each later request the pass reaches, its cached prefix read once and attended by
+    each of its tokens in the pass. Past ``later`` nothing more is added."""
+    x, q = chunk_tokens, prefix_tokens
+    read = pairs = 0
+    left = x - head_remaining_tokens
+    for cached, tokens in later:
+        if left <= 0:
+            break
+        taken = min(left, tokens)
+        read += cached
+        pairs += taken * cached
+        left -= taken
+    return pass_price(c, num_decodes, decode_context_tokens, x, q + read,
+                      chunk_attention_pairs(x, q) + pairs)
+
+
+def chunks_within(c: Coefficients, num_decodes: int, decode_context_tokens: int, seconds: float,
+                  prefix_tokens: int, most: int, head_remaining_tokens: int,
+                  later: Sequence[tuple[int, int]]) -> int:
+    """The largest chunk, at least the head's ``head_remaining_tokens`` and at most ``most``
+    (the chunk :func:`chunk_within` allows the head alone: the later requests' prefixes only
+    add), whose pass :func:`chunks_price` prices within ``seconds``. The price grows with
+    the chunk, so a bisection finds it."""
+    def fits(x: int) -> bool:
+        return chunks_price(c, num_decodes, decode_context_tokens, x, prefix_tokens,
+                            head_remaining_tokens, later) <= seconds
+
+    if fits(most):
+        return most
+    lo, hi = head_remaining_tokens, most  # fits(lo), not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 _ROOTS: dict[Coefficients, tuple[float, ...]] = {}

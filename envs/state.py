@@ -102,10 +102,22 @@ QUANTITIES: tuple[Quantity, ...] = (
     Quantity("head_cached_tokens", "tokens", "the head's prompt tokens the prefix cache serves",
              "an in-prefill head's cached at admission; a waiting head's cached now; 0 without a "
              "head or without prefix caching"),
+    Quantity("next_prefills", "(tokens, tokens) per request",
+             "with prefix caching, the prefills a pass takes after the head's: each one's cached "
+             "prefix and its tokens still to prefill, which a time budget prices the pass with",
+             "in the order the scheduler takes them, at most 16 (NEXT_PREFILLS): the in-prefill running "
+             "requests after the head (computed, tokens - computed), then the waiting ones "
+             "after it (cached on joining, tokens - computed - cached on joining); empty "
+             "without prefix caching"),
     Quantity("free_ride_tokens", "tokens", "about the largest chunk that keeps this pass memory-bound",
              "envs.pricing.free_ride_root over the decodes and the head's prefix, rounded down"),
 )
 BY_NAME = {q.name: q for q in QUANTITIES}
+
+NEXT_PREFILLS = 16
+"""The most requests ``next_prefills`` lists: a pass rarely reaches more (an agent's
+suffixes of a few hundred tokens under a budget of a few thousand), and past them the
+price adds no prefix."""
 
 TABLE_INPUTS = ("running_decodes", "waiting_requests", "waiting_prefill_tokens", "kv_usage",
                 "decode_context_tokens", "head_prefilled_tokens", "head_remaining_tokens",
@@ -163,6 +175,7 @@ def read_requests(running: Iterable, waiting, wall_now_s: float,
     decodes = context = to_prefill = 0
     head = None
     oldest = math.inf
+    later = []  # next_prefills' running part
     for r in running:
         computed, tokens, output = counters(r)
         if output >= getattr(r, "max_tokens", math.inf):
@@ -174,8 +187,11 @@ def read_requests(running: Iterable, waiting, wall_now_s: float,
         to_prefill += tokens - computed
         if head is None:
             head = r
+        elif len(later) < NEXT_PREFILLS:
+            later.append((computed, tokens - computed))
         if output == 0 and r.arrival_time < oldest:
             oldest = r.arrival_time
+    running_head = head is not None  # else the head is the first waiting request
     state = {"running_decodes": decodes}
     if "decode_context_tokens" in needs:
         state["decode_context_tokens"] = context
@@ -190,7 +206,6 @@ def read_requests(running: Iterable, waiting, wall_now_s: float,
         state["waiting_prefill_tokens"] = to_prefill
         state["oldest_wait_s"] = wall_now_s - oldest if oldest < math.inf else 0.0
     if needs & HEAD_INPUTS:
-        running_head = head is not None
         if head is None and len(waiting):  # the request the scheduler takes next
             head = waiting.peek_request() if hasattr(waiting, "peek_request") else next(iter(waiting))
         computed, tokens, _ = counters(head) if head is not None else (0, 0, 0)
@@ -201,6 +216,21 @@ def read_requests(running: Iterable, waiting, wall_now_s: float,
         state["head_prefilled_tokens"] = computed
         state["head_remaining_tokens"] = tokens - computed
         state["head_cached_tokens"] = hit
+    if "next_prefills" in needs:
+        if cached is None:
+            later = []
+        else:  # the waiting requests after the head, in the order the scheduler takes them
+            skip = 0 if running_head else 1
+            for r in waiting:
+                if len(later) >= NEXT_PREFILLS:
+                    break
+                if skip:
+                    skip -= 1
+                    continue
+                computed, tokens, _ = counters(r)
+                joined = cached(r, "on joining")
+                later.append((joined, tokens - computed - joined))
+        state["next_prefills"] = tuple(later)
     return {k: v for k, v in state.items() if k in needs or k == "running_decodes"}
 
 

@@ -19,7 +19,7 @@ from envs.actions import FRACTION_LADDER
 from envs.engine import check_static_budget
 from envs.errors import MAX_TOKENS, ConfigError, require, show
 from envs.observation import DUE_INDEX, DUE_SCALE, SLACK_INDEX, SLACK_ONE_PASS
-from envs.pricing import chunk_attention_pairs, pass_price, prefill_due_s, time_budget
+from envs.pricing import chunk_attention_pairs, pass_price, prefill_due_s, state_budget
 from policies.base import BudgetPolicy, Param
 
 TOKENS = Param("tokens", int, None, 0, MAX_TOKENS, "N tokens")
@@ -257,8 +257,7 @@ class TimeBudgetPolicy(BudgetPolicy):
         return self.budget(state) - state.running_decodes
 
     def budget(self, state) -> int:
-        return time_budget(state.cost, state.running_decodes, state.decode_context_tokens,
-                           state.head_prefilled_tokens, self.target_s, self.cap)
+        return state_budget(state.cost, state, self.target_s, self.cap)
 
     def exact_table(self) -> tuple[list[dict], list[float]] | None:
         """(features, fractions) of a lookup table that makes this rule's budget at every
@@ -292,8 +291,7 @@ class TimeBudgetKVPolicy(TimeBudgetPolicy):
 
     def budget(self, state) -> int:
         seconds = self.fraction_at(state.kv_usage) * self.itl_s
-        return time_budget(state.cost, state.running_decodes, state.decode_context_tokens,
-                           state.head_prefilled_tokens, seconds, self.cap)
+        return state_budget(state.cost, state, seconds, self.cap)
 
     def exact_table(self):
         return None
@@ -327,8 +325,7 @@ class TimeBudgetFewPolicy(TimeBudgetPolicy):
 
     def budget(self, state) -> int:
         seconds = self.fraction_at(state.running_decodes) * self.itl_s
-        return time_budget(state.cost, state.running_decodes, state.decode_context_tokens,
-                           state.head_prefilled_tokens, seconds, self.cap)
+        return state_budget(state.cost, state, seconds, self.cap)
 
     def exact_table(self):
         return None
@@ -379,8 +376,7 @@ class TimeBudgetSlackPolicy(TimeBudgetPolicy):
         if slack >= 1.0 and not self.spend(state):
             slack = 0.0
         fraction = self.fraction_at(n, slack, state.kv_usage if self.kv is not None else 0.0)
-        return time_budget(state.cost, n, state.decode_context_tokens, state.head_prefilled_tokens,
-                           fraction * self.itl_s, self.cap)
+        return state_budget(state.cost, state, fraction * self.itl_s, self.cap)
 
     def exact_table(self):
         return [{"name": "itl_slack_passes", "edges": [1.0]}], [self.fraction, self.top]

@@ -73,6 +73,10 @@ class TablePolicy(BudgetPolicy):
     def budget_of(self, values: dict, state) -> int:
         """The budget for ``values`` (:meth:`values` of ``state``)."""
         if self._time:
+            later = state.next_prefills  # priced with the cached prefixes, as an engine does
+            if later:
+                values = dict(values, next_prefills=later,
+                              head_remaining_tokens=state.head_remaining_tokens)
             return self.table.action.budget(values, cost=state.cost)
         return self.table.budget(values)
 

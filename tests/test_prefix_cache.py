@@ -76,6 +76,31 @@ def test_the_state_counts_a_waiting_request_s_cached_tokens_out():
     sim.audit()
 
 
+def test_the_state_lists_the_prefills_after_the_head_with_their_cached_prefixes():
+    # A caches 48 tokens; B, C and D arrive after it with the same 48 cached and 8, 8 and 24
+    # to prefill, E with nothing cached: behind the waiting head B the pass would reach C,
+    # D and E, each reading its own cached prefix. A budget of 10 leaves B in prefill:
+    # then the waiting ones behind it follow it.
+    ids = [1, 2, 3, 4]
+    rows = [(0.0, 56, 1, ids), (5.0, 56, 1, ids), (5.0, 56, 1, ids), (5.0, 72, 1, ids + [5]),
+            (5.0, 40, 1, [9, 8, 7])]
+    sim = Simulator(HW, MODEL, workload(rows), EngineConfig(num_kv_blocks=1000))
+    seen = []
+
+    def policy(state):
+        seen.append(state.next_prefills)
+        return 8192 if len(seen) == 1 else 4
+
+    sim.run(policy)
+    assert seen[0] == ()  # A alone
+    assert seen[1] == ((48, 8), (48, 24), (0, 40))  # B waiting at the head: C, D, E
+    assert seen[2] == ((48, 8), (48, 24), (0, 40))  # B in prefill: the same three wait
+    off = Simulator(HW, MODEL, workload(rows), EngineConfig(num_kv_blocks=1000,
+                                                            enable_prefix_caching=False))
+    off.run(lambda state: seen.append(state.next_prefills) or 8192)
+    assert seen[-1] == ()
+
+
 def test_a_fully_cached_prompt_still_computes_its_last_token():
     # 64 tokens = 4 full blocks, all cached by A: B may hit only the blocks before its last
     # token (vLLM's max_cache_hit_length), so it recomputes the last block's 16 tokens.

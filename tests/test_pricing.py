@@ -96,6 +96,60 @@ def test_free_ride_chunk_is_the_memory_bound_boundary(c, n, ctx_per, q):
     assert x <= pricing.free_ride_root(c, n, n * ctx_per, q) + 1
 
 
+def test_a_pass_reaching_later_requests_reads_their_cached_prefixes_by_hand():
+    # 2 decodes (context 400); the head has 30 tokens left after a 100-token prefix; then a
+    # request with 200 cached and 40 to prefill, then one with 500 cached and 90 to prefill.
+    # A 100-token chunk: the head's 30, the next one's 40, 30 of the last one's.
+    # As one chunk after the head's prefix: 100 tokens, 100 * 100 + 5050 pairs, 100 read.
+    # The later requests add their prefixes read once (200 + 500) and attended by their
+    # tokens in the pass (40 * 200 + 30 * 500 pairs).
+    later = ((200, 40), (500, 90))
+    got = pricing.chunks_price(TOY, 2, 400, 100, 100, 30, later)
+    assert got == pricing.pass_price(TOY, 2, 400, 100, 100 + 700, 10000 + 5050 + 8000 + 15000)
+    # Within the head's tokens, or with nothing cached later, the head's chunk alone.
+    assert pricing.chunks_price(TOY, 2, 400, 30, 100, 30, later) == pricing.chunk_price(TOY, 2, 400, 30, 100)
+    assert pricing.chunks_price(TOY, 2, 400, 100, 100, 30, ((0, 40), (0, 90))) == \
+        pricing.chunk_price(TOY, 2, 400, 100, 100)
+    # Past the list nothing more is added.
+    assert pricing.chunks_price(TOY, 2, 400, 500, 100, 30, later) == \
+        pricing.pass_price(TOY, 2, 400, 500, 800, pricing.chunk_attention_pairs(500, 100) + 8000 + 45000)
+
+
+def test_the_state_budget_is_the_time_budget_without_later_prefixes():
+    state = {"running_decodes": 2, "decode_context_tokens": 400, "head_prefilled_tokens": 100,
+             "head_remaining_tokens": 30}
+    plain = pricing.time_budget(TOY, 2, 400, 100, 0.01, 8192)
+    assert plain - 2 > 30  # the head's tokens fit with room to spare
+    assert pricing.state_budget(TOY, state, 0.01, 8192) == plain
+    assert pricing.state_budget(TOY, dict(state, next_prefills=()), 0.01, 8192) == plain
+    assert pricing.state_budget(TOY, dict(state, next_prefills=((0, 5000),)), 0.01, 8192) == plain
+    # Cached prefixes behind the head make the pass dearer: a smaller chunk, never below the
+    # head's remaining tokens.
+    heavy = dict(state, next_prefills=((60000, 50),) * 16)
+    assert 2 + 30 <= pricing.state_budget(TOY, heavy, 0.01, 8192) < plain
+    assert pricing.state_budget(TOY, dict(state, running_decodes=0), 0.01, 8192) == 8192
+
+
+@settings(max_examples=300, deadline=None)
+@given(c=coefficients, n=st.integers(1, 300), ctx_per=st.integers(0, 20000), q=st.integers(0, 60000),
+       remaining=st.integers(1, 5000), seconds=st.floats(1e-4, 2.0), cap=st.integers(1, 1 << 15),
+       later=st.lists(st.tuples(st.integers(0, 60000), st.integers(1, 5000)), max_size=16))
+def test_the_state_budget_is_the_largest_chunk_the_price_of_every_chunk_allows(
+        c, n, ctx_per, q, remaining, seconds, cap, later):
+    state = {"running_decodes": n, "decode_context_tokens": n * ctx_per, "head_prefilled_tokens": q,
+             "head_remaining_tokens": remaining, "next_prefills": tuple(later)}
+    budget = pricing.state_budget(c, state, seconds, cap)
+    plain = pricing.time_budget(c, n, n * ctx_per, q, seconds, cap)
+    x, room = budget - n, max(cap - n, 0)
+    assert x <= plain - n  # cached prefixes only add to the price
+    if plain - n <= remaining:  # the head's tokens alone: priced as before
+        assert budget == plain
+        return
+    assert x >= remaining
+    assert pricing.chunks_price(c, n, n * ctx_per, x, q, remaining, later) <= seconds
+    assert x == room or pricing.chunks_price(c, n, n * ctx_per, x + 1, q, remaining, later) > seconds
+
+
 def test_prefill_due_by_hand():
     # No decodes, 10 ms passes: the chunk that fits, the queue at that rate, from the wait.
     chunk = pricing.chunk_within(TOY, 0, 0, 0.01, 0, pricing.PREFILL_DUE_CAP)

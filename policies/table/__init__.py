@@ -55,7 +55,7 @@ import tempfile
 from bisect import bisect_right
 from collections.abc import Mapping
 
-from envs.pricing import COST_FIELDS, Coefficients, decode_pass_s, prefill_due_s, time_budget
+from envs.pricing import COST_FIELDS, Coefficients, decode_pass_s, prefill_due_s, state_budget
 from envs.slack import slack_passes
 from envs.state import BY_NAME, DERIVED, SLACK_COUNTS, TABLE_INPUTS
 
@@ -221,12 +221,10 @@ class TimeFractionAction:
         the ITL target on this engine; ``cost`` overrides the stored coefficients when
         converting the fraction to tokens (an engine calibrated apart, say with its own
         per-step overhead). The cells are looked up with the stored coefficients."""
-        n = int(state["running_decodes"])
-        if n == 0:
+        if not state["running_decodes"]:
             return self.cap
-        return time_budget(cost or self.cost, n, int(state["decode_context_tokens"]),
-                           int(state["head_prefilled_tokens"]),
-                           self.fraction(state) * self.itl_s / scale, self.cap)
+        return state_budget(cost or self.cost, state, self.fraction(state) * self.itl_s / scale,
+                            self.cap)
 
 
 # One entry per action kind. A kind reads its cells (and any coefficients) from the

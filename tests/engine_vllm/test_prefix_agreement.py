@@ -97,21 +97,26 @@ def test_vllm_and_the_simulator_find_the_same_prefixes_cached(model, kv_tight):
 
 COUNTED = ("running_decodes", "waiting_requests", "waiting_prefill_tokens", "decode_context_tokens",
            "head_prefilled_tokens", "head_remaining_tokens", "head_cached_tokens")
-"""The request-counted quantities (the wait is on two clocks, the KV usage the engine's)."""
+"""The request-counted table inputs (the wait is on two clocks, the KV usage the engine's)."""
+PRICING = ("next_prefills",)
+"""What a time budget prices a pass with beyond them (a time-fraction table's adapter asks
+for it with prefix caching on)."""
 
 
 def test_the_adapter_reads_the_cache_as_the_simulator_does(model):
     """vLLM's scheduler with chunkpilot's adapter and the simulator, scheduling the same
     tokens: before every step with prefill work, the state the adapter would hand a table
     (a waiting head's cached tokens looked up in vLLM's cache, a running head's recorded
-    at its first admission) is the simulator's, quantity by quantity."""
+    at its first admission, the prefills after the head with the prefixes cached when they
+    joined the queue) is the simulator's, quantity by quantity."""
     import policies.vllm_scheduler as vs
     from policies.table import BudgetTable
     from tests.engine_vllm.fixtures import table_dict
 
     table = BudgetTable(table_dict([(n, [1]) for n in COUNTED], [64] * 2 ** len(COUNTED),
                                    default_budget=64))
-    seen = {"waiting head": 0, "running head": 0}  # compared steps whose head had a hit
+    seen = {"waiting head": 0, "running head": 0,  # compared steps whose head had a hit,
+            "later cached": 0}  # and whose next prefills had one
     for seed in range(12):
         rows, budgets, max_seqs, blocks = case(seed, kv_tight=seed % 2 == 1)
         expected = {}
@@ -119,22 +124,24 @@ def test_the_adapter_reads_the_cache_as_the_simulator_does(model):
         class Recording(PassByPass):
             def _schedule(self, budget):
                 if self.prefilling or self.waiting:
-                    expected[self.pass_index] = {n: self.state()[n] for n in COUNTED}
+                    expected[self.pass_index] = {n: self.state()[n] for n in COUNTED + PRICING}
                 return super()._schedule(budget)
 
         simulated(rows, budgets, max_seqs, blocks - 1, Recording)
         sched = create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=8192,
                                  max_num_seqs=max_seqs, num_blocks=blocks, prefix_caching=True,
                                  chunkpilot_table=table)
+        sched._cp_needs = sched._cp_needs | set(PRICING)  # as for a time-fraction table
 
         def compare(step):
             got = sched.chunkpilot_state()
             if step in expected:
-                assert {n: got[n] for n in COUNTED} == expected[step], (seed, step)
+                assert {n: got[n] for n in COUNTED + PRICING} == expected[step], (seed, step)
+                seen["later cached"] += any(cached for cached, _ in got["next_prefills"])
                 if got["head_cached_tokens"]:
                     running = any(r.num_output_tokens == 0 and r.num_computed_tokens < r.num_tokens
                                   for r in sched.running)
                     seen["running head" if running else "waiting head"] += 1
 
         drive(sched, rows, budgets, compare, block_hasher())
-    assert seen["waiting head"] and seen["running head"], seen
+    assert all(seen.values()), seen
