@@ -119,14 +119,17 @@ def units_of(ids: np.ndarray | None, hash_block_tokens: int, covered: int, block
         # runs break only where the ids do: walk the ids (a few dozen), not the blocks
         per = hash_block_tokens // block_size
         last_id = (named - 1) // per
-        values = ids[:last_id + 1].tolist()
-        run = 0
-        for j in range(1, last_id + 2):
-            if j > last_id or values[j] != values[j - 1] + 1:
-                keys.append(values[run] * per)
-                starts.append(run * per)
-                sizes.append(min(j * per, named) - run * per)
-                run = j
+        ids = ids[:last_id + 1]
+        if last_id < 64:  # a few ids: a loop beats numpy's calls
+            values = ids.tolist()
+            runs = [0, *(j for j in range(1, last_id + 1) if values[j] != values[j - 1] + 1)]
+            keys = [values[run] * per for run in runs]
+        else:
+            runs = [0, *(np.flatnonzero(ids[1:] - ids[:-1] != 1) + 1).tolist()]
+            keys = (ids[runs] * per).tolist()
+        starts = [run * per for run in runs]
+        ends = [*starts[1:], named]
+        sizes = [end - start for start, end in zip(starts, ends)]
     elif named:
         k = np.arange(named, dtype=np.int64)
         if block_size % hash_block_tokens == 0:  # a KV block spans ids: named by its last one
