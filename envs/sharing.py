@@ -6,12 +6,15 @@ answers; an agent's shared instructions and a request's own text). Its block ids
 to its end, as vLLM's chained block hashes do: two blocks get the same id exactly when the
 segments up to their ends are the same. ``envs.prefix_cache`` reads them.
 
-- ``conversation:TURNS``: multi-turn chats of TURNS turns. Turn k's prompt is turn k-1's
-  prompt and answer, then new text; the new text's length is drawn from the prompt spec,
-  each answer's from the output spec. A conversation's turns are every K-th arrival
-  (K conversations at a time, K = ceil(requests / TURNS)), so the previous turn has
-  usually finished when the next one arrives, as a user reads an answer before replying.
-  The ids go on into the answer, which the next turn resends.
+- ``conversation:TURNS[:USERS]``: multi-turn chats of TURNS turns. Turn k's prompt is turn
+  k-1's prompt and answer, then new text; the new text's length is drawn from the prompt
+  spec, each answer's from the output spec. USERS conversations run at a time, each
+  taking every USERS-th arrival, so the previous turn has usually finished when the next
+  one arrives, as a user reads an answer before replying; a user whose conversation has
+  had its TURNS turns starts a new one. USERS defaults to ceil(requests / TURNS), every
+  conversation at once; set it to keep the gap between turns, in arrivals, apart from
+  the stream's length (with more users in flight, more of their histories compete for
+  the cache). The ids go on into the answer, which the next turn resends.
 - ``agent:HIT[:PREFIXES]``: each prompt is one of PREFIXES (default 1) shared prefixes
   (an agent's instructions and tool descriptions), then the request's own text drawn from
   the prompt spec. The prefix is sized so that it is the share HIT of the prompt tokens
@@ -32,8 +35,9 @@ from envs.errors import MAX_TOKENS, ConfigError, show
 
 HASH_BLOCK_TOKENS = 16
 """Tokens per block id: vLLM's default KV block, so that every KV block is named."""
-SHARING_FORMS = "none, conversation:TURNS, agent:HIT[:PREFIXES]"
+SHARING_FORMS = "none, conversation:TURNS[:USERS], agent:HIT[:PREFIXES]"
 MAX_TURNS = 1000
+MAX_USERS = 10**6
 MAX_PREFIXES = 10**6
 MAX_HIT = 0.99
 
@@ -45,10 +49,11 @@ def parse_sharing(spec: str) -> tuple[str, tuple]:
     try:
         if kind == "none" and not args:
             return "none", ()
-        if kind == "conversation" and len(args) == 1:
+        if kind == "conversation" and len(args) in (1, 2):
             turns = int(args[0])
-            if 1 <= turns <= MAX_TURNS:
-                return kind, (turns,)
+            users = int(args[1]) if len(args) == 2 else None
+            if 1 <= turns <= MAX_TURNS and (users is None or 1 <= users <= MAX_USERS):
+                return kind, (turns, users)
         if kind == "agent" and len(args) in (1, 2):
             hit = float(args[0])
             prefixes = int(args[1]) if len(args) == 2 else 1
@@ -57,7 +62,7 @@ def parse_sharing(spec: str) -> tuple[str, tuple]:
     except ValueError:
         pass
     raise ConfigError(f"sharing: got {show(spec)}, must be {SHARING_FORMS} (TURNS 1-{MAX_TURNS}, "
-                      f"HIT 0-{MAX_HIT}, PREFIXES 1-{MAX_PREFIXES:,})")
+                      f"USERS 1-{MAX_USERS:,}, HIT 0-{MAX_HIT}, PREFIXES 1-{MAX_PREFIXES:,})")
 
 
 def share_prefixes(spec: str, rng: np.random.Generator, own: np.ndarray, outputs: np.ndarray
@@ -70,7 +75,7 @@ def share_prefixes(spec: str, rng: np.random.Generator, own: np.ndarray, outputs
         return own, None, False
     namer = _Namer()
     if kind == "conversation":
-        prompts, ids = _conversations(params[0], own, outputs, namer)
+        prompts, ids = _conversations(*params, own, outputs, namer)
         return prompts, ids, True
     hit, prefixes = params
     prefix = int(round(hit / (1 - hit) * float(own.mean()))) if hit else 0
@@ -84,15 +89,18 @@ def share_prefixes(spec: str, rng: np.random.Generator, own: np.ndarray, outputs
     return prompts, ids, False
 
 
-def _conversations(turns: int, own: np.ndarray, outputs: np.ndarray, namer: "_Namer"):
+def _conversations(turns: int, users: int | None, own: np.ndarray, outputs: np.ndarray,
+                   namer: "_Namer"):
     n = len(own)
-    k = max(1, math.ceil(n / turns))
+    k = users or max(1, math.ceil(n / turns))
     prompts = np.empty(n, dtype=np.int64)
     ids = []
     history: dict[int, list] = {}
     for i in range(n):
         c = i % k
-        segments = history.setdefault(c, [])
+        if (i // k) % turns == 0:  # the user starts a conversation
+            history[c] = []
+        segments = history[c]
         segments.append((("user", i), int(own[i])))
         prompt = sum(length for _, length in segments)
         if prompt + int(outputs[i]) > MAX_TOKENS:

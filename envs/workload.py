@@ -573,7 +573,8 @@ class SyntheticSpec:
     prompt: str = "short-long"
     output: str = "lognormal:128:0.8:1024"
     sharing: str = "none"
-    """Shared prefixes (``envs.sharing``): none, conversation:TURNS or agent:HIT[:PREFIXES];
+    """Shared prefixes (``envs.sharing``): none, conversation:TURNS[:USERS] or
+    agent:HIT[:PREFIXES];
     ``prompt`` is then each request's own new text."""
 
     def __post_init__(self) -> None:

@@ -50,6 +50,22 @@ def test_conversations_take_turns_in_arrival_order():
     assert repeated_share(one) == 0.0  # one turn: nothing repeats
 
 
+def test_users_start_new_conversations_after_their_turns():
+    own = build("none", n=8)
+    w = build("conversation:2:2", n=8)  # 2 users: 0-1 first turns, 2-3 second, 4-5 first again
+    assert np.array_equal(w.prompt_tokens[[0, 1, 4, 5]], own.prompt_tokens[[0, 1, 4, 5]])
+    assert np.array_equal(w.prompt_tokens[[2, 3, 6, 7]], own.prompt_tokens[[0, 1, 4, 5]]
+                          + own.output_tokens[[0, 1, 4, 5]] + own.prompt_tokens[[2, 3, 6, 7]])
+    first_round = set(np.concatenate(w.block_hashes[:4]).tolist())
+    assert not first_round & set(w.block_hashes[4].tolist())  # a new conversation shares nothing
+    # The default: every conversation at once, as many as the stream has room for.
+    assert np.array_equal(build("conversation:2", n=12).prompt_tokens,
+                          build("conversation:2:6", n=12).prompt_tokens)
+    # With the users fixed, what repeats no longer depends on the stream's length.
+    short, long = build("conversation:4:10", n=200), build("conversation:4:10", n=2000)
+    assert repeated_share(short) == pytest.approx(repeated_share(long), abs=0.03)
+
+
 def test_an_agent_prefix_is_the_share_hit_of_the_prompt_on_average():
     own = build("none", n=400)
     for hit in (0.5, 0.9):
@@ -87,7 +103,8 @@ def test_the_same_seed_draws_the_same_workload_and_the_same_arrivals_as_without_
     assert np.array_equal(plain.arrival_s, a.arrival_s)  # sharing draws after the arrivals
 
 
-@pytest.mark.parametrize("bad", ["conversation", "conversation:0", "agent:1.5", "agent:0.5:0",
+@pytest.mark.parametrize("bad", ["conversation", "conversation:0", "conversation:2:0", "conversation:2:3:4",
+                                 "agent:1.5", "agent:0.5:0",
                                  "agent:x", "chat:3", "none:1", ""])
 def test_a_bad_spec_is_one_line_naming_the_field(bad):
     with pytest.raises(ConfigError, match="^sharing: got"):
