@@ -312,3 +312,35 @@ def test_a_fork_carries_its_own_cache():
     sim.run(lambda s: 2048)
     assert fork.prefix_counts == sim.prefix_counts
     assert fork.now == sim.now
+
+
+@pytest.mark.parametrize("spec", ["time-budget-slack", "time-budget-deadline"])
+def test_a_rule_and_its_table_price_the_next_requests_cached_prefixes_alike(spec):
+    """Agents whose instructions are nine tenths of each prompt, at three times the
+    scenario's load: passes that reach past the head admit requests that each re-read
+    their cached instructions. The rule and its exported table give the same budget at
+    every pass, and on some passes a pass within the ITL target is priced below what the
+    head's prefix alone would allow."""
+    from envs.pricing import state_budget, time_budget
+    from envs.scenario import Scenario
+    from eval.export.rules import rule_table
+    from policies.specs import make_policy
+    from policies.table import BudgetTable
+    from policies.table_policy import TablePolicy
+
+    sc = Scenario(hardware="h100-sxm", model="llama-3-8b", rate=24.0, num_requests=150,
+                  prompt="uniform:64:1024", sharing="agent:0.9:8")
+    made = rule_table(spec, sc, sc.stream(0, 1, 7, 60))
+    table = TablePolicy(BudgetTable(made.to_dict()))
+    rule = make_policy(spec, sc)
+    sim = sc.simulator(sc.stream(0, 1, 11))
+    cut = 0
+    while sim.advance():
+        state = sim.state()
+        want = rule(state)
+        assert table(state) == want
+        alone = time_budget(state.cost, state.running_decodes, state.decode_context_tokens,
+                            state.head_prefilled_tokens, sc.slo_itl_s, rule.cap)
+        cut += state_budget(state.cost, state, sc.slo_itl_s, rule.cap) < alone
+        sim.step(want)
+    assert sim.prefix_counts.first_cached_tokens > 0 and cut > 0
