@@ -55,9 +55,11 @@ PREFIX: dict[str, Scenario] = {
     # are a prefix seen before (envs/data/README.md).
     "mooncake-blocks": _BASE["mooncake"].with_fields(trace="mooncake_synthetic_blocks"),
     # Each turn resends the conversation so far: about 40% of prompt tokens repeat with 2
-    # turns, 82% with 8 (envs.sharing.repeated_share over a 600-request stream).
-    "conversation-2": Scenario(sharing="conversation:2", **_SHARED),
-    "conversation-8": Scenario(sharing="conversation:8", **_SHARED),
+    # turns, 82% with 8 (envs.sharing.repeated_share over a 600-request stream). 300 and 75
+    # users at a time: every conversation of a 600-request stream at once, and the same
+    # gap between turns, in arrivals, whatever --requests asks for.
+    "conversation-2": Scenario(sharing="conversation:2:300", **_SHARED),
+    "conversation-8": Scenario(sharing="conversation:8:75", **_SHARED),
     # Eight agents' instructions, half and nine tenths of the prompt tokens.
     "agent-50": Scenario(sharing="agent:0.5:8", **_SHARED),
     "agent-90": Scenario(sharing="agent:0.9:8", **_SHARED),
