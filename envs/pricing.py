@@ -171,19 +171,19 @@ def state_budget(c: Coefficients, state, seconds: float, cap: int) -> int:
     and ``next_prefills`` lists the requests the pass admits next, each one it reaches reads
     its own cached prefix (:func:`chunks_within`; ``head_remaining_tokens`` is read then).
     Without ``next_prefills``, or with it empty (no prefix caching), exactly
-    :func:`time_budget`."""
+    :func:`time_budget`. Like it, this prices the head's remaining tokens as one chunk:
+    a ``long_prefill_token_threshold`` that caps each request's chunk is not priced."""
     n = int(state["running_decodes"])
-    if n == 0:
-        return cap
-    ctx, q = int(state["decode_context_tokens"]), int(state["head_prefilled_tokens"])
-    x = chunk_within(c, n, ctx, seconds, q, max(cap - n, 0))
-    if x:
-        later = state.get("next_prefills")
-        if later:
-            remaining = int(state["head_remaining_tokens"])
-            if x > remaining:
-                x = chunks_within(c, n, ctx, seconds, q, x, remaining, later)
-    return n + x
+    budget = time_budget(c, n, int(state["decode_context_tokens"]), int(state["head_prefilled_tokens"]),
+                         seconds, cap)
+    later = state.get("next_prefills") if n else None
+    if later:
+        remaining = int(state["head_remaining_tokens"])
+        if budget - n > remaining:
+            budget = n + chunks_within(c, n, int(state["decode_context_tokens"]), seconds,
+                                       int(state["head_prefilled_tokens"]), budget - n, remaining,
+                                       later)
+    return budget
 
 
 def chunks_price(c: Coefficients, num_decodes: int, decode_context_tokens: int, chunk_tokens: int,
@@ -191,11 +191,14 @@ def chunks_price(c: Coefficients, num_decodes: int, decode_context_tokens: int, 
                  later: Sequence[tuple[int, int]]) -> float:
     """Seconds of a pass carrying these decodes and ``chunk_tokens`` of prefill: the head's
     ``head_remaining_tokens`` after its ``prefix_tokens`` first, then each request of
-    ``later`` ((cached prefix, tokens to prefill) pairs) in turn. The tokens past the head's
-    are priced as continuing its chunk (their attention to it is an upper bound on their
-    attention to each other, and is exactly :func:`chunk_price` with nothing cached), plus,
-    for each later request the pass reaches, its cached prefix read once and attended by
-    each of its tokens in the pass. Past ``later`` nothing more is added."""
+    ``later`` ((cached prefix, tokens to prefill) pairs) in turn. Every token is first
+    priced as :func:`chunk_price` prices one chunk after the head's prefix: each token
+    attends to that prefix and to every token before it in the pass, more than a later
+    request's token does (it attends to its own request's tokens only), so that with
+    nothing cached the price is exactly :func:`chunk_price` and :func:`chunk_within`'s
+    chunk bounds the search from above. To that it adds, for each later request the pass
+    reaches, its cached prefix read once and attended by each of its tokens in the pass.
+    Past ``later`` nothing more is added."""
     x, q = chunk_tokens, prefix_tokens
     read = pairs = 0
     left = x - head_remaining_tokens

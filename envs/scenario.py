@@ -68,8 +68,8 @@ class Scenario:
     sharing: str = "none"
     """Synthetic: shared prompt prefixes, served with prefix caching (envs/sharing.py):
     none; conversation:TURNS[:USERS] (each turn resends the conversation so far, --prompt
-    its new text; USERS conversations at a time); agent:HIT[:PREFIXES] (a shared prefix, the share HIT of prompt tokens, before
-    each request's own --prompt text)."""
+    its new text; USERS conversations at a time); agent:HIT[:PREFIXES] (a shared prefix,
+    the share HIT of prompt tokens, before each request's own --prompt text)."""
     seed: int = 0
     """Seed of the synthetic stream."""
     max_num_seqs: int = 256

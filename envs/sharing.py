@@ -14,7 +14,8 @@ segments up to their ends are the same. ``envs.prefix_cache`` reads them.
   had its TURNS turns starts a new one. USERS defaults to ceil(requests / TURNS), every
   conversation at once; set it to keep the gap between turns, in arrivals, apart from
   the stream's length (with more users in flight, more of their histories compete for
-  the cache). The ids go on into the answer, which the next turn resends.
+  the cache). A stream of USERS requests or fewer holds first turns only: nothing
+  repeats. The ids go on into the answer, which the next turn resends.
 - ``agent:HIT[:PREFIXES]``: each prompt is one of PREFIXES (default 1) shared prefixes
   (an agent's instructions and tool descriptions), then the request's own text drawn from
   the prompt spec. The prefix is sized so that it is the share HIT of the prompt tokens
@@ -104,8 +105,8 @@ def _conversations(turns: int, users: int | None, own: np.ndarray, outputs: np.n
         segments.append((("user", i), int(own[i])))
         prompt = sum(length for _, length in segments)
         if prompt + int(outputs[i]) > MAX_TOKENS:
-            raise ConfigError(f"sharing: conversation:{turns} makes a prompt of {prompt} tokens, "
-                              f"over {MAX_TOKENS}: fewer turns or shorter texts")
+            raise ConfigError(f"sharing: conversation:{turns} makes a prompt of {prompt} tokens "
+                              f"(request {i}), over {MAX_TOKENS}: fewer turns or shorter texts")
         prompts[i] = prompt
         with_answer = segments + [(("answer", i), int(outputs[i]))]
         ids.append(namer.name(with_answer, prompt + int(outputs[i])))

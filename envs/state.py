@@ -57,6 +57,11 @@ class Quantity(NamedTuple):
     """vLLM's own metric or field for it, where it has one."""
 
 
+NEXT_PREFILLS = 16
+"""The most requests ``next_prefills`` lists: a pass rarely reaches more (an agent's
+suffixes of a few hundred tokens under a budget of a few thousand), and past them the
+price adds no prefix."""
+
 QUANTITIES: tuple[Quantity, ...] = (
     Quantity("running_decodes", "requests", "requests decoding (one token each per pass)",
              "running requests not in prefill"),
@@ -105,19 +110,15 @@ QUANTITIES: tuple[Quantity, ...] = (
     Quantity("next_prefills", "(tokens, tokens) per request",
              "with prefix caching, the prefills a pass takes after the head's: each one's cached "
              "prefix and its tokens still to prefill, which a time budget prices the pass with",
-             "in the order the scheduler takes them, at most 16 (NEXT_PREFILLS): the in-prefill running "
-             "requests after the head (computed, tokens - computed), then the waiting ones "
-             "after it (cached on joining, tokens - computed - cached on joining); empty "
+             f"in the order the scheduler takes them, at most {NEXT_PREFILLS}: the in-prefill "
+             "running requests after the head (computed, tokens - computed), then the waiting "
+             "ones after it (cached on joining, tokens - computed - cached on joining: a "
+             "lookup per waiting request every pass would cost what admitting it does); empty "
              "without prefix caching"),
     Quantity("free_ride_tokens", "tokens", "about the largest chunk that keeps this pass memory-bound",
              "envs.pricing.free_ride_root over the decodes and the head's prefix, rounded down"),
 )
 BY_NAME = {q.name: q for q in QUANTITIES}
-
-NEXT_PREFILLS = 16
-"""The most requests ``next_prefills`` lists: a pass rarely reaches more (an agent's
-suffixes of a few hundred tokens under a budget of a few thousand), and past them the
-price adds no prefix."""
 
 TABLE_INPUTS = ("running_decodes", "waiting_requests", "waiting_prefill_tokens", "kv_usage",
                 "decode_context_tokens", "head_prefilled_tokens", "head_remaining_tokens",

@@ -574,8 +574,7 @@ class SyntheticSpec:
     output: str = "lognormal:128:0.8:1024"
     sharing: str = "none"
     """Shared prefixes (``envs.sharing``): none, conversation:TURNS[:USERS] or
-    agent:HIT[:PREFIXES];
-    ``prompt`` is then each request's own new text."""
+    agent:HIT[:PREFIXES]; ``prompt`` is then each request's own new text."""
 
     def __post_init__(self) -> None:
         """Scalars are checked here; the length specs when :meth:`build` parses them."""

@@ -41,6 +41,7 @@ class TablePolicy(BudgetPolicy):
         self.table = table
         self.name = name or f"table:{table.path}"
         self._needs = tuple(table.needs)
+        self._pricing = tuple(table.pricing_needs)
         self._time = table.action.kind == "time_fraction" and not stored_cost
         self._itl_s = table.itl_s
 
@@ -72,11 +73,9 @@ class TablePolicy(BudgetPolicy):
 
     def budget_of(self, values: dict, state) -> int:
         """The budget for ``values`` (:meth:`values` of ``state``)."""
+        if self._pricing and state.next_prefills:  # priced with the cached prefixes, as an
+            values = dict(values, **{n: state[n] for n in self._pricing})  # engine does
         if self._time:
-            later = state.next_prefills  # priced with the cached prefixes, as an engine does
-            if later:
-                values = dict(values, next_prefills=later,
-                              head_remaining_tokens=state.head_remaining_tokens)
             return self.table.action.budget(values, cost=state.cost)
         return self.table.budget(values)
 

@@ -128,10 +128,8 @@ class TableBudget:
         self.chunkpilot_table = table.with_step_overhead(self.chunkpilot_settings.step_overhead_s)
         self._cp_budget = self.chunkpilot_table.budget
         self._cp_needs = table.needs
-        if table.action.kind == "time_fraction" and self.cache_config.enable_prefix_caching:
-            # a time budget prices the prefills the pass admits after the head with their
-            # cached prefixes (envs.pricing.state_budget)
-            self._cp_needs = table.needs | {"head_remaining_tokens", "next_prefills"}
+        if self.cache_config.enable_prefix_caching:
+            self._cp_needs |= table.pricing_needs
         # The engine's speed against the table's cost model (priced with the step overhead
         # it serves with); a replacing table with the same cost model keeps what was learnt.
         cost = getattr(table.action, "cost", None)

@@ -79,7 +79,7 @@ def test_the_state_counts_a_waiting_request_s_cached_tokens_out():
 def test_the_state_lists_the_prefills_after_the_head_with_their_cached_prefixes():
     # A caches 48 tokens; B, C and D arrive after it with the same 48 cached and 8, 8 and 24
     # to prefill, E with nothing cached: behind the waiting head B the pass would reach C,
-    # D and E, each reading its own cached prefix. A budget of 10 leaves B in prefill:
+    # D and E, each reading its own cached prefix. A budget of 4 leaves B in prefill:
     # then the waiting ones behind it follow it.
     ids = [1, 2, 3, 4]
     rows = [(0.0, 56, 1, ids), (5.0, 56, 1, ids), (5.0, 56, 1, ids), (5.0, 72, 1, ids + [5]),
@@ -237,6 +237,31 @@ def test_the_blocks_trace_hits_what_an_independent_count_finds_with_an_unbounded
     assert abs(summary["prefix_hit_rate_tokens"] - tokens) < 0.005
 
 
+@pytest.mark.parametrize("hash_block_tokens", [16, 512])
+def test_units_are_the_runs_of_consecutive_block_numbers_for_long_id_lists(hash_block_tokens):
+    """Past 64 ids the runs are found with numpy: the same units as numbering every KV
+    block and cutting where the numbers stop going up by one."""
+    per = hash_block_tokens // 16
+    rng = np.random.default_rng(1)
+    for n_ids in (3, 64, 65, 70, 300):
+        starts = np.cumsum(rng.integers(1, 12, n_ids)) * 1000
+        runs = np.sort(rng.choice(np.arange(1, n_ids), size=min(5, n_ids - 1), replace=False))
+        ids = np.arange(n_ids) + np.repeat(starts[:len(runs) + 1], np.diff([0, *runs, n_ids]))
+        covered = n_ids * hash_block_tokens - 5  # the last id's block is partial
+        blocks = covered // 16 + 7  # and decodes write 7 more
+        units = units_of(ids, hash_block_tokens, covered, 16, 42, blocks)
+        numbers = [int(ids[j // per]) * per + j % per for j in range(covered // 16)]
+        expected_keys, expected_starts = [numbers[0]], [0]
+        for j in range(1, len(numbers)):
+            if numbers[j] != numbers[j - 1] + 1:
+                expected_keys.append(numbers[j])
+                expected_starts.append(j)
+        ends = [*expected_starts[1:], len(numbers)]
+        assert units.keys == [*expected_keys, -43]
+        assert units.starts == [*expected_starts, len(numbers)]
+        assert units.sizes == [e - b for b, e in zip(expected_starts, ends)] + [blocks - len(numbers)]
+
+
 def test_block_ids_must_be_integers_and_match_the_block_size(tmp_path):
     bad = tmp_path / "t.csv"
     bad.write_text("arrival_s,prompt_tokens,output_tokens,block_hashes\n0,600,5,1 x\n")
@@ -344,3 +369,41 @@ def test_a_rule_and_its_table_price_the_next_requests_cached_prefixes_alike(spec
         cut += state_budget(state.cost, state, sc.slo_itl_s, rule.cap) < alone
         sim.step(want)
     assert sim.prefix_counts.first_cached_tokens > 0 and cut > 0
+
+
+@pytest.mark.parametrize("threshold", [0, 48])
+def test_the_vllm_count_of_the_cache_state_is_the_simulator_s(threshold):
+    """envs.state.read_requests over the simulator's requests as vLLM holds them, its cache
+    lookups answered as the adapter answers them, gives the simulator's state before every
+    pass: the head's cached prefix and the prefills after it, in prefill (several, with a
+    per-request chunk cap) and waiting, with preemptions on a tight cache."""
+    from envs.scenario import Scenario
+    from envs.state import read_requests
+    from tests.test_state import as_vllm
+
+    sc = Scenario(hardware=HW, model=MODEL, rate=40.0, num_requests=120, prompt="uniform:64:1024",
+                  sharing="agent:0.8:3")
+    sim = Simulator(HW, MODEL, sc.stream(0, 1, 3), EngineConfig(
+        num_kv_blocks=700, long_prefill_token_threshold=threshold))
+    names = ("head_prefilled_tokens", "head_remaining_tokens", "head_cached_tokens",
+             "waiting_prefill_tokens", "next_prefills")
+    seen = {"running later": 0, "waiting later cached": 0}
+    rng = np.random.default_rng(0)
+    while sim.advance():
+        state = sim.state()
+        live = {r.rid: r for r in (*sim.waiting, *sim.prefilling)}
+
+        def cached(request, when):
+            r = live[request.request_id]
+            if when == "now":
+                return sim.waiting_head_hit()
+            return r.first_cached_tokens if when == "at admission" else r.joined_cached_tokens
+
+        running, waiting = as_vllm(sim)
+        got = read_requests(running, waiting, sim.now, names, cached)
+        assert {n: got[n] for n in names} == {n: state[n] for n in names}
+        seen["running later"] += len(sim.prefilling) > 1
+        seen["waiting later cached"] += any(c for c, _ in state.next_prefills)
+        sim.step(state.running_decodes + int(rng.choice([16, 200, 2048])))
+    assert seen["waiting later cached"] and (seen["running later"] or not threshold), seen
+    assert sim.preemptions > 0

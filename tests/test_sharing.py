@@ -61,9 +61,16 @@ def test_users_start_new_conversations_after_their_turns():
     # The default: every conversation at once, as many as the stream has room for.
     assert np.array_equal(build("conversation:2", n=12).prompt_tokens,
                           build("conversation:2:6", n=12).prompt_tokens)
-    # With the users fixed, what repeats no longer depends on the stream's length.
-    short, long = build("conversation:4:10", n=200), build("conversation:4:10", n=2000)
-    assert repeated_share(short) == pytest.approx(repeated_share(long), abs=0.03)
+    # With the users fixed, a turn follows its user's last one 10 arrivals on, however long
+    # the stream; the default spreads them over it.
+    for n in (200, 2000):
+        w = build("conversation:4:10", n=n)
+        for i in range(0, n - 10):
+            shares = w.block_hashes[i + 10][0] == w.block_hashes[i][0]
+            assert shares == ((i // 10) % 4 != 3), (n, i)  # a fourth turn ends a conversation
+    spread = build("conversation:4", n=2000)  # 500 users: the next turn 500 arrivals on
+    assert spread.block_hashes[500][0] == spread.block_hashes[0][0]
+    assert spread.block_hashes[10][0] != spread.block_hashes[0][0]
 
 
 def test_an_agent_prefix_is_the_share_hit_of_the_prompt_on_average():

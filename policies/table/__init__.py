@@ -112,6 +112,8 @@ class TokensAction:
     kind = "tokens"
     max_fraction = None
     """A token table holds no cap on the longest pass (it cannot price one)."""
+    pricing_needs: frozenset = frozenset()
+    """What it prices with beyond :attr:`needs` (nothing: it prices nothing)."""
 
     def __init__(self, table: "BudgetTable", spec: dict, data: dict, path: str):
         budgets = _cells(data, "budgets", table, path)
@@ -152,6 +154,11 @@ class TimeFractionAction:
     nothing decoding (no one's ITL is at stake)."""
 
     kind = "time_fraction"
+    pricing_needs = frozenset({"head_remaining_tokens", "next_prefills"})
+    """What the conversion prices with beyond :attr:`needs`, where the engine has prefix
+    caching: the prefills a pass reaches past the head, each with its cached prefix
+    (``envs.pricing.state_budget``). A lookup does not require them (without them the pass
+    is priced as the head's chunk alone); an engine with prefix caching supplies them."""
 
     def __init__(self, table: "BudgetTable", spec: dict, data: dict, path: str):
         fractions = _cells(data, "fractions", table, path)
@@ -331,8 +338,15 @@ class BudgetTable:
 
     @property
     def needs(self) -> frozenset:
-        """The state quantities ``budget`` reads; an engine computes only these."""
+        """The state quantities ``budget`` requires; an engine computes only these, and
+        :attr:`pricing_needs` where it has prefix caching."""
         return self.action.needs
+
+    @property
+    def pricing_needs(self) -> frozenset:
+        """The quantities ``budget`` also prices with where the engine has prefix caching
+        (``TimeFractionAction.pricing_needs``; none for a token table)."""
+        return self.action.pricing_needs
 
     @property
     def itl_s(self) -> float:

@@ -18,6 +18,7 @@ pytest.importorskip(
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
 from envs.engine import EngineConfig  # noqa: E402
+from envs.pricing import COST_FIELDS  # noqa: E402
 from envs.sharing import token_block_ids  # noqa: E402
 from envs.workload import Workload  # noqa: E402
 from tests.engine_vllm.fixtures import BLOCK, block_hasher, create_scheduler, model_dir  # noqa: E402
@@ -99,8 +100,8 @@ COUNTED = ("running_decodes", "waiting_requests", "waiting_prefill_tokens", "dec
            "head_prefilled_tokens", "head_remaining_tokens", "head_cached_tokens")
 """The request-counted table inputs (the wait is on two clocks, the KV usage the engine's)."""
 PRICING = ("next_prefills",)
-"""What a time budget prices a pass with beyond them (a time-fraction table's adapter asks
-for it with prefix caching on)."""
+"""What a time budget prices a pass with beyond them (the adapter reads it for a
+time-fraction table with prefix caching on)."""
 
 
 def test_the_adapter_reads_the_cache_as_the_simulator_does(model):
@@ -113,8 +114,15 @@ def test_the_adapter_reads_the_cache_as_the_simulator_does(model):
     from policies.table import BudgetTable
     from tests.engine_vllm.fixtures import table_dict
 
-    table = BudgetTable(table_dict([(n, [1]) for n in COUNTED], [64] * 2 ** len(COUNTED),
-                                   default_budget=64))
+    # A time-fraction table: with prefix caching the adapter reads what its conversion
+    # prices with too (next_prefills); the steps' budgets are the case's own (drive).
+    data = table_dict([(n, [1]) for n in COUNTED], [64] * 2 ** len(COUNTED), default_budget=64)
+    del data["budgets"]
+    data["fractions"] = [1.0] * 2 ** len(COUNTED)
+    data["action"] = {"kind": "time_fraction", "itl_s": 0.1, "cap": 8192,
+                      "cost": dict.fromkeys(COST_FIELDS, 1e-3) | {"exposed": 0.5}}
+    table = BudgetTable(data)
+    assert table.pricing_needs == set(PRICING) | {"head_remaining_tokens"}
     seen = {"waiting head": 0, "running head": 0,  # compared steps whose head had a hit,
             "later cached": 0}  # and whose next prefills had one
     for seed in range(12):
@@ -131,7 +139,6 @@ def test_the_adapter_reads_the_cache_as_the_simulator_does(model):
         sched = create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=8192,
                                  max_num_seqs=max_seqs, num_blocks=blocks, prefix_caching=True,
                                  chunkpilot_table=table)
-        sched._cp_needs = sched._cp_needs | set(PRICING)  # as for a time-fraction table
 
         def compare(step):
             got = sched.chunkpilot_state()
