@@ -1,6 +1,7 @@
 """What pricing a pass with the next requests' cached prefixes is worth to the time budgets.
 
-    python benchmarks/prefix_pricing.py [--scenarios agent-90,conversation-8] [--seeds 5]
+    python benchmarks/prefix_pricing.py [--scenarios agent-90,conversation-8] [--seeds 5] \
+        [--rules time-budget-slack,time-budget-deadline,time-budget]
 
 A pass sized to a share of the ITL target may reach past the head request and admit the
 next ones, each of which re-reads its own cached prefix. The time-budget rules price that
@@ -10,7 +11,7 @@ prefix-caching scenario of the suite and each rule: the capacity of both (5 stre
 600 requests, the suite's seeds) and, at the rule's own capacity (the mean load factor over its
 streams), the passes carrying
 two or more prefill chunks and the share of those over the ITL target, and the same for
-passes with one chunk. Prints a Markdown table (about 4 minutes on 2 cores).
+passes with one chunk. Prints a Markdown table (about 2 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def passes_over(scenario, policy, load: float, seeds: int) -> tuple[int, float, 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenarios", default="agent-90,conversation-8")
-    ap.add_argument("--rules", default="time-budget-slack,time-budget-deadline")
+    ap.add_argument("--rules", default="time-budget-slack,time-budget-deadline,time-budget")
     ap.add_argument("--seeds", type=int, default=5)
     args = ap.parse_args()
     print("| scenario | rule | capacity, priced with the next prefixes (req/s) | head only | "
