@@ -174,15 +174,15 @@ def state_budget(c: Coefficients, state, seconds: float, cap: int) -> int:
     :func:`time_budget`. Like it, this prices the head's remaining tokens as one chunk:
     a ``long_prefill_token_threshold`` that caps each request's chunk is not priced."""
     n = int(state["running_decodes"])
-    budget = time_budget(c, n, int(state["decode_context_tokens"]), int(state["head_prefilled_tokens"]),
-                         seconds, cap)
-    later = state.get("next_prefills") if n else None
+    if n == 0:
+        return cap
+    ctx, q = int(state["decode_context_tokens"]), int(state["head_prefilled_tokens"])
+    budget = time_budget(c, n, ctx, q, seconds, cap)
+    later = state.get("next_prefills")
     if later:
         remaining = int(state["head_remaining_tokens"])
         if budget - n > remaining:
-            budget = n + chunks_within(c, n, int(state["decode_context_tokens"]), seconds,
-                                       int(state["head_prefilled_tokens"]), budget - n, remaining,
-                                       later)
+            budget = n + chunks_within(c, n, ctx, seconds, q, budget - n, remaining, later)
     return budget
 
 
