@@ -8,7 +8,7 @@ only ``chunk_budget_env`` (the Gymnasium adapter) does. Calibration
 (``envs.calibrate``) imports torch lazily, in its timing module alone.
 """
 
-ENV_ID = "chunkpilot/ChunkBudget-v3"
+ENV_ID = "chunkpilot/ChunkBudget-v4"
 
 try:  # registration is free when gymnasium is absent: the simulator needs none of it
     from gymnasium.envs.registration import register, registry

@@ -66,7 +66,7 @@ class ChunkBudgetEnv(gym.Env):
 
     ## Observation Space
 
-    ``Box(0, 1, (15,), float32)``, every entry scaled to [0, 1] and clipped:
+    ``Box(0, 1, (19,), float32)``, every entry scaled to [0, 1] and clipped:
 
     | idx | observation | scaling |
     |-----|-------------|---------|
@@ -87,6 +87,15 @@ class ChunkBudgetEnv(gym.Env):
     | 13 | ITL target | log1p(1000 s)/log1p(1000) |
     | 14 | when the prefill queue would be done, from its oldest request's arrival: that | seconds / TTFT target / 4 |
     |    | request's age plus every waiting prompt token at the chunk of entry 6 per ITL target | |
+    | 15 | the deployment (``envs.deployment``), constant in an episode: the lightest decode-only pass | seconds / ITL target / 4 |
+    | 16 | the chunk a pass with one decode carries within the ITL target | log1p(x)/log1p(2^20) |
+    | 17 | the share of the lightest pass that is fixed cost | fraction |
+    | 18 | the KV cache in prompts of one TTFT target's worth of prefill at passes of the ITL target | log1p(x)/log1p(1024) |
+
+    Entries 12-18 tell deployments apart (hardware, model, per-pass overheads, KV cache, SLO
+    pair), so that a policy trained across them (``train.py --all-deployments``) serves
+    one it never saw. A model trained on an earlier, shorter vector (14 or 15 entries)
+    reads its prefix.
 
     With prefix caching, a waiting head's cached tokens count as prefilled (``envs.state``'s
     ``head_prefilled_tokens``): entry 8 is then its cached share, and entry 6 the chunk
@@ -123,7 +132,7 @@ class ChunkBudgetEnv(gym.Env):
 
     ## Arguments
 
-    ``gymnasium.make("chunkpilot/ChunkBudget-v3", hardware="h100-sxm",
+    ``gymnasium.make("chunkpilot/ChunkBudget-v4", hardware="h100-sxm",
     model="llama-3-8b", workload="mixed-bursty", slo=(2.0, 0.1), actions="time",
     action_type="discrete", budgets=DEFAULT_LADDER, fractions=FRACTION_LADDER,
     decision_interval_s=None, sampler=EpisodeSampler(), reward=RewardWeights(),

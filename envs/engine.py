@@ -297,6 +297,7 @@ class SchedulerState:
     prefilling_requests = property(lambda self: len(self._sim.prefilling))
     kv_used_blocks = property(lambda self: self._sim._kv_used)
     kv_total_blocks = property(lambda self: self._sim.total_blocks)
+    kv_total_tokens = property(lambda self: self._sim.total_blocks * self._sim._block_size)
     max_num_seqs = property(lambda self: self._sim.config.max_num_seqs)
     now_s = property(lambda self: self._sim.now)
 

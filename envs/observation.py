@@ -10,9 +10,11 @@ scaling.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
+from envs.deployment import deployment, scaled
 from envs.metrics import SLO
 from envs.pricing import chunk_within, decode_pass_s, prefill_due_s, queue_done_s
 from envs.slack import SLACK_PASSES_TOP
@@ -21,9 +23,10 @@ OBSERVATION_FIELDS = (
     "running_decodes", "waiting_requests", "waiting_prefill_tokens", "kv_usage",
     "oldest_wait_vs_ttft", "decode_pass_vs_itl", "chunk_at_target", "head_remaining_tokens",
     "head_prefilled_share", "last_pass_vs_itl", "decode_context_mean", "itl_slack", "slo_ttft",
-    "slo_itl", "prefill_due_vs_ttft",
+    "slo_itl", "prefill_due_vs_ttft", "decode_floor_vs_itl", "prefill_tokens_per_itl",
+    "fixed_share", "kv_prompts",
 )
-EARLIER_WIDTHS = (14,)
+EARLIER_WIDTHS = (14, 15)
 """Widths of earlier observation vectors, each a prefix of this one (fields are only ever
 appended): a model trained on one still reads the first entries."""
 SLACK_INDEX = OBSERVATION_FIELDS.index("itl_slack")
@@ -50,6 +53,12 @@ def slo_features(slo: SLO) -> tuple[float, float]:
     return _log_scale(slo.ttft_s, 30.0), _log_scale(1000 * slo.itl_s, 1000.0)
 
 
+@lru_cache(maxsize=256)
+def deployment_features(cost, ttft_s: float, itl_s: float, kv_tokens: int) -> tuple:
+    """The deployment's entries (``envs.deployment.scaled``), once per deployment."""
+    return scaled(deployment(cost, ttft_s, itl_s, kv_tokens))
+
+
 def observe(state, slo: SLO, slo_obs: tuple[float, float] | None = None) -> np.ndarray:
     """The observation of a scheduler's ``state`` (``envs.engine.SchedulerState``) before
     its next pass (once per step).
@@ -61,6 +70,8 @@ def observe(state, slo: SLO, slo_obs: tuple[float, float] | None = None) -> np.n
     the p99 ITL slack, in passes over the target the running decodes could still take
     (:mod:`envs.slack`); and when the prefill queue would be done at passes within the
     ITL target, from its oldest request's arrival (:func:`envs.pricing.prefill_due_s`).
+    The last four identify the deployment (:mod:`envs.deployment`): its cost model and KV
+    cache against the SLO pair, so that one policy can serve many deployments.
     """
     if slo_obs is None:
         slo_obs = slo_features(slo)
@@ -93,8 +104,9 @@ def observe(state, slo: SLO, slo_obs: tuple[float, float] | None = None) -> np.n
     due = (queue_done_s(oldest, waiting, slo.itl_s, chunk) if n
            else prefill_due_s(cost, 0, 0, done_tokens, waiting, oldest, slo.itl_s))
     due = due / slo.ttft_s * DUE_SCALE
-    return np.array([v if v < 1.0 else 1.0 for v in vals] + list(slo_obs) + [due if due < 1.0 else 1.0],
-                    dtype=np.float32)
+    deploy = deployment_features(cost, slo.ttft_s, slo.itl_s, state.kv_total_tokens)
+    return np.array([v if v < 1.0 else 1.0 for v in vals] + list(slo_obs)
+                    + [due if due < 1.0 else 1.0, *deploy], dtype=np.float32)
 
 
 class ObservedState:

@@ -45,9 +45,17 @@ def load_model(algo: str, path: str | Path, env=None):
     return algorithm_class(algo).load(str(path), env=env)
 
 
+UNSEEN_VAR = 1e-5
+"""An observation entry whose variance in training stayed below this (a standard deviation
+of 0.003 on its [0, 1] scale) never varied there: the model cannot have learnt what it
+means, and it reads 0 (its training mean) wherever it is served. A model trained on one
+deployment thus serves another as it served its own, not on entries pushed to the clip."""
+
+
 @dataclass(frozen=True)
 class ObsNorm:
-    """SB3 ``VecNormalize``'s observation statistics: ``clip((obs - mean) / sqrt(var + eps))``."""
+    """SB3 ``VecNormalize``'s observation statistics: ``clip((obs - mean) / sqrt(var + eps))``,
+    0 in the entries that never varied in training (``UNSEEN_VAR``)."""
 
     mean: tuple[float, ...]
     var: tuple[float, ...]
@@ -63,8 +71,9 @@ class ObsNorm:
                    float(vec_normalize.clip_obs), float(vec_normalize.epsilon))
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
-        out = (obs - np.asarray(self.mean)) / np.sqrt(np.asarray(self.var) + self.eps)
-        return np.clip(out, -self.clip, self.clip).astype(np.float32)
+        var = np.asarray(self.var)
+        out = (obs - np.asarray(self.mean)) / np.sqrt(var + self.eps)
+        return np.where(var < UNSEEN_VAR, 0.0, np.clip(out, -self.clip, self.clip)).astype(np.float32)
 
 
 class NumpyActor:

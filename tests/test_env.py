@@ -32,7 +32,7 @@ def test_gymnasium_and_sb3_env_checkers(actions, action_type):
 
 
 def test_registered_with_time_limit():
-    assert envs.ENV_ID == "chunkpilot/ChunkBudget-v3"
+    assert envs.ENV_ID == "chunkpilot/ChunkBudget-v4"
     env = gym.make(envs.ENV_ID, hardware="a100-80g", model="llama-3-8b", workload="mixed-poisson",
                    slo=(1.0, 0.05))
     assert env.spec.max_episode_steps == 4096

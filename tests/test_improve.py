@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from envs.observation import OBSERVATION_FIELDS
 from envs.scenario import Scenario
 from envs.workload import Workload
 from tests.conftest import cli, refused_in_one_line
@@ -32,7 +33,7 @@ def test_fit_actions_learns_a_labelled_map(tiny):
 
     model, _ = tiny
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(3000, 15)).astype(np.float32)
+    x = rng.normal(size=(3000, len(OBSERVATION_FIELDS))).astype(np.float32)
     y = np.where(x[:, 0] > 0, 3, 7)
     assert fit_actions(model.policy, x, y, epochs=20) > 0.95
 

@@ -108,7 +108,7 @@ def test_numpy_actor_and_normalisation_match_the_model(tmp_path):
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
     from envs.chunk_budget_env import ChunkBudgetEnv, EpisodeSampler
-    from policies.learned import NumpyActor, ObsNorm
+    from policies.learned import UNSEEN_VAR, NumpyActor, ObsNorm
 
     venv = VecNormalize(DummyVecEnv([lambda: ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=30))]),
                         norm_obs=True, norm_reward=True)
@@ -117,10 +117,13 @@ def test_numpy_actor_and_normalisation_match_the_model(tmp_path):
     actor, norm = NumpyActor.of(model), ObsNorm.of(venv)
     env = ChunkBudgetEnv(sampler=EpisodeSampler(episode_requests=30))
     obs, _ = env.reset(seed=3)
+    seen = np.asarray(norm.var) >= UNSEEN_VAR
+    assert seen.sum() >= 8 and not seen[-4:].any()  # one deployment: its entries never varied
     for _ in range(40):
-        want = int(model.predict(venv.normalize_obs(obs), deterministic=True)[0])
+        want = int(model.predict(norm(obs), deterministic=True)[0])
         assert actor.act(norm(obs)) == want
-        assert np.allclose(norm(obs), venv.normalize_obs(obs), atol=1e-6)
+        assert np.allclose(norm(obs)[seen], venv.normalize_obs(obs)[seen], atol=1e-6)
+        assert not norm(obs)[~seen].any()
         obs, _, term, _, _ = env.step(want)
         if term:
             obs, _ = env.reset()

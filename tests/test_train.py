@@ -469,7 +469,7 @@ def test_a_model_of_another_observation_version_is_refused_in_one_line(tmp_path)
     with pytest.raises(ConfigError, match="was trained on 14 observations"):
         check_observations(earlier, tmp_path, resuming=True)  # training goes on in its own
     old = SimpleNamespace(observation_space=SimpleNamespace(shape=(13,)))
-    with pytest.raises(ConfigError, match="was trained on 13 observations, chunkpilot/ChunkBudget-v3 has 15"):
+    with pytest.raises(ConfigError, match="was trained on 13 observations, chunkpilot/ChunkBudget-v4 has 19"):
         check_observations(old, tmp_path)
 
 
