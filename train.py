@@ -28,7 +28,8 @@ from pathlib import Path
 
 from agents.checks import (condition_teachers, constant_costs, ranking_check, room_check,
                            teacher_choice)
-from agents.conditions import MIN_CAPACITY_RPS, draw_conditions, with_capacities
+from agents.conditions import (HELD_OUT_DEPLOYMENTS, MIN_CAPACITY_RPS, TRAINING_DEPLOYMENTS,
+                               deployment_range, draw_conditions, held_out, with_capacities)
 from agents.setup import ACTION_TYPES, imitate, make_model
 from agents.summary import (final_comparison, final_figures, final_policies, run_answer,
                             selection_sentence, summary_text, teacher_words)
@@ -89,6 +90,12 @@ class Args(ScenarioArgs):
     conditions: int = 32
     """Training conditions drawn for this hardware and model (agents/conditions.py); 0 trains
     on the serving scenario alone."""
+    all_deployments: bool = False
+    """Train one policy across deployments (agents/conditions.py's TRAINING_DEPLOYMENTS:
+    hardware presets, model sizes and tensor-parallel degrees, each condition's bandwidth
+    and FLOP/s perturbed), observing each one's cost model against its SLO; the held-out
+    deployments (h200, l40s, llama-3-70b-tp4 on h100-sxm, a made-up part) never enter
+    training or model selection. The serving scenario must be a trained deployment."""
     load_low: float = 0.5
     """Lowest load drawn per episode, as a multiple of the condition's capacity."""
     load_high: float = 1.5
@@ -174,6 +181,13 @@ class Args(ScenarioArgs):
                     f"must be one of {', '.join(TEACHER_NAMES)}")
             require(self.actions == "time", "teacher", self.teacher,
                     "needs --actions time (a teacher acts in time)")
+        if self.all_deployments:
+            require(not held_out(self.hardware, self.model), "hardware", self.hardware,
+                    f"with --model {self.model} is held out of --all-deployments (it is where the "
+                    "policy is measured, never trained); serve a trained deployment: "
+                    + ", ".join(f"{h} + {m}" for h, m in TRAINING_DEPLOYMENTS))
+            require(self.conditions > 0, "conditions", self.conditions,
+                    "must be > 0 with --all-deployments (the deployments are drawn as conditions)")
         require(self.max_pass_itl is None or self.actions == "time", "max_pass_itl",
                 self.max_pass_itl, "needs --actions time (a token table cannot hold a cap on "
                 "the pass's time)")
@@ -213,7 +227,8 @@ RUN_FIELDS_KEPT = ("total_timesteps", "eval_every", "checkpoint_every")
 """Run-control flags a resume records in the run's config.json as its own."""
 
 
-FIELDS_ADDED = {"teacher": None, "clone_decisions": 20_000, "max_pass_itl": None}
+FIELDS_ADDED = {"teacher": None, "clone_decisions": 20_000, "max_pass_itl": None,
+                "all_deployments": False}
 """Fields newer than some runs, with the value an older run behaved as: its resume takes it."""
 
 
@@ -306,7 +321,8 @@ def prepare_run(args: Args) -> Path:
 def draw_training_conditions(args: Args, scenario: Scenario, executor) -> list[dict]:
     if not args.conditions or scenario.trace:
         return []
-    drawn = draw_conditions(scenario, args.conditions, args.seed)
+    drawn = draw_conditions(scenario, args.conditions, args.seed,
+                            TRAINING_DEPLOYMENTS if args.all_deployments else None)
     print(f"measuring the capacity of {len(drawn)} training conditions ...", flush=True)
     with progress_bar(len(drawn) * 2, "conditions") as bar:
         kept = with_capacities(scenario, drawn, executor=executor, progress=bar)
@@ -411,6 +427,13 @@ def write_config(run_dir: Path, args: Args, scenario: Scenario, conditions: list
               "action_type": ACTION_TYPES[args.algo],
               "ladder": list(FRACTION_LADDER if args.actions == "time" else DEFAULT_LADDER),
               "eval_seed_base": EVAL_SEED_BASE, "conditions": conditions, "checks": checks}
+    if args.all_deployments:
+        config["deployments"] = {
+            "trained": [list(d) for d in TRAINING_DEPLOYMENTS],
+            "held_out": [list(d) for d in HELD_OUT_DEPLOYMENTS],
+            "range": deployment_range([scenario.with_fields(**{k: v for k, v in c.items()
+                                                              if k != "capacity_rps"})
+                                       for c in conditions])}
     write_json_atomic(run_dir / "config.json", config)
     return config
 

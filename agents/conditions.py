@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from envs.deployment import FEATURES
 from envs.profiles import get_hardware
 from envs.scenario import Scenario
 from eval.capacity import capacity_sweep
@@ -45,31 +46,98 @@ TIGHT_KV_SHARE = 0.3
 """Share of conditions whose KV cache is cut to a few times the largest request."""
 
 
+TRAINING_DEPLOYMENTS = (
+    ("h100-sxm", "llama-3-8b"), ("a100-80g", "llama-3-8b"), ("h100-sxm", "mistral-7b"),
+    ("h100-sxm", "qwen2.5-32b"), ("a100-80g", "qwen2.5-32b"), ("h100-sxm", "llama-3-70b-tp8"),
+    ("a100-80g", "llama-3-70b-tp8"), ("a100-80g", "llama-3-70b-tp4"), ("m5-max", "llama-3-8b-q4"),
+)
+"""The (hardware, model) presets ``train.py --all-deployments`` trains across: every preset
+pair that fits its memory, less the held-out ones."""
+MADE_UP_PART = "a100-80g@hbm_bytes_per_s=4.078e12,peak_flops_per_s=156e12"
+"""A part no one makes, far from every trained one: the A100's twice its bandwidth and half
+its FLOP/s (a ridge point a quarter of the A100's)."""
+HELD_OUT_DEPLOYMENTS = (
+    ("h200", "llama-3-8b"), ("l40s", "llama-3-8b"), ("h100-sxm", "llama-3-70b-tp4"),
+    (MADE_UP_PART, "llama-3-8b"),
+)
+"""Deployments never drawn in training or model selection, where a policy trained across
+deployments is measured: two parts it never saw (h200, l40s, whose hardware appears with
+no model in training), a model split it never saw on a part it did, and the made-up part."""
+PERTURB = 1.5
+"""A training condition's bandwidth and FLOP/s are each its preset's times a factor drawn
+log-uniformly in [1/PERTURB, PERTURB]: the policy learns the map from a deployment's cost
+model to behaviour, not a list of presets."""
+
+
+def perturbed(hardware: str, rng) -> str:
+    """``hardware`` with its bandwidth and FLOP/s scaled by factors drawn in [1/PERTURB,
+    PERTURB] (log-uniform), as a spec (``envs.profiles.get_hardware``'s ``@``)."""
+    hw = get_hardware(hardware)
+    bw, flops = np.exp(rng.uniform(-np.log(PERTURB), np.log(PERTURB), size=2))
+    return (f"{hardware}@hbm_bytes_per_s={hw.hbm_bytes_per_s * bw:.4g},"
+            f"peak_flops_per_s={hw.peak_flops_per_s * flops:.4g}")
+
+
+HELD_OUT_PARTS = ("h200", "l40s", MADE_UP_PART)
+"""Hardware held out with every model."""
+
+
+def held_out(hardware: str, model: str) -> bool:
+    """Whether a deployment (a condition's hardware spec, perturbed or not) is held out:
+    a held-out part, or a held-out (hardware, model) pair, whatever its variant."""
+    base = hardware.partition("@")[0]
+    return (hardware in HELD_OUT_PARTS or base in HELD_OUT_PARTS
+            or any(base == h and model == m for h, m in HELD_OUT_DEPLOYMENTS))
+
+
+def deployment_range(scenarios) -> dict:
+    """Each deployment feature's (lowest, highest) over ``scenarios``
+    (``envs.deployment.FEATURES``): the range a policy trained on them was trained over."""
+    feats = [sc.deployment() for sc in scenarios]
+    return {name: [min(f[i] for f in feats), max(f[i] for f in feats)]
+            for i, name in enumerate(FEATURES)} if feats else {}
+
+
 def slo_pairs(hardware: str) -> tuple[tuple[float, float], ...]:
     return LAPTOP_SLOS if get_hardware(hardware).per_pass_overhead_s > 0.01 else DATACENTER_SLOS
 
 
-def draw_conditions(base: Scenario, count: int, seed: int) -> list[dict]:
+def draw_conditions(base: Scenario, count: int, seed: int,
+                    deployments: tuple[tuple[str, str], ...] | None = None) -> list[dict]:
     """``count`` conditions (Scenario fields) for ``base``'s hardware and model, drawn from
-    the product of mixes, arrivals, overheads, KV capacities and SLO pairs."""
+    the product of mixes, arrivals, overheads, KV capacities and SLO pairs. With
+    ``deployments`` ((hardware, model) pairs), each condition first draws one of them and
+    a variant of its hardware (:func:`perturbed`), and records both."""
     rng = np.random.default_rng(seed)
-    pairs = slo_pairs(base.hardware)
-    device_blocks = base.engine_config().kv_blocks(base.hardware_profile(), base.model_profile())
     out = []
     for _ in range(count):
-        mix = list(MIXES)[int(rng.integers(len(MIXES)))]
-        arrival = list(ARRIVALS)[int(rng.integers(len(ARRIVALS)))]
-        ttft, itl = pairs[int(rng.integers(len(pairs)))]
-        cond = {**MIXES[mix], **ARRIVALS[arrival], "slo_ttft_s": ttft, "slo_itl_s": itl}
-        if base.hardware_profile().per_pass_overhead_s == 0:
-            cond["per_pass_overhead_s"] = round(float(rng.uniform(0, MAX_OVERHEAD_S)), 5)
-        if rng.random() < TIGHT_KV_SHARE:
-            # Tight: 8-40% of the device's cache, never below what the longest prompt of
-            # the mix needs (the Mooncake sample reaches 191K tokens).
-            floor = 14000 if mix == "long-context" else 2000
-            cond["num_kv_blocks"] = int(max(floor, device_blocks * rng.uniform(0.08, 0.4)))
-        out.append(cond)
+        if deployments is None:
+            out.append(_draw(rng, base))
+            continue
+        hardware, model = deployments[int(rng.integers(len(deployments)))]
+        hardware = perturbed(hardware, rng)
+        out.append({"hardware": hardware, "model": model,
+                    **_draw(rng, base.with_fields(hardware=hardware, model=model))})
     return out
+
+
+def _draw(rng, base: Scenario) -> dict:
+    """One condition for ``base``'s hardware and model."""
+    pairs = slo_pairs(base.hardware)
+    device_blocks = base.engine_config().kv_blocks(base.hardware_profile(), base.model_profile())
+    mix = list(MIXES)[int(rng.integers(len(MIXES)))]
+    arrival = list(ARRIVALS)[int(rng.integers(len(ARRIVALS)))]
+    ttft, itl = pairs[int(rng.integers(len(pairs)))]
+    cond = {**MIXES[mix], **ARRIVALS[arrival], "slo_ttft_s": ttft, "slo_itl_s": itl}
+    if base.hardware_profile().per_pass_overhead_s == 0:
+        cond["per_pass_overhead_s"] = round(float(rng.uniform(0, MAX_OVERHEAD_S)), 5)
+    if rng.random() < TIGHT_KV_SHARE:
+        # Tight: 8-40% of the device's cache, never below what the longest prompt of
+        # the mix needs (the Mooncake sample reaches 191K tokens).
+        floor = 14000 if mix == "long-context" else 2000
+        cond["num_kv_blocks"] = int(min(max(floor, device_blocks * rng.uniform(0.08, 0.4)),
+                                        device_blocks))
+    return cond
 
 
 MIN_CAPACITY_RPS = 0.1

@@ -468,6 +468,9 @@ def _resolve(spec, presets: dict, aliases: dict, cls, section: str):
         return spec
     require(isinstance(spec, str) and bool(spec.strip()), section, spec,
             f"must be a preset name ({', '.join(sorted(presets))}) or a .toml/.json file")
+    if "@" in spec:
+        base, _, changes = spec.partition("@")
+        return _changed(_resolve(base, presets, aliases, cls, section), changes, spec, section)
     if spec.endswith((".toml", ".json")):
         path = Path(spec)
         return _from_table(cls, _load_table(path, section), section, path)
@@ -479,8 +482,35 @@ def _resolve(spec, presets: dict, aliases: dict, cls, section: str):
     return presets[name]
 
 
+def _changed(profile, changes: str, spec: str, section: str):
+    """``profile`` with the numeric fields ``changes`` names (``field=value,...``) changed: a
+    variant of a preset or profile named in one string, as a training run's conditions
+    record it (``a100-80g@hbm_bytes_per_s=4.08e12,peak_flops_per_s=1.56e14``)."""
+    numeric = {f.name for f in fields(profile) if f.name != "name"
+               and isinstance(getattr(profile, f.name), (int, float, type(None)))}
+    kwargs = {}
+    for part in changes.split(","):
+        key, eq, value = part.partition("=")
+        key = key.strip()
+        require(bool(eq) and key in numeric, section, spec,
+                f"after '@', must list field=value pairs of {', '.join(sorted(numeric))}")
+        try:
+            number_ = float(value)
+        except ValueError:
+            raise ConfigError(f"{section}: {show(spec)}: {key}: got {show(value)}, must be a "
+                              "number") from None
+        whole = isinstance(getattr(profile, key), int) and math.isfinite(number_) \
+            and number_ == int(number_)
+        kwargs[key] = int(number_) if whole else number_
+    try:
+        return replace(profile, name=spec[:MAX_NAME_CHARS], **kwargs)
+    except ConfigError as err:
+        raise ConfigError(f"{section}: {show(spec)}: {err}") from None
+
+
 def get_hardware(spec: str | HardwareProfile, per_pass_overhead_s: float | None = None) -> HardwareProfile:
-    """A preset by name, a profile file (.toml/.json), or a profile as is.
+    """A preset by name, a profile file (.toml/.json), or a profile as is; either of the
+    first two may be followed by ``@field=value,...`` to change its figures.
 
     ``per_pass_overhead_s`` overrides the profile's fixed per-pass cost.
     """
@@ -492,7 +522,8 @@ def get_hardware(spec: str | HardwareProfile, per_pass_overhead_s: float | None 
 
 
 def get_model(spec: str | ModelProfile) -> ModelProfile:
-    """A preset by name, a profile file (.toml/.json), or a profile as is."""
+    """A preset by name, a profile file (.toml/.json), or a profile as is (``@field=value,...``
+    as for :func:`get_hardware`)."""
     return _resolve(spec, MODEL_PRESETS, MODEL_ALIASES, ModelProfile, "model")
 
 

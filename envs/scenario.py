@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from envs.actions import MAX_PASS_ITL, MIN_PASS_ITL
+from envs.cost import Roofline
+from envs.deployment import Deployment, deployment
+from envs.pricing import Coefficients
 from envs.engine import EngineConfig, Simulator
 from envs.errors import MAX_TOKENS, ConfigError, did_you_mean, integer, non_negative, number, require
 from envs.metrics import SLO
@@ -138,6 +141,20 @@ class Scenario:
 
     def model_profile(self) -> ModelProfile:
         return get_model(self.model)
+
+    def simulator_cost(self) -> Coefficients:
+        """The cost model the simulator prices this scenario's passes with."""
+        return Roofline.of(self.hardware_profile(), self.model_profile()).coefficients()
+
+    def kv_tokens(self) -> int:
+        """The KV cache's capacity in tokens."""
+        config = self.engine_config()
+        return config.kv_blocks(self.hardware_profile(), self.model_profile()) * config.block_size
+
+    def deployment(self) -> Deployment:
+        """What identifies this deployment to a policy serving many (``envs.deployment``): its
+        cost model, KV cache and SLO pair, as the simulator's state observes them."""
+        return deployment(self.simulator_cost(), self.slo_ttft_s, self.slo_itl_s, self.kv_tokens())
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(max_num_seqs=self.max_num_seqs,

@@ -112,6 +112,8 @@ def load_table_policy(path: str, scenario=None, name: str | None = None,
         return cls(table, name=name)
     hardware = hardware_provenance(scenario.hardware_profile())
     model = model_provenance(scenario.model_profile())
+    if table.deployment_range is not None:
+        return cls(for_scenario(table, scenario, allow_mismatch, hardware, model), name=name)
     slo = {"ttft_s": scenario.slo_ttft_s, "itl_s": scenario.slo_itl_s}
     reason = table.mismatch(hardware, model, slo)
     other_part = reason and table.mismatch(hardware, model)
@@ -132,6 +134,26 @@ def load_table_policy(path: str, scenario=None, name: str | None = None,
         extra = max(scenario.hardware_profile().per_pass_overhead_s - priced, 0.0)
         return cls(table.with_step_overhead(extra), name=name, stored_cost=True)
     return cls(table, name=name)
+
+
+def for_scenario(table: BudgetTable, scenario, allow_mismatch: bool = False,
+                 hardware: dict | None = None, model: dict | None = None) -> BudgetTable:
+    """A table that carries (provenance ``deployments``) re-priced for ``scenario``'s
+    deployment: its cost model, SLO pair and KV cache. One outside the range of deployments
+    it was trained over is refused (``allow_mismatch``: warned about on stderr)."""
+    served = scenario.deployment()
+    reason = table.outside(served.as_dict())
+    if reason and not allow_mismatch:
+        raise ConfigError(f"table: {reason}; pass --allow-table-mismatch to evaluate it anyway")
+    if reason:
+        print(f"warning: {reason}", file=sys.stderr)
+    hw, m = scenario.hardware_profile(), scenario.model_profile()
+    try:
+        return table.repriced(scenario.simulator_cost(), served.slo_ttft_s, served.slo_itl_s,
+                              scenario.kv_tokens(), hardware or hardware_provenance(hw),
+                              model or model_provenance(m))
+    except TableError as err:
+        raise ConfigError(f"table: {err}") from None
 
 
 class FlatTablePolicy(TablePolicy):

@@ -359,12 +359,12 @@ def test_eval_refuses_a_table_for_another_scenario_unless_allowed(capsys):
 def test_runtime_imports_nothing_beyond_the_standard_library():
     # A fresh interpreter without site-packages: every module loaded is the standard
     # library's, the table's own, or one of the standard-library modules of envs it rests
-    # on (the pass price, the state vocabulary, the slack count).
+    # on (the pass price, the state vocabulary, the slack count, the deployment's features).
     code = ("import sys; import policies.table as t; "
             "t.BudgetTable.load('tables/h100-sxm__llama-3-8b.json').budget("
             "dict.fromkeys(t.STATE, 1)); "
             "ours = {'policies', 'policies.table', 'envs', 'envs.pricing', 'envs.state', "
-            "'envs.slack'}; "
+            "'envs.slack', 'envs.deployment'}; "
             "bad = sorted(m for m in sys.modules if m not in ours and "
             "m.split('.')[0] not in set(sys.stdlib_module_names) | {'__main__'}); "
             "assert not bad, bad")
@@ -442,9 +442,13 @@ def test_every_rule_answers_sb3_predict_on_env_observations():
 
 
 def test_a_table_for_other_hardware_is_evaluated_with_its_own_cost_model(tmp_path):
-    """An A100 time-budget table evaluated on an H100 (--allow-table-mismatch) turns its
-    fractions into tokens with the A100 coefficients it stores, as a serving engine would,
-    not with the simulated H100's (which would ask about three times as many)."""
+    """An A100 time-budget table made for that one deployment (no ``deployments`` range)
+    evaluated on an H100 (--allow-table-mismatch) turns its fractions into tokens with the
+    A100 coefficients it stores, as a serving engine would, not with the simulated H100's
+    (which would ask about three times as many). A rule's table as exported carries: it is
+    re-priced for the H100."""
+    import json
+
     from envs.scenario import Scenario
     from policies.specs import make_policy
     from tests.conftest import cli
@@ -453,6 +457,11 @@ def test_a_table_for_other_hardware_is_evaluated_with_its_own_cost_model(tmp_pat
     assert cli("eval", "export", "--rule", "time-budget", "--hardware", "a100-80g", "--out", str(path),
                "--num-requests", "60").returncode == 0
     sc = Scenario(num_requests=60)
+    carried = make_policy(f"table:{path}", sc)  # no mismatch to allow: it carries
+    assert carried.table.action.cost == sc.simulator_cost()
+    data = json.loads(path.read_text())
+    del data["provenance"]["deployments"]
+    path.write_text(json.dumps(data))
     policy = make_policy(f"table:{path}", sc, allow_table_mismatch=True)
     h100 = sc.simulator().cost
     asked = []

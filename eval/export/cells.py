@@ -156,7 +156,7 @@ def time_action(scenario: Scenario) -> dict:
     """A time-fraction action for a scenario: its cost coefficients, ITL target and the
     operator's cap on the longest pass, where it has one (``max_fraction``)."""
     action = {"kind": "time_fraction", "itl_s": scenario.slo_itl_s, "cap": BUDGET_CAP,
-              "cost": scenario.simulator().cost.as_dict()}
+              "cost": scenario.simulator_cost().as_dict()}
     if scenario.max_pass_itl is not None:
         action["max_fraction"] = scenario.max_pass_itl
     return action

@@ -117,7 +117,10 @@ def rule_table(spec: str, scenario: Scenario, workload, field: str = "rule") -> 
                                    + (f", no pass over {scenario.max_pass_itl:g} times the ITL "
                                       "target while anyone decodes"
                                       if scenario.max_pass_itl is not None else ""),
-                           "rule_spec": rule.name}}
+                           "rule_spec": rule.name,
+                           # A rule's cells do not depend on the deployment: the table carries
+                           # to any, re-priced for it (BudgetTable.repriced).
+                           "deployments": {"range": {}, "kv_tokens": scenario.kv_tokens()}}}
     check = RuleCheck(rule, BudgetTable(data))
     scenario.simulator(workload).run(check)
     data["default_budget"] = default_budget(np.asarray(check.budgets))

@@ -3,7 +3,7 @@
 A serving engine imports this module: it needs nothing beyond the standard library and
 chunkpilot's own standard-library modules (``python -S -c 'import policies.table'``
 works: the pass price of ``envs.pricing``, the state vocabulary of ``envs.state``, the
-slack count of ``envs.slack``), and a lookup is a handful of bisections.
+slack count of ``envs.slack``, the deployment's features of ``envs.deployment``), and a lookup is a handful of bisections.
 
 A table maps a few bucketed quantities that an engine reads every pass to an action
 that becomes a token budget. Format (JSON, ``schema_version`` 2)::
@@ -55,6 +55,8 @@ import tempfile
 from bisect import bisect_right
 from collections.abc import Mapping
 
+from envs.deployment import FEATURES as DEPLOYMENT_FEATURES
+from envs.deployment import deployment
 from envs.pricing import COST_FIELDS, Coefficients, decode_pass_s, prefill_due_s, state_budget
 from envs.slack import slack_passes
 from envs.state import BY_NAME, DERIVED, SLACK_COUNTS, TABLE_INPUTS
@@ -119,7 +121,7 @@ class TokensAction:
         budgets = _cells(data, "budgets", table, path)
         if not all(isinstance(b, int) and not isinstance(b, bool) and 0 < b <= MAX_BUDGET for b in budgets):
             raise TableError(f"{path}: budgets: every cell must be a positive integer <= {MAX_BUDGET}")
-        derived = [f for f in table.features if f in DERIVED]
+        derived = [f for f in table.features if f in DERIVED or f in DEPLOYMENT_AXES]
         if derived:
             raise TableError(f"{path}: features: {', '.join(derived)} is derived by a "
                              "time_fraction action only")
@@ -144,6 +146,15 @@ class TokensAction:
 
 MAX_FRACTION = 16.0
 """The largest time budget a cell may hold, in ITL targets."""
+DEPLOYMENT_AXES = DEPLOYMENT_FEATURES[:4]
+"""Deployment features a time-fraction table may bucket (``envs.deployment``): constant
+while it serves, computed when it is loaded or re-priced for a deployment."""
+SECONDS_FEATURES = {"oldest_wait_s": "ttft_s", "prefill_due_s": "ttft_s", "last_step_s": "itl_s",
+                    "decode_pass_s": "itl_s"}
+"""Features in seconds, and the SLO target their edges scale with when a table is re-priced
+for another SLO (every other feature is a count, a share or in passes)."""
+RANGE_TOLERANCE = 1e-6
+"""Relative slack of the range check (a deployment at an end of the range is in it)."""
 
 
 class TimeFractionAction:
@@ -193,7 +204,20 @@ class TimeFractionAction:
         needs = {"running_decodes", "decode_context_tokens", "head_prefilled_tokens"}
         for name in table.features:
             needs.update(DERIVED.get(name, (name,)))
-        self.needs = frozenset(needs)
+        self.deployment = None
+        """The served deployment's features (``envs.deployment``), where the table buckets
+        any: computed from the cost model, the SLO pair and the KV cache's tokens it is
+        priced for (provenance ``deployments.kv_tokens``, or :meth:`BudgetTable.repriced`)."""
+        if any(n in DEPLOYMENT_AXES for n in table.features):
+            kv = (table.provenance_data.get("deployments") or {}).get("kv_tokens")
+            slo = table.provenance_data.get("slo") or {}
+            if not _is_positive(kv):
+                raise TableError(f"{path}: provenance.deployments.kv_tokens: got {_short(kv)}, must "
+                                 "be the KV cache's tokens (> 0) where a feature is a deployment's")
+            if not (_is_positive(slo.get("ttft_s")) and _is_positive(slo.get("itl_s"))):
+                raise TableError(f"{path}: provenance.slo: must hold ttft_s and itl_s > 0")
+            self.deployment = deployment(self.cost, slo["ttft_s"], itl, kv).as_dict()
+        self.needs = frozenset(n for n in needs if n not in DEPLOYMENT_AXES)
         self.max_budget = None  # a budget per pass, up to the cap: the engine clamps it
         self.min_budget = 1
         self._axes = tuple(zip(table.features, table.edges, table.strides))
@@ -204,6 +228,8 @@ class TimeFractionAction:
         if name == "itl_slack_passes":
             return slack_passes(state["itl_slow_tokens"], state["itl_decode_tokens"],
                                 int(state["running_decodes"]))
+        if name in DEPLOYMENT_AXES:
+            return self.deployment[name]
         if name == "prefill_due_s":
             return prefill_due_s(self.cost, int(state["running_decodes"]), int(state["decode_context_tokens"]),
                                  int(state["head_prefilled_tokens"]), int(state["waiting_prefill_tokens"]),
@@ -244,7 +270,7 @@ class BudgetTable:
     """A validated table. ``budget(state)`` returns the token budget for a pass."""
 
     __slots__ = ("features", "edges", "strides", "cells", "action", "visited", "default_budget",
-                 "provenance", "fidelity", "path", "digest", "_budget")
+                 "provenance", "provenance_data", "fidelity", "path", "digest", "_budget")
 
     def __init__(self, data: dict, path: str = "<table>", digest: str | None = None):
         self.path = path
@@ -262,6 +288,8 @@ class BudgetTable:
             raise TableError(f"{path}: schema_version: got {version!r}, this runtime reads "
                              f"{SCHEMA_VERSION}")
         self._read_features(data.get("features"))
+        prov = data.get("provenance")
+        self.provenance_data = prov if isinstance(prov, dict) else {}
         spec = data.get("action")
         if not isinstance(spec, dict) or spec.get("kind") not in ACTIONS:
             got = spec.get("kind") if isinstance(spec, dict) else spec
@@ -289,8 +317,10 @@ class BudgetTable:
         for i, f in enumerate(feats):
             if not isinstance(f, dict) or not isinstance(f.get("name"), str):
                 raise TableError(f"{path}: features[{i}]: must be an object with a name")
-            if f["name"] not in STATE and f["name"] not in DERIVED or f["name"] in SLACK_COUNTS:
-                known = [n for n in list(STATE) + list(DERIVED) if n not in SLACK_COUNTS]
+            if (f["name"] not in STATE and f["name"] not in DERIVED
+                    and f["name"] not in DEPLOYMENT_AXES or f["name"] in SLACK_COUNTS):
+                known = [n for n in list(STATE) + list(DERIVED) + list(DEPLOYMENT_AXES)
+                         if n not in SLACK_COUNTS]
                 raise TableError(f"{path}: features[{i}].name: got {f['name']!r}, an "
                                  f"engine can provide: {', '.join(known)}")
             e = f.get("edges")
@@ -387,6 +417,63 @@ class BudgetTable:
         rule = f"every cell at {fraction:g} of the ITL target (flattened from {self.path})"
         data["provenance"] = {**data["provenance"], "rule": rule}
         return BudgetTable(data, f"{self.path} (flat at {fraction:g})")
+
+    # --- deployments -----------------------------------------------------------------
+
+    @property
+    def deployment_range(self) -> dict | None:
+        """The range of deployment features (``envs.deployment.FEATURES``) this table was
+        trained over, ``{feature: [lowest, highest]}`` (provenance ``deployments.range``);
+        an empty dict where its cells do not depend on the deployment (a rule's table);
+        None for a table made for the one deployment its provenance names."""
+        block = self.provenance.get("deployments")
+        return None if block is None else dict(block.get("range") or {})
+
+    def outside(self, served: Mapping) -> str | None:
+        """Why the deployment ``served`` (features by name) lies outside the range this table
+        was trained over, in one line; None inside it (or for a table without a range)."""
+        out = []
+        for name, (lo, hi) in (self.deployment_range or {}).items():
+            v = served.get(name)
+            if v is not None and not (lo * (1 - RANGE_TOLERANCE) <= v <= hi * (1 + RANGE_TOLERANCE)):
+                out.append(f"{name} {_num(v)} not in [{_num(lo)}, {_num(hi)}]")
+        if not out:
+            return None
+        return f"{self.path}: the deployment lies outside the range it was trained over: " + "; ".join(out)
+
+    def repriced(self, cost: Coefficients, ttft_s: float, itl_s: float, kv_tokens: int,
+                 hardware: Mapping | None = None, model: Mapping | None = None) -> "BudgetTable":
+        """This time-fraction table for another deployment: its fractions turned into tokens
+        with ``cost`` (the served deployment's cost model: a preset's, a profile's or the
+        engine's calibration), its ITL target ``itl_s``, the edges of its features in seconds
+        scaled with the targets they are measured in (``SECONDS_FEATURES``), and any
+        deployment feature it buckets computed for this deployment. A rule's table so
+        re-priced is the rule's table exported for that deployment. It does not check the
+        range (:meth:`outside`); ``hardware`` and ``model`` (provenance blocks) name what it
+        now serves, the original provenance is kept under ``repriced_from``."""
+        if self.action.kind != TimeFractionAction.kind:
+            raise TableError(f"{self.path}: action.kind: got {self.action.kind!r}, re-pricing "
+                             f"needs a table of time fractions ({TimeFractionAction.kind!r})")
+        for name, v in (("ttft_s", ttft_s), ("itl_s", itl_s), ("kv_tokens", kv_tokens)):
+            if not _is_positive(v):
+                raise TableError(f"{name}: got {_short(v)}, must be a number > 0")
+        data = self.to_dict()
+        old = self.provenance["slo"]
+        ratio = {"ttft_s": ttft_s / old["ttft_s"], "itl_s": itl_s / old["itl_s"]}
+        data["features"] = [{"name": n, "edges": [x * ratio[SECONDS_FEATURES[n]] for x in e]
+                             if n in SECONDS_FEATURES else list(e)}
+                            for n, e in zip(self.features, self.edges)]
+        data["action"] = {**data["action"], "itl_s": float(itl_s),
+                          "cost": cost.as_dict()}
+        prov = dict(self.provenance)
+        prov["repriced_from"] = {k: prov[k] for k in ("hardware", "model", "slo")}
+        prov["slo"] = {"ttft_s": float(ttft_s), "itl_s": float(itl_s)}
+        prov["hardware"] = dict(hardware or {**prov["hardware"], "name": "repriced"})
+        prov["model"] = dict(model or prov["model"])
+        if prov.get("deployments") is not None:
+            prov["deployments"] = {**prov["deployments"], "kv_tokens": int(kv_tokens)}
+        data["provenance"] = prov
+        return BudgetTable(data, f"{self.path} (re-priced)", self.digest)
 
     @property
     def max_budget(self) -> int | None:
@@ -573,6 +660,12 @@ class BudgetTable:
                              if rule else []))
         overhead = hw.get("per_pass_overhead_s") or 0.0
         hw_name = hw["name"] + (f" (priced with {overhead * 1e3:g} ms per pass)" if overhead else "")
+        rng = self.deployment_range
+        if rng is not None:
+            made += ("; " if made else "") + (
+                "carries to any deployment, re-priced for it" if not rng else
+                "carries to deployments within the range it was trained over ("
+                + ", ".join(f"{k} {_num(lo)}-{_num(hi)}" for k, (lo, hi) in rng.items()) + "), re-priced for each")
         return (f"{self.path} [{self.digest or '-'}]: {hw_name} + {m['name']} (TP "
                 f"{m['tensor_parallel']}), SLO TTFT {_num(slo['ttft_s'])} s / ITL "
                 f"{_num(slo['itl_s'])} s; {self.cells} cells ({sum(self.visited)} visited), "
@@ -663,6 +756,21 @@ def _read_provenance(prov, path: str) -> dict:
     if overhead is not None and not (_finite(overhead) and 0 <= overhead <= MAX_STEP_S):
         raise TableError(f"{path}: provenance.hardware.per_pass_overhead_s: got {_short(overhead)}, "
                          f"must be a number of seconds in [0, {MAX_STEP_S:g}] (or absent)")
+    deployments = prov.get("deployments")
+    if deployments is not None:
+        if not isinstance(deployments, dict):
+            raise TableError(f"{path}: provenance.deployments: must be an object (range, kv_tokens)")
+        rng = deployments.get("range")
+        if rng is not None and not isinstance(rng, dict):
+            raise TableError(f"{path}: provenance.deployments.range: must map features to [low, high]")
+        for name, lohi in (rng or {}).items():
+            if name not in DEPLOYMENT_FEATURES:
+                raise TableError(f"{path}: provenance.deployments.range: got {_short(name)}, the "
+                                 f"features are {', '.join(DEPLOYMENT_FEATURES)}")
+            if not (isinstance(lohi, list) and len(lohi) == 2 and all(_finite(x) for x in lohi)
+                    and lohi[0] <= lohi[1]):
+                raise TableError(f"{path}: provenance.deployments.range.{name}: got "
+                                 f"{_short(lohi)}, must be [low, high] with low <= high")
     params = prov["model"].get("params")  # tables exported before it was recorded lack it
     if params is not None and not _is_positive(params):
         raise TableError(f"{path}: provenance.model.params: got {_short(params)}, must be a "

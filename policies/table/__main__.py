@@ -10,6 +10,7 @@ import sys
 from envs.cli import close_flags
 from envs.errors import MAX_SLO_ITL_S, MAX_SLO_TTFT_S, ConfigError, slo_seconds
 from envs.profiles import get_hardware, get_model
+from envs.scenario import Scenario
 from policies.table import BudgetTable, TableError, hardware_provenance, model_provenance
 
 
@@ -100,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
             print(table.room_text() or "room beyond the best rule: not measured (python -m "
                   "agents.presets --room measures it for a preset's table)")
             return 0
-        reason = table.mismatch(*_served(args))
+        served = _served(args)
+        if table.deployment_range is not None:
+            return _check_carries(table, args)
+        reason = table.mismatch(*served)
     except TableError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -112,6 +116,36 @@ def main(argv: list[str] | None = None) -> int:
                                    ("SLO", args.slo_ttft_s or args.slo_itl_s)) if given]
     print(f"ok: {args.table} fits " + (", ".join(compared) if compared else "(nothing compared; "
                                        "the table is valid)"))
+    return 0
+
+
+def _check_carries(table: BudgetTable, args) -> int:
+    """The check of a table that carries: re-priced for the deployment the command line
+    names (hardware and model; the SLO its own unless given), it must lie within the
+    range of deployments the table was trained over."""
+    if not (args.hardware or args.model):
+        print(f"ok: {args.table} is valid and carries to other deployments (give --hardware and "
+              "--model to check one)")
+        return 0
+    if not (args.hardware and args.model):
+        raise TableError(f"{args.table}: carries to other deployments: give both --hardware and "
+                         "--model (and the SLO served, if not its own) to check one")
+    slo = table.provenance["slo"]
+    try:
+        sc = Scenario(hardware=args.hardware, model=args.model,
+                      slo_ttft_s=args.slo_ttft_s or slo["ttft_s"], slo_itl_s=args.slo_itl_s or slo["itl_s"])
+        d = sc.deployment()
+    except ConfigError as err:
+        raise TableError(str(err)) from None
+    reason = table.outside(d.as_dict())
+    if reason:
+        print(f"mismatch: {reason}", file=sys.stderr)
+        return 2
+    priced = table.repriced(sc.simulator_cost(), d.slo_ttft_s, d.slo_itl_s, sc.kv_tokens())
+    print(f"ok: {args.table} carries to hardware {args.hardware}, model {args.model}, SLO TTFT "
+          f"{d.slo_ttft_s:g} s / ITL {d.slo_itl_s:g} s: re-priced for it "
+          f"({', '.join(f'{k} {v:.3g}' for k, v in d.as_dict().items() if not k.startswith('slo'))}"
+          f"; {len(priced.action.cells)} cells)")
     return 0
 
 

@@ -1,0 +1,225 @@
+"""Deployments as a policy sees them: their features (computed alike by the simulator's
+observation and the table runtime), tables that carry to other deployments re-priced for
+them, and the deployments a policy trained across them is held out of."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents.conditions import (HELD_OUT_DEPLOYMENTS, MADE_UP_PART, TRAINING_DEPLOYMENTS,
+                               deployment_range, draw_conditions, held_out)
+from envs.deployment import FEATURES, deployment, scaled
+from envs.errors import ConfigError
+from envs.observation import OBSERVATION_FIELDS, observe
+from envs.pricing import Coefficients, chunk_price
+from envs.profiles import get_hardware
+from envs.scenario import Scenario
+from eval.export.cells import scenario_provenance, time_action
+from eval.export.rules import rule_table
+from policies.table import BudgetTable, TableError
+from policies.table_policy import TablePolicy, load_table_policy
+
+FLAT = Coefficients(weights_s=0.008, kv_s_per_token=0.0, token_s=1e-5, pair_s=0.0, exposed=0.0,
+                    fixed_s=0.002, serial_s_per_token=0.0)
+
+
+def test_features_by_hand():
+    # One decode: max(8 ms of weights, 1e-5 s x (1 + x) of products) + 2 ms fixed.
+    d = deployment(FLAT, ttft_s=2.0, itl_s=0.1, kv_tokens=400_000)
+    assert d.decode_floor_vs_itl == pytest.approx(0.010 / 0.1)
+    assert d.fixed_share == pytest.approx(0.002 / 0.010)
+    assert d.prefill_tokens_per_itl == 9799  # 1e-5 x 9,800 = 98 ms, + 2 ms = 100 ms
+    assert d.kv_prompts == pytest.approx(400_000 / (20 * 9799))  # 20 ITL targets in the TTFT's
+    assert (d.slo_ttft_s, d.slo_itl_s) == (2.0, 0.1)
+    # An ITL target the lightest pass cannot meet: no prefill fits, the cache holds endless prompts.
+    slow = deployment(FLAT, ttft_s=2.0, itl_s=0.005, kv_tokens=1000)
+    assert slow.prefill_tokens_per_itl == 0 and math.isinf(slow.kv_prompts)
+    assert scaled(slow)[3] == 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(weights=st.floats(1e-4, 0.1), token=st.floats(1e-7, 1e-3), fixed=st.floats(0, 0.05),
+       itl=st.floats(0.01, 1.0))
+def test_prefill_tokens_per_itl_is_the_largest_chunk_within_the_target(weights, token, fixed, itl):
+    c = FLAT._replace(weights_s=weights, token_s=token, fixed_s=fixed)
+    x = deployment(c, 2.0, itl, 10_000).prefill_tokens_per_itl
+    if x:
+        assert chunk_price(c, 1, 0, x) <= itl
+    assert x == 1 << 20 or chunk_price(c, 1, 0, x + 1) > itl
+    assert all(0.0 <= v <= 1.0 for v in scaled(deployment(c, 2.0, itl, 10_000)))
+
+
+@pytest.mark.parametrize("hardware, model", [("h100-sxm", "llama-3-8b"), ("l40s", "llama-3-8b"),
+                                             ("h100-sxm", "llama-3-70b-tp4"), (MADE_UP_PART, "llama-3-8b")])
+def test_the_observation_carries_the_deployment_the_scenario_describes(hardware, model):
+    sc = Scenario(hardware=hardware, model=model, slo_ttft_s=5.0, slo_itl_s=0.15, num_requests=40,
+                  per_pass_overhead_s=0.003)
+    sim = sc.simulator()
+    sim.advance()
+    obs = observe(sim.state(), sc.slo())
+    assert len(obs) == len(OBSERVATION_FIELDS) == 19
+    np.testing.assert_allclose(obs[-4:], np.float32(scaled(sc.deployment())), rtol=1e-6)
+    # Another part, the same state counts: the deployment entries tell them apart.
+    other = observe(Scenario(num_requests=40).simulator().state(), sc.slo())
+    assert not np.allclose(obs[-4:], other[-4:])
+
+
+def test_a_hardware_spec_changes_a_presets_figures_in_one_string():
+    hw = get_hardware(MADE_UP_PART)
+    a100 = get_hardware("a100-80g")
+    assert hw.hbm_bytes_per_s == pytest.approx(2 * a100.hbm_bytes_per_s)
+    assert hw.peak_flops_per_s == pytest.approx(a100.peak_flops_per_s / 2)
+    assert hw.overlap == a100.overlap and hw.name == MADE_UP_PART
+    for bad, says in (("a100-80g@nope=1", "must list field=value pairs"),
+                      ("a100-80g@hbm_bytes_per_s=fast", "must be a number"),
+                      ("a100-80g@overlap=2", "hardware.overlap")):
+        with pytest.raises(ConfigError, match=says):
+            get_hardware(bad)
+
+
+# --- training across deployments ------------------------------------------------------
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_conditions_across_deployments_never_draw_a_held_out_one(seed):
+    conds = draw_conditions(Scenario(), 40, seed, TRAINING_DEPLOYMENTS)
+    assert conds == draw_conditions(Scenario(), 40, seed, TRAINING_DEPLOYMENTS)  # deterministic
+    bases = {(c["hardware"].partition("@")[0], c["model"]) for c in conds}
+    assert bases <= set(TRAINING_DEPLOYMENTS) and len(bases) >= 6
+    assert not any(held_out(c["hardware"], c["model"]) for c in conds)
+    for c in conds:  # each a variant of its preset within the perturbation
+        hw, base = get_hardware(c["hardware"]), get_hardware(c["hardware"].partition("@")[0])
+        assert 1 / 1.5 - 1e-3 <= hw.hbm_bytes_per_s / base.hbm_bytes_per_s <= 1.5 + 1e-3
+        sc = Scenario(**{k: v for k, v in c.items()})
+        assert sc.num_kv_blocks is None or sc.num_kv_blocks <= Scenario(
+            hardware=c["hardware"], model=c["model"]).kv_tokens() // 16
+
+
+def test_held_out_deployments_are_held_out_whatever_their_variant():
+    for hw, model in HELD_OUT_DEPLOYMENTS:
+        assert held_out(hw, model)
+    assert held_out("h200@hbm_bytes_per_s=4e12", "mistral-7b")  # the part, with any model
+    assert held_out("h100-sxm@peak_flops_per_s=9e14", "llama-3-70b-tp4")
+    assert not held_out("h100-sxm", "llama-3-70b-tp8") and not held_out("a100-80g", "llama-3-70b-tp4")
+
+
+def test_the_range_spans_the_deployments_drawn():
+    scs = [Scenario(hardware="h100-sxm"), Scenario(hardware="a100-80g", slo_itl_s=0.05)]
+    rng = deployment_range(scs)
+    assert list(rng) == list(FEATURES)
+    for sc in scs:
+        for name, v in sc.deployment().as_dict().items():
+            assert rng[name][0] <= v <= rng[name][1]
+    assert rng["slo_itl_s"] == [0.05, 0.1]
+
+
+# --- tables that carry ------------------------------------------------------------------
+
+def _states(sc: Scenario, passes: int = 400):
+    """Table inputs before the passes of a simulator run on ``sc``."""
+    sim = sc.simulator()
+    out = []
+    names = ("running_decodes", "waiting_requests", "waiting_prefill_tokens", "kv_usage",
+             "decode_context_tokens", "head_prefilled_tokens", "head_remaining_tokens",
+             "oldest_wait_s", "last_step_s")
+    while sim.advance() and len(out) < passes:
+        st_ = sim.state()
+        meter = st_.itl_slack(sc.slo_itl_s)
+        out.append({**{n: getattr(st_, n) for n in names}, "itl_slow_tokens": meter.slow,
+                    "itl_decode_tokens": meter.tokens})
+        sim.step(2048)
+    return out
+
+
+@pytest.mark.parametrize("rule", ["time-budget-deadline-kv:4", "time-budget-slack:8"])
+def test_a_rule_table_re_priced_is_the_rule_table_exported_for_that_deployment(rule):
+    a = Scenario(num_requests=60, rate=6.0)
+    b = Scenario(hardware="l40s", slo_ttft_s=5.0, slo_itl_s=0.15, num_requests=60, rate=1.5,
+                 per_pass_overhead_s=0.004)
+    ta, tb = rule_table(rule, a, a.arrivals()), rule_table(rule, b, b.arrivals())
+    moved = ta.repriced(b.simulator_cost(), b.slo_ttft_s, b.slo_itl_s, b.kv_tokens())
+    assert moved.features == tb.features
+    for e1, e2 in zip(moved.edges, tb.edges):
+        assert e1 == pytest.approx(e2)
+    assert moved.action.cost == tb.action.cost and moved.action.itl_s == tb.action.itl_s
+    states = _states(b)
+    assert len(states) > 100
+    assert [moved.budget(s) for s in states] == [tb.budget(s) for s in states]
+    assert moved.provenance["repriced_from"]["slo"] == {"ttft_s": 2.0, "itl_s": 0.1}
+
+
+def _carrying_table(sc: Scenario, rng: dict | None, axis: str | None = None) -> BudgetTable:
+    features = [{"name": "kv_usage", "edges": [0.8]}]
+    fractions = [1.0, 0.5]
+    if axis:
+        features.append({"name": axis, "edges": [5.0]})
+        fractions = [1.0, 2.0, 0.5, 0.25]  # (kv low, axis low), (kv low, axis high), ...
+    return BudgetTable({
+        "schema_version": 2, "kind": "chunkpilot-budget-table", "action": time_action(sc),
+        "features": features, "fractions": fractions, "default_budget": 2048,
+        "provenance": {**scenario_provenance(sc),
+                       "deployments": {"range": rng, "kv_tokens": sc.kv_tokens()}}})
+
+
+def test_a_deployment_feature_is_a_constant_of_the_deployment_the_table_serves():
+    h100 = Scenario()
+    table = _carrying_table(h100, {}, axis="kv_prompts")
+    assert "kv_prompts" not in table.needs  # an engine supplies nothing for it
+    assert table.action.deployment["kv_prompts"] == pytest.approx(h100.deployment().kv_prompts)
+    state = dict(running_decodes=20, decode_context_tokens=20 * 1000, head_prefilled_tokens=0,
+                 kv_usage=0.1)
+    # h100 + llama-3-8b holds 6 TTFT targets' worth of prompts: above the edge, fraction 2.
+    assert h100.deployment().kv_prompts > 5.0 and table.action.fraction(state) == 2.0
+    small = Scenario(num_kv_blocks=3000)  # 0.6 targets' worth: below the edge
+    moved = table.repriced(small.simulator_cost(), 2.0, 0.1, small.kv_tokens())
+    assert moved.action.deployment == small.deployment().as_dict()
+    assert moved.action.fraction(state) == 1.0
+    data = table.to_dict()
+    data["provenance"]["deployments"] = None  # no KV cache to measure the deployment with
+    with pytest.raises(TableError, match="deployments.kv_tokens: got None"):
+        BudgetTable(data)
+    data = {**table.to_dict(), "action": {"kind": "tokens"}, "budgets": [512, 1024, 2048, 4096]}
+    del data["fractions"]
+    with pytest.raises(TableError, match="kv_prompts is derived by a time_fraction action only"):
+        BudgetTable(data)
+
+
+def test_a_table_outside_its_trained_range_is_refused_unless_allowed(tmp_path, capsys):
+    h100 = Scenario()
+    d = h100.deployment()
+    rng = {name: [v * 0.9, v * 1.1] for name, v in d.as_dict().items()}
+    path = tmp_path / "carries.json"
+    _carrying_table(h100, rng).save(str(path))
+    # Inside: re-priced for the scenario (its SLO pair a hair apart is still inside).
+    policy = load_table_policy(str(path), h100.with_fields(slo_itl_s=0.105))
+    assert policy.table.action.itl_s == 0.105 and policy.table.provenance["slo"]["itl_s"] == 0.105
+    l40s = Scenario(hardware="l40s")
+    with pytest.raises(ConfigError, match=r"outside the range it was trained over: decode_floor_vs_itl "
+                                          r"0\.238\S* not in \[0\.0548"):
+        load_table_policy(str(path), l40s)
+    policy = load_table_policy(str(path), l40s, allow_mismatch=True)
+    assert "outside the range" in capsys.readouterr().err
+    assert isinstance(policy, TablePolicy) and policy.table.action.cost == l40s.simulator_cost()
+    # The check command says the same.
+    from policies.table.__main__ import main
+    assert main(["check", str(path), "--hardware", "l40s", "--model", "llama-3-8b"]) == 2
+    assert main(["check", str(path), "--hardware", "h100-sxm", "--model", "llama-3-8b"]) == 0
+    assert "carries to hardware h100-sxm" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("range_, says", [
+    ({"nope": [0, 1]}, "the features are decode_floor_vs_itl"),
+    ({"kv_prompts": [2, 1]}, "must be [low, high] with low <= high"),
+    ([1, 2], "must map features to [low, high]"),
+])
+def test_a_bad_range_is_a_one_line_error(range_, says):
+    data = _carrying_table(Scenario(), {}).to_dict()
+    data["provenance"]["deployments"]["range"] = range_
+    with pytest.raises(TableError, match=re.escape(says)):
+        BudgetTable(data)
+
