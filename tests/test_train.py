@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import cli
+from tests.conftest import cli, refused_in_one_line
 
 ROOT = Path(__file__).parent.parent
 TINY = ["--n-envs", "2", "--n-steps", "64", "--conditions", "4", "--episode-s", "10", "--clone-decisions", "512",
@@ -787,3 +787,44 @@ def test_presets_search_by_capacity_and_export_the_searched_model_only_where_one
     with pytest.raises(ConfigError, match="search_iterations: got -1"):
         presets.main(["--only", "l40s__llama-3-8b", "--runs", str(tmp_path), "--search-iterations", "-1"])
     assert not calls
+
+
+def test_all_deployments_records_its_conditions_and_never_draws_a_held_out_one(tmp_path, monkeypatch):
+    """A run across deployments records what it trained on and what it held out; neither
+    its training conditions nor the model selection's episodes are ever a held-out
+    deployment (the capacities are stubbed: measuring them is the slow part)."""
+    from dataclasses import replace
+
+    import train
+    from agents.conditions import HELD_OUT_DEPLOYMENTS, held_out
+    from envs.episodes import draw_episodes
+    from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS
+
+    monkeypatch.setattr(train, "with_capacities",
+                        lambda base, conds, **kw: [{**c, "capacity_rps": 1.0} for c in conds])
+    args = train.Args(all_deployments=True, conditions=48, run_dir=str(tmp_path / "run"))
+    args.validate()
+    sc = args.scenario()
+    conditions = train.draw_training_conditions(args, sc, None)
+    train.write_config(tmp_path, args, sc, conditions, {"best_constant": "time-budget:1"})
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["deployments"]["held_out"] == [list(d) for d in HELD_OUT_DEPLOYMENTS]
+    assert len(config["conditions"]) == 48
+    assert not any(held_out(c["hardware"], c["model"]) for c in config["conditions"])
+    for name, (lo, hi) in config["deployments"]["range"].items():
+        assert lo <= hi and name in ("decode_floor_vs_itl", "prefill_tokens_per_itl", "fixed_share",
+                                     "kv_prompts", "slo_ttft_s", "slo_itl_s")
+    sampler = replace(train.make_sampler(args, config["conditions"], EVAL_SEED_BASE),
+                      load_range=train.SELECTION_LOADS)
+    episodes = draw_episodes(sc, sampler, 48, PERIODIC_EVAL_SEEDS)
+    assert len({e.hardware for e, _ in episodes}) > 5
+    assert not any(held_out(e.hardware, e.model) for e, _ in episodes)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--hardware", "h200"], "hardware: got 'h200', with --model llama-3-8b is held out"),
+    (["--model", "llama-3-70b-tp4"], "is held out of --all-deployments"),
+    (["--conditions", "0"], "conditions: got 0, must be > 0 with --all-deployments"),
+])
+def test_all_deployments_refuses_a_held_out_serving_deployment(flags, says):
+    refused_in_one_line(cli("train.py", "--all-deployments", *flags), says)
