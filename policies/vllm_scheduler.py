@@ -55,6 +55,7 @@ import time
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from envs.deployment import deployment
 from envs.slack import StepSlack
 from envs.state import SLACK_COUNTS, read_requests
 from policies.step_record import StepRecorder
@@ -123,8 +124,31 @@ class TableBudget:
                         "/metrics shows them only in Prometheus multiprocess mode: set "
                         "PROMETHEUS_MULTIPROC_DIR to an empty folder before starting vLLM")
 
+    def _cp_carried(self, table: BudgetTable) -> BudgetTable:
+        """A table that carries to other deployments (provenance ``deployments``) re-priced
+        for this engine: its KV cache's tokens and the SLO it serves (CHUNKPILOT_SLO_*, else
+        the table's), with the table's cost model, which the speed correction measures this
+        engine against. Outside the range it was trained over it is refused unless
+        CHUNKPILOT_ALLOW_MISMATCH=1 (warned). Other tables are used as they are."""
+        if table.deployment_range is None:
+            return table
+        s, slo = self.chunkpilot_settings, table.provenance["slo"]
+        kv_tokens = self.kv_cache_config.num_blocks * self.cache_config.block_size
+        priced = table.repriced(table.action.cost, s.slo_ttft_s or slo["ttft_s"],
+                                s.slo_itl_s or slo["itl_s"], kv_tokens,
+                                table.provenance["hardware"], table.provenance["model"])
+        served = deployment(table.action.cost, priced.provenance["slo"]["ttft_s"],
+                            priced.action.itl_s, kv_tokens)
+        reason = table.outside(served.as_dict())
+        if reason and not s.allow_mismatch:
+            raise TableError(f"{reason}; set {ALLOW_MISMATCH_ENV}=1 to serve it anyway")
+        if reason:
+            logger.warning("chunkpilot: %s (%s=1)", reason, ALLOW_MISMATCH_ENV)
+        return priced
+
     def _cp_use(self, table: BudgetTable) -> None:
         """Make ``table`` the one every step reads from now on."""
+        table = self._cp_carried(table)
         self.chunkpilot_table = table.with_step_overhead(self.chunkpilot_settings.step_overhead_s)
         self._cp_budget = self.chunkpilot_table.budget
         self._cp_needs = table.needs
@@ -256,6 +280,7 @@ class TableBudget:
             table = BudgetTable.load(path)
             allowed = check_table(table, self.vllm_config, self.chunkpilot_settings,
                                   self._cp_hardware)
+            self._cp_carried(table)  # refused here, not half applied, outside its range
         except TableError as err:
             self.chunkpilot_metrics.reload("rejected")
             logger.warning("chunkpilot: kept %s [%s]: the replaced file is refused: %s",

@@ -231,8 +231,9 @@ def check_table(table: BudgetTable, vllm_config, settings: Settings,
     """Refuse (TableError) a table this engine cannot serve; return the mismatch that
     CHUNKPILOT_ALLOW_MISMATCH lets through, if any. Run at start and on every reload."""
     # Provenance first: a table made for something else is the bigger mistake than a flag.
+    # A table that carries is re-priced for the SLO served (the scheduler's _cp_carried).
     reason = table.mismatch(hardware or served_hardware(), served_model(vllm_config),
-                            settings.slo)
+                            None if table.deployment_range is not None else settings.slo)
     if reason and not settings.allow_mismatch:
         raise TableError(f"{reason}; set {ALLOW_MISMATCH_ENV}=1 to serve it anyway")
     ceiling = engine_ceiling(vllm_config)

@@ -374,3 +374,32 @@ def test_the_step_record_is_what_vllm_scheduled_and_fits_the_engine_overhead(
     assert any(c for _, c, _ in steps) and any(d for d, _, _ in steps)
     fit = fit_steps(steps, mp, True, hw)[0]
     assert fit.overhead_s == pytest.approx(hw.per_pass_overhead_s + 0.003, rel=1e-3)
+
+
+def test_a_table_that_carries_is_re_priced_for_this_engine(model, monkeypatch):
+    """A table over a deployment feature, served by vLLM: the scheduler re-prices it for its
+    own KV cache and the SLO it serves, with the same function the simulator observes
+    (``envs.deployment``), so the cell the deployment picks is this engine's; a range
+    the engine lies outside is refused unless allowed."""
+    import policies.vllm_scheduler as vs
+    from envs.deployment import deployment
+    from envs.pricing import Coefficients
+
+    data = two_fraction_table("kv_prompts", 1.0)
+    data["provenance"]["deployments"] = {"range": {}, "kv_tokens": 10 ** 9}
+    monkeypatch.setenv("CHUNKPILOT_CORRECT_SPEED", "0")
+    monkeypatch.setenv("CHUNKPILOT_SLO_TTFT_S", "2")
+    monkeypatch.setenv("CHUNKPILOT_SLO_ITL_S", "0.02")
+    table = BudgetTable(data)
+    assert table.action.fraction({}) == 4.0  # a billion tokens of cache: above the edge
+    for blocks in (4000, 40):
+        sched = create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=1024,
+                                 num_blocks=blocks, chunkpilot_table=table)
+        kv = blocks * sched.cache_config.block_size
+        want = deployment(Coefficients.of(COST), 2.0, 0.02, kv).as_dict()
+        assert sched.chunkpilot_table.action.deployment == want
+        assert sched.chunkpilot_table.action.fraction({}) == (4.0 if want["kv_prompts"] >= 1 else 1.0)
+    data["provenance"]["deployments"]["range"] = {"kv_prompts": [100.0, 200.0]}
+    with pytest.raises(TableError, match="outside the range it was trained over: kv_prompts"):
+        create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=1024,
+                         chunkpilot_table=BudgetTable(data))
