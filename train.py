@@ -28,13 +28,13 @@ from pathlib import Path
 
 from agents.checks import (condition_teachers, constant_costs, ranking_check, room_check,
                            teacher_choice)
-from agents.conditions import (HELD_OUT_DEPLOYMENTS, MIN_CAPACITY_RPS, TRAINING_DEPLOYMENTS,
-                               deployment_range, draw_conditions, held_out, with_capacities)
+from agents.conditions import MIN_CAPACITY_RPS, deployment_range, draw_conditions, with_capacities
 from agents.setup import ACTION_TYPES, imitate, make_model
 from agents.summary import (final_comparison, final_figures, final_policies, run_answer,
                             selection_sentence, summary_text, teacher_words)
 from envs.actions import DEFAULT_LADDER, FRACTION_LADDER
 from envs.cli import given_fields, parse
+from envs.deployment import HELD_OUT_DEPLOYMENTS, TRAINING_DEPLOYMENTS, held_out
 from envs.episodes import draw_episodes
 from envs.errors import ConfigError, integer, number, require, run_cli
 from envs.files import check_output, write_atomic, write_json_atomic
@@ -91,7 +91,7 @@ class Args(ScenarioArgs):
     """Training conditions drawn for this hardware and model (agents/conditions.py); 0 trains
     on the serving scenario alone."""
     all_deployments: bool = False
-    """Train one policy across deployments (agents/conditions.py's TRAINING_DEPLOYMENTS:
+    """Train one policy across deployments (envs/deployment.py's TRAINING_DEPLOYMENTS:
     hardware presets, model sizes and tensor-parallel degrees, each condition's bandwidth
     and FLOP/s perturbed), observing each one's cost model against its SLO; the held-out
     deployments (h200, l40s, llama-3-70b-tp4 on h100-sxm, a made-up part) never enter

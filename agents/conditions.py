@@ -49,23 +49,6 @@ TIGHT_KV_SHARE = 0.3
 """Share of conditions whose KV cache is cut to a few times the largest request."""
 
 
-TRAINING_DEPLOYMENTS = (
-    ("h100-sxm", "llama-3-8b"), ("a100-80g", "llama-3-8b"), ("h100-sxm", "mistral-7b"),
-    ("h100-sxm", "qwen2.5-32b"), ("a100-80g", "qwen2.5-32b"), ("h100-sxm", "llama-3-70b-tp8"),
-    ("a100-80g", "llama-3-70b-tp8"), ("a100-80g", "llama-3-70b-tp4"), ("m5-max", "llama-3-8b-q4"),
-)
-"""The (hardware, model) presets ``train.py --all-deployments`` trains across: every preset
-pair that fits its memory, less the held-out ones."""
-MADE_UP_PART = "a100-80g@hbm_bytes_per_s=4.078e12,peak_flops_per_s=156e12"
-"""A part no one makes, far from every trained one: the A100's twice its bandwidth and half
-its FLOP/s (a ridge point a quarter of the A100's)."""
-HELD_OUT_DEPLOYMENTS = (
-    ("h200", "llama-3-8b"), ("l40s", "llama-3-8b"), ("h100-sxm", "llama-3-70b-tp4"),
-    (MADE_UP_PART, "llama-3-8b"),
-)
-"""Deployments never drawn in training or model selection, where a policy trained across
-deployments is measured: two parts it never saw (h200, l40s, whose hardware appears with
-no model in training), a model split it never saw on a part it did, and the made-up part."""
 PERTURB = 1.5
 """A training condition's bandwidth and FLOP/s are each its preset's times a factor drawn
 log-uniformly in [1/PERTURB, PERTURB]: the policy learns the map from a deployment's cost
@@ -79,18 +62,6 @@ def perturbed(hardware: str, rng) -> str:
     bw, flops = np.exp(rng.uniform(-np.log(PERTURB), np.log(PERTURB), size=2))
     return (f"{hardware}@hbm_bytes_per_s={hw.hbm_bytes_per_s * bw:.4g},"
             f"peak_flops_per_s={hw.peak_flops_per_s * flops:.4g}")
-
-
-HELD_OUT_PARTS = ("h200", "l40s", MADE_UP_PART)
-"""Hardware held out with every model."""
-
-
-def held_out(hardware: str, model: str) -> bool:
-    """Whether a deployment (a condition's hardware spec, perturbed or not) is held out:
-    a held-out part, or a held-out (hardware, model) pair, whatever its variant."""
-    base = hardware.partition("@")[0]
-    return (hardware in HELD_OUT_PARTS or base in HELD_OUT_PARTS
-            or any(base == h and model == m for h, m in HELD_OUT_DEPLOYMENTS))
 
 
 def deployment_range(scenarios) -> dict:

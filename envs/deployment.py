@@ -21,7 +21,9 @@ measured against the targets:
 The simulator's observation (:mod:`envs.observation`), the table runtime
 (:mod:`policies.table`, which re-prices a table for the deployment it serves) and so the
 vLLM adapter all compute them here, from a cost model (``envs.pricing.Coefficients``),
-the SLO pair and the KV cache's capacity in tokens.
+the SLO pair and the KV cache's capacity in tokens. The module also names the deployments
+a policy trained across them learns from (``TRAINING_DEPLOYMENTS``) and those it is
+measured on, never trained or selected on (``HELD_OUT_DEPLOYMENTS``).
 """
 
 from __future__ import annotations
@@ -86,3 +88,34 @@ def scaled(d: Deployment) -> tuple[float, float, float, float]:
             min(max(d.fixed_share, 0.0), 1.0),
             min(math.log1p(d.kv_prompts) / math.log1p(1024), 1.0) if math.isfinite(d.kv_prompts)
             else 1.0)
+
+
+# --- the deployments a policy trained across them learns from and is measured on ----------
+
+TRAINING_DEPLOYMENTS = (
+    ("h100-sxm", "llama-3-8b"), ("a100-80g", "llama-3-8b"), ("h100-sxm", "mistral-7b"),
+    ("h100-sxm", "qwen2.5-32b"), ("a100-80g", "qwen2.5-32b"), ("h100-sxm", "llama-3-70b-tp8"),
+    ("a100-80g", "llama-3-70b-tp8"), ("a100-80g", "llama-3-70b-tp4"), ("m5-max", "llama-3-8b-q4"),
+)
+"""The (hardware, model) presets ``train.py --all-deployments`` trains across: every preset
+pair that fits its memory, less the held-out ones."""
+MADE_UP_PART = "a100-80g@hbm_bytes_per_s=4.078e12,peak_flops_per_s=156e12"
+"""A part no one makes, far from every trained one: the A100's twice its bandwidth and half
+its FLOP/s (a ridge point a quarter of the A100's)."""
+HELD_OUT_DEPLOYMENTS = (
+    ("h200", "llama-3-8b"), ("l40s", "llama-3-8b"), ("h100-sxm", "llama-3-70b-tp4"),
+    (MADE_UP_PART, "llama-3-8b"),
+)
+"""Deployments never drawn in training or model selection, where a policy trained across
+deployments is measured: two parts it never saw (h200, l40s, whose hardware appears with
+no model in training), a model split it never saw on a part it did, and the made-up part."""
+HELD_OUT_PARTS = ("h200", "l40s", MADE_UP_PART)
+"""Hardware held out with every model."""
+
+
+def held_out(hardware: str, model: str) -> bool:
+    """Whether a deployment (a condition's hardware spec, perturbed or not) is held out:
+    a held-out part, or a held-out (hardware, model) pair, whatever its variant."""
+    base = hardware.partition("@")[0]
+    return (hardware in HELD_OUT_PARTS or base in HELD_OUT_PARTS
+            or any(base == h and model == m for h, m in HELD_OUT_DEPLOYMENTS))

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.conditions import (HELD_OUT_DEPLOYMENTS, MADE_UP_PART, TRAINING_DEPLOYMENTS,
-                               deployment_range, draw_conditions, held_out)
-from envs.deployment import FEATURES, deployment, scaled
+from agents.conditions import deployment_range, draw_conditions
+from envs.deployment import (FEATURES, HELD_OUT_DEPLOYMENTS, MADE_UP_PART, TRAINING_DEPLOYMENTS,
+                             deployment, held_out, scaled)
 from envs.errors import ConfigError
 from envs.observation import OBSERVATION_FIELDS, observe
 from envs.pricing import Coefficients, chunk_price
@@ -224,3 +224,58 @@ def test_a_bad_range_is_a_one_line_error(range_, says):
     with pytest.raises(TableError, match=re.escape(says)):
         BudgetTable(data)
 
+
+
+def test_a_table_exported_from_a_run_across_deployments_is_built_on_the_serving_one():
+    """The export of a run across deployments builds the serving deployment's table from that
+    deployment's conditions alone: the other deployments' decisions were priced by other
+    cost models than the one the table stores."""
+    from types import SimpleNamespace
+
+    from eval.export.args import ExportArgs
+    from eval.export.record import export_episodes
+
+    conditions = draw_conditions(Scenario(), 40, 0, TRAINING_DEPLOYMENTS)
+    conditions = [{**c, "capacity_rps": 1.0} for c in conditions]
+    args = {"load_low": 0.5, "load_high": 1.5, "episode_s": 20.0, "all_deployments": True}
+    model = SimpleNamespace(config={"args": args, "conditions": conditions})
+    serving = Scenario(hardware="a100-80g")
+    build, held = export_episodes(model, serving, ExportArgs(run_dir="x", build_episodes=12,
+                                                            held_episodes=4))
+    assert {(sc.hardware.partition("@")[0], sc.model) for sc, _ in build + held} == {
+        ("a100-80g", "llama-3-8b")}
+    assert any("@" in sc.hardware for sc, _ in build)  # the deployment's variants among them
+
+
+def test_a_rule_family_picked_by_the_deployment_is_each_members_table_where_it_serves():
+    """``eval export --rule A,B --by FEATURE:EDGE``: re-priced for a deployment below the
+    edge the table budgets every pass as A's table exported there, above it as B's."""
+    from eval.export.rules import by_deployment
+
+    rules = ["time-budget-deadline-kv:4", "time-budget-deadline-kv:16"]
+    h100 = Scenario(num_requests=60, rate=6.0)
+    fitted = [Scenario(hardware=h, model=m) for h, m in TRAINING_DEPLOYMENTS]
+    table = by_deployment(rules, "prefill_tokens_per_itl", [2500.0], h100, h100.arrivals(), fitted)
+    assert table.features[-1] == "prefill_tokens_per_itl" and table.cells == 2 * 56
+    assert table.rule_spec() is None and "rules, not a learned policy" in table.origin()
+    lo, hi = table.deployment_range["prefill_tokens_per_itl"]
+    assert lo == min(sc.deployment().prefill_tokens_per_itl for sc in fitted) and hi > 4000
+    for sc, member in ((Scenario(hardware="l40s", num_requests=60, rate=1.5), rules[0]),  # 1,298
+                       (Scenario(hardware="h200", num_requests=60, rate=6.0), rules[1])):  # 4,125
+        moved = table.repriced(sc.simulator_cost(), 2.0, 0.1, sc.kv_tokens())
+        own = rule_table(member, sc, sc.arrivals())
+        states = _states(sc)
+        assert [moved.budget(s) for s in states] == [own.budget(s) for s in states]
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--by", "nope:1"], "by: got 'nope', must be a deployment feature"),
+    (["--by", "kv_prompts:3:2"], "must be FEATURE:EDGE[:EDGE...] with increasing numbers"),
+    (["--by", "kv_prompts:2:3"], "must name 3 rules, one per bucket of kv_prompts (2 edges)"),
+])
+def test_a_bad_by_is_refused_in_one_line(tmp_path, flags, says):
+    from tests.conftest import cli, refused_in_one_line
+
+    refused_in_one_line(cli("eval", "export", "--rule", "time-budget-deadline-kv:4,time-budget-deadline-kv:16",
+                            *flags, "--num-requests", "40", "--out", str(tmp_path / "t.json")), says)
+    assert not (tmp_path / "t.json").exists()

@@ -796,7 +796,7 @@ def test_all_deployments_records_its_conditions_and_never_draws_a_held_out_one(t
     from dataclasses import replace
 
     import train
-    from agents.conditions import HELD_OUT_DEPLOYMENTS, held_out
+    from envs.deployment import HELD_OUT_DEPLOYMENTS, held_out
     from envs.episodes import draw_episodes
     from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS
 

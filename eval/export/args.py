@@ -95,6 +95,12 @@ class RuleExportArgs(ScenarioArgs):
     rule: str = "time-budget-deadline"
     """The rule: time-budget[:FRACTION], time-budget-slack[:TOP], time-budget-deadline[:TOP] or
     time-budget-deadline-kv[:TOP]."""
+    by: str | None = None
+    """FEATURE:EDGE[:EDGE...]: one table holding several members of a rule family (--rule
+    lists them, comma-separated, one per bucket), the deployment's FEATURE (envs/deployment.py:
+    decode_floor_vs_itl, prefill_tokens_per_itl, fixed_share, kv_prompts) picking which. It
+    carries within the range of FEATURE over envs/deployment.py's TRAINING_DEPLOYMENTS at
+    this SLO (the deployments such a map is fitted on: docs/learning.md)."""
     out: str = "rule-table.json"
     """Where to write the table (JSON, written atomically)."""
     csv: str | None = None

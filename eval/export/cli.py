@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from envs.deployment import TRAINING_DEPLOYMENTS
 from envs.cli import parse
 from envs.errors import ConfigError, integer, number, require, show
 from envs.files import check_distinct, check_output
@@ -19,7 +20,7 @@ from eval.export.cells import action_spec
 from eval.export.features import MAX_BUCKETS, feature_specs
 from eval.export.refine import progress_path, refined_path
 from eval.export.report import report, serve_line
-from eval.export.rules import parse_rule, rule_specs, rule_table
+from eval.export.rules import by_deployment, parse_rule, rule_specs, rule_table
 from policies.base import tighter
 from policies.learned import load_run
 from policies.table import DERIVED, write_atomic
@@ -113,6 +114,13 @@ def rule_main(argv: list[str]) -> int:
         check_output("csv", args.csv)
     check_distinct(out=args.out, csv=args.csv)
     t0 = time.perf_counter()
+    if args.by:
+        table = by_deployment_table(args, scenario)
+        table.save(args.out)
+        print(f"table: {args.out} ({table.cells} cells over {', '.join(table.features)}; "
+              f"made in {time.perf_counter() - t0:.1f} s): {table.provenance['rule']}")
+        print(serve_line(table))
+        return 0
     table = rule_table(args.rule, scenario, scenario.arrivals())
     check = table.fidelity["rule_check"]
     table.save(args.out)
@@ -133,3 +141,19 @@ def rule_main(argv: list[str]) -> int:
               "--num-requests or --rate, reaches more)")
     print(serve_line(table))
     return 0
+
+
+def by_deployment_table(args, scenario):
+    """``--by FEATURE:EDGES``: the rules of ``--rule``, one per bucket of the deployment's
+    FEATURE, in one table fitted over the training deployments at this SLO."""
+    feature, _, rest = args.by.partition(":")
+    try:
+        edges = [float(e) for e in rest.split(":")] if rest else []
+    except ValueError:
+        edges = []
+    require(bool(edges) and all(a < b for a, b in zip(edges, edges[1:])), "by", args.by,
+            "must be FEATURE:EDGE[:EDGE...] with increasing numbers")
+    fitted = [scenario.with_fields(hardware=h, model=m, per_pass_overhead_s=None,
+                                   num_kv_blocks=None) for h, m in TRAINING_DEPLOYMENTS]
+    return by_deployment([r.strip() for r in args.rule.split(",")], feature, edges, scenario,
+                         scenario.arrivals(), fitted)

@@ -77,7 +77,12 @@ def policy_for(policy, scenario: Scenario):
 def export_episodes(model, serving: Scenario, args: ExportArgs):
     """(build episodes, held-out episodes) of the run's training conditions at the table's SLO."""
     config = model.config
-    sampler = run_sampler(config["args"], config.get("conditions", []), TABLE_BUILD_SEEDS)
+    conditions = config.get("conditions", [])
+    if config["args"].get("all_deployments"):
+        # A run across deployments: the table is for the serving deployment (its cost model
+        # turns the fractions into tokens), built from that deployment's conditions alone.
+        conditions = [c for c in conditions if same_deployment(c, serving)]
+    sampler = run_sampler(config["args"], conditions, TABLE_BUILD_SEEDS)
     slo = dict(slo_ttft_s=serving.slo_ttft_s, slo_itl_s=serving.slo_itl_s,
                max_pass_itl=serving.max_pass_itl)
 
@@ -87,6 +92,14 @@ def export_episodes(model, serving: Scenario, args: ExportArgs):
     return (at_slo(draw_episodes(serving, sampler, args.build_episodes, TABLE_BUILD_SEEDS))
             + serving_episodes(serving, TABLE_BUILD_SEEDS),
             at_slo(draw_episodes(serving, sampler, args.held_episodes, TABLE_FIDELITY_SEEDS)))
+
+
+def same_deployment(condition: dict, serving: Scenario) -> bool:
+    """Whether a training condition is ``serving``'s hardware preset (any variant of it) and
+    model."""
+    return (condition.get("hardware", serving.hardware).partition("@")[0]
+            == str(serving.hardware).partition("@")[0]
+            and condition.get("model", serving.model) == serving.model)
 
 
 def serving_episodes(serving: Scenario, seed_base: int, loads=(0.8, 1.0, 1.2, 1.4)):

@@ -18,7 +18,7 @@ from envs.scenario import Scenario
 from envs.seeds import TABLE_FIDELITY_SEEDS
 from eval.export.cells import default_budget, scenario_provenance, time_action
 from policies.specs import BY_SPEC, POLICIES, make_policy
-from policies.table import KIND, SCHEMA_VERSION, BudgetTable
+from policies.table import DEPLOYMENT_AXES, KIND, SCHEMA_VERSION, BudgetTable
 from policies.table_policy import TablePolicy
 
 
@@ -129,4 +129,43 @@ def rule_table(spec: str, scenario: Scenario, workload, field: str = "rule") -> 
             f"{len(check.budgets)} passes; nothing written")
     data["fidelity"] = {"rule_check": {"passes": len(check.budgets), "differ": int(check.differ),
                                        "requests": len(workload), "passes_per_cell": check.cells}}
+    return BudgetTable(data)
+
+
+def by_deployment(rules: list[str], feature: str, edges: list[float], scenario: Scenario,
+                  workload, fitted: list[Scenario]) -> BudgetTable:
+    """One table holding several members of a rule family, the deployment picking which:
+    member ``i`` where the deployment's ``feature`` (``envs.deployment``) lies in bucket
+    ``i`` of ``edges``. Each member's table is checked against its rule on ``workload``
+    (:func:`rule_table`); they must read the same features with the same edges. The table
+    carries, re-priced for each deployment it serves, within the range of ``feature`` over
+    ``fitted`` (the deployments the members were picked on)."""
+    require(feature in DEPLOYMENT_AXES, "by", feature,
+            f"must be a deployment feature: {', '.join(DEPLOYMENT_AXES)}")
+    require(len(rules) == len(edges) + 1, "rule", ",".join(rules),
+            f"must name {len(edges) + 1} rules, one per bucket of {feature} ({len(edges)} edges)")
+    tables = [rule_table(r, scenario, workload) for r in rules]
+    first = tables[0]
+    for r, t in zip(rules, tables):
+        require(t.features == first.features and t.edges == first.edges, "rule", r,
+                f"reads other features or edges than {rules[0]}; one family's members only")
+    data = first.to_dict()
+    data["features"].append({"name": feature, "edges": [float(e) for e in edges]})
+    data["fractions"] = [t.action.cells[i] for i in range(first.cells) for t in tables]
+    data["visited"] = [int(t.visited[i]) for i in range(first.cells) for t in tables]
+    served = getattr(scenario.deployment(), feature)
+    where = " then ".join(f"{r} from {e:g}" if i else r for i, (r, e) in
+                          enumerate(zip(rules, [None] + list(edges))))
+    values = [getattr(sc.deployment(), feature) for sc in fitted]
+    data["provenance"] = {
+        **first.provenance, "rule_spec": None, "rule_specs": list(rules),
+        "rule": f"the rules {where} of the deployment's {feature} (policies/baselines.py), "
+                f"cell for cell; here {feature} is {served:.4g}",
+        "deployments": {"range": {feature: [min(values), max(values)]},
+                        "kv_tokens": scenario.kv_tokens(),
+                        "fitted": [f"{sc.hardware} + {sc.model}" for sc in fitted]}}
+    checks = [t.fidelity["rule_check"] for t in tables]
+    data["fidelity"] = {"rule_check": {  # each member against its rule on the same stream
+        "passes": sum(c["passes"] for c in checks), "differ": sum(c["differ"] for c in checks),
+        "requests": len(workload), "members": dict(zip(rules, checks))}}
     return BudgetTable(data)

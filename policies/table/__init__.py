@@ -566,6 +566,9 @@ class BudgetTable:
             top = self.action.max_fraction
             capped = "" if top is None else f" under a cap of {top:g} times the ITL target"
             what = f"the {spec} rule's exact table{capped}: a rule, not a learned policy"
+        elif p.get("rule_specs"):
+            what = (f"the rules {', '.join(map(str, p['rule_specs']))}, the deployment picking "
+                    "which (one per bucket of its feature): rules, not a learned policy")
         elif kinds and kinds[dagger.get("chosen", 0)] == "refined":
             what = "a table of the model's decisions, refined cell by cell in closed loop"
         elif p.get("run_dir"):
