@@ -28,13 +28,14 @@ from pathlib import Path
 
 from agents.checks import (condition_teachers, constant_costs, ranking_check, room_check,
                            teacher_choice)
-from agents.conditions import MIN_CAPACITY_RPS, deployment_range, draw_conditions, with_capacities
+from agents.conditions import (MIN_CAPACITY_RPS, deployment_range, draw_conditions, held_out, trained,
+                               with_capacities)
 from agents.setup import ACTION_TYPES, imitate, make_model
 from agents.summary import (final_comparison, final_figures, final_policies, run_answer,
                             selection_sentence, summary_text, teacher_words)
 from envs.actions import DEFAULT_LADDER, FRACTION_LADDER
 from envs.cli import given_fields, parse
-from envs.deployment import HELD_OUT_DEPLOYMENTS, TRAINING_DEPLOYMENTS, held_out
+from envs.deployment import HELD_OUT_DEPLOYMENTS, TRAINING_DEPLOYMENTS
 from envs.episodes import draw_episodes
 from envs.errors import ConfigError, integer, number, require, run_cli
 from envs.files import check_output, write_atomic, write_json_atomic
@@ -182,10 +183,14 @@ class Args(ScenarioArgs):
             require(self.actions == "time", "teacher", self.teacher,
                     "needs --actions time (a teacher acts in time)")
         if self.all_deployments:
-            require(not held_out(self.hardware, self.model), "hardware", self.hardware,
-                    f"with --model {self.model} is held out of --all-deployments (it is where the "
-                    "policy is measured, never trained); serve a trained deployment: "
+            why = ("is held out of --all-deployments (it is where the policy is measured, never "
+                   "trained)" if held_out(self.hardware, self.model) else
+                   "is not a deployment --all-deployments trains on")
+            require(trained(self.hardware, self.model), "hardware", self.hardware,
+                    f"with --model {self.model} {why}; serve a trained one: "
                     + ", ".join(f"{h} + {m}" for h, m in TRAINING_DEPLOYMENTS))
+            require(not self.trace, "trace", self.trace, "is not used with --all-deployments (its "
+                    "conditions are synthetic streams on each deployment)")
             require(self.conditions > 0, "conditions", self.conditions,
                     "must be > 0 with --all-deployments (the deployments are drawn as conditions)")
         require(self.max_pass_itl is None or self.actions == "time", "max_pass_itl",

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.deployment import FEATURES
+from envs.deployment import FEATURES, HELD_OUT_DEPLOYMENTS, MADE_UP_PART, TRAINING_DEPLOYMENTS
+from envs.errors import require
 from envs.profiles import get_hardware
 from envs.scenario import Scenario
 from eval.capacity import capacity_sweep
@@ -40,9 +41,10 @@ ARRIVALS = {
 # part or a long-context service needs.
 DATACENTER_SLOS = ((2.0, 0.1), (1.0, 0.05), (0.5, 0.03), (10.0, 0.2), (30.0, 0.1))
 LAPTOP_SLOS = ((10.0, 0.2), (5.0, 0.15), (20.0, 0.3))
+MIN_BLOCKS = 2000
+"""The fewest 16-token KV blocks a condition runs with (a tight cache is cut to no less)."""
 MIX_FLOOR_BLOCKS = {"long-context": 14000}
-"""The fewest 16-token KV blocks a mix runs with (the Mooncake sample reaches 191K tokens);
-2,000 for the others."""
+"""Mixes that need more than ``MIN_BLOCKS`` (the Mooncake sample reaches 191K tokens)."""
 MAX_OVERHEAD_S = 0.005
 """Per-pass overhead is drawn uniformly from 0 to 5 ms (what real engines pay per step)."""
 TIGHT_KV_SHARE = 0.3
@@ -62,6 +64,30 @@ def perturbed(hardware: str, rng) -> str:
     bw, flops = np.exp(rng.uniform(-np.log(PERTURB), np.log(PERTURB), size=2))
     return (f"{hardware}@hbm_bytes_per_s={hw.hbm_bytes_per_s * bw:.4g},"
             f"peak_flops_per_s={hw.peak_flops_per_s * flops:.4g}")
+
+
+HELD_OUT_PARTS = ("h200", "l40s")
+"""Hardware presets held out with every model (besides the made-up part)."""
+SAME_FIGURES = 0.01
+"""Relative tolerance within which two parts' bandwidth and FLOP/s are the same part."""
+
+
+def held_out(hardware: str, model: str) -> bool:
+    """Whether a deployment (a hardware preset, spec or profile, perturbed or not, and a
+    model) is held out: a held-out preset, the made-up part however it is written (its
+    figures, not its spelling), or a held-out (hardware, model) pair, whatever its variant."""
+    base = str(hardware).partition("@")[0]
+    if base in HELD_OUT_PARTS or any(base == h and model == m for h, m in HELD_OUT_DEPLOYMENTS):
+        return True
+    hw, made_up = get_hardware(hardware), get_hardware(MADE_UP_PART)
+    return all(abs(getattr(hw, f) - getattr(made_up, f)) <= SAME_FIGURES * getattr(made_up, f)
+               for f in ("hbm_bytes_per_s", "peak_flops_per_s"))
+
+
+def trained(hardware: str, model: str) -> bool:
+    """Whether a deployment is one ``train.py --all-deployments`` trains on (a variant of a
+    training preset with its model)."""
+    return (str(hardware).partition("@")[0], model) in TRAINING_DEPLOYMENTS and not held_out(hardware, model)
 
 
 def deployment_range(scenarios) -> dict:
@@ -101,7 +127,9 @@ def _draw(rng, base: Scenario) -> dict:
     device_blocks = base.engine_config().kv_blocks(base.hardware_profile(), base.model_profile())
     # A mix whose longest request the cache cannot hold at all is left out (a 32B model's
     # 47K tokens on an 80 GB part, against the Mooncake sample's 191K-token prompts).
-    mixes = [m for m in MIXES if device_blocks >= MIX_FLOOR_BLOCKS.get(m, 0)]
+    mixes = [m for m in MIXES if device_blocks >= MIX_FLOOR_BLOCKS.get(m, MIN_BLOCKS)]
+    require(bool(mixes), "hardware", base.hardware, f"with {base.model} holds {device_blocks} KV "
+            f"blocks, fewer than any mix needs ({MIN_BLOCKS})")
     mix = mixes[int(rng.integers(len(mixes)))]
     arrival = list(ARRIVALS)[int(rng.integers(len(ARRIVALS)))]
     ttft, itl = pairs[int(rng.integers(len(pairs)))]
@@ -111,7 +139,7 @@ def _draw(rng, base: Scenario) -> dict:
     if rng.random() < TIGHT_KV_SHARE:
         # Tight: 8-40% of the device's cache, never below what the longest prompt of
         # the mix needs (the Mooncake sample reaches 191K tokens).
-        floor = MIX_FLOOR_BLOCKS.get(mix, 2000)
+        floor = MIX_FLOOR_BLOCKS.get(mix, MIN_BLOCKS)
         cond["num_kv_blocks"] = int(min(max(floor, device_blocks * rng.uniform(0.08, 0.4)),
                                         device_blocks))
     return cond

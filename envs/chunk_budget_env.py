@@ -143,6 +143,8 @@ class ChunkBudgetEnv(gym.Env):
 
     ## Version History
 
+    - v4: the deployment observed (19 entries: 15-18, ``envs.deployment``), so that one
+      policy can serve many; a v3 model reads the first 15.
     - v3: when the prefill queue would be done at passes within the ITL target observed
       (15 entries; a v2 model reads the first 14).
     - v2: the p99 ITL slack observed (14 entries), fractions up to 16, slow tokens charged

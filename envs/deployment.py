@@ -109,13 +109,3 @@ HELD_OUT_DEPLOYMENTS = (
 """Deployments never drawn in training or model selection, where a policy trained across
 deployments is measured: two parts it never saw (h200, l40s, whose hardware appears with
 no model in training), a model split it never saw on a part it did, and the made-up part."""
-HELD_OUT_PARTS = ("h200", "l40s", MADE_UP_PART)
-"""Hardware held out with every model."""
-
-
-def held_out(hardware: str, model: str) -> bool:
-    """Whether a deployment (a condition's hardware spec, perturbed or not) is held out:
-    a held-out part, or a held-out (hardware, model) pair, whatever its variant."""
-    base = hardware.partition("@")[0]
-    return (hardware in HELD_OUT_PARTS or base in HELD_OUT_PARTS
-            or any(base == h and model == m for h, m in HELD_OUT_DEPLOYMENTS))

@@ -468,9 +468,9 @@ def _resolve(spec, presets: dict, aliases: dict, cls, section: str):
         return spec
     require(isinstance(spec, str) and bool(spec.strip()), section, spec,
             f"must be a preset name ({', '.join(sorted(presets))}) or a .toml/.json file")
-    if "@" in spec:
+    if "@" in spec and not spec.endswith((".toml", ".json")):
         base, _, changes = spec.partition("@")
-        return _changed(_resolve(base, presets, aliases, cls, section), changes, spec, section)
+        return _changed(_resolve(base.strip(), presets, aliases, cls, section), changes, spec, section)
     if spec.endswith((".toml", ".json")):
         path = Path(spec)
         return _from_table(cls, _load_table(path, section), section, path)
@@ -494,6 +494,7 @@ def _changed(profile, changes: str, spec: str, section: str):
         key = key.strip()
         require(bool(eq) and key in numeric, section, spec,
                 f"after '@', must list field=value pairs of {', '.join(sorted(numeric))}")
+        require(key not in kwargs, section, spec, f"names {key} twice")
         try:
             number_ = float(value)
         except ValueError:

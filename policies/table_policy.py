@@ -140,20 +140,19 @@ def for_scenario(table: BudgetTable, scenario, allow_mismatch: bool = False,
                  hardware: dict | None = None, model: dict | None = None) -> BudgetTable:
     """A table that carries (provenance ``deployments``) re-priced for ``scenario``'s
     deployment: its cost model, SLO pair and KV cache. One outside the range of deployments
-    it was trained over is refused (``allow_mismatch``: warned about on stderr)."""
-    served = scenario.deployment()
-    reason = table.outside(served.as_dict())
+    it was made for is refused (``allow_mismatch``: warned about on stderr)."""
+    try:
+        priced, reason = table.for_deployment(
+            scenario.simulator_cost(), scenario.slo_ttft_s, scenario.slo_itl_s, scenario.kv_tokens(),
+            hardware or hardware_provenance(scenario.hardware_profile()),
+            model or model_provenance(scenario.model_profile()))
+    except TableError as err:
+        raise ConfigError(f"table: {err}") from None
     if reason and not allow_mismatch:
         raise ConfigError(f"table: {reason}; pass --allow-table-mismatch to evaluate it anyway")
     if reason:
         print(f"warning: {reason}", file=sys.stderr)
-    hw, m = scenario.hardware_profile(), scenario.model_profile()
-    try:
-        return table.repriced(scenario.simulator_cost(), served.slo_ttft_s, served.slo_itl_s,
-                              scenario.kv_tokens(), hardware or hardware_provenance(hw),
-                              model or model_provenance(m))
-    except TableError as err:
-        raise ConfigError(f"table: {err}") from None
+    return priced
 
 
 class FlatTablePolicy(TablePolicy):

@@ -55,7 +55,6 @@ import time
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from envs.deployment import deployment
 from envs.slack import StepSlack
 from envs.state import SLACK_COUNTS, read_requests
 from policies.step_record import StepRecorder
@@ -105,7 +104,7 @@ class TableBudget:
         self._cp_first_cached: dict[str, int] = {}  # request id -> its first admission's hit
         self._cp_joined: dict[tuple, int] = {}  # (request id, preemptions) -> its hit on joining
         self.chunkpilot_recorder = StepRecorder(settings.record_steps) if settings.record_steps else None
-        self._cp_use(table)
+        self._cp_use(self._cp_carried(table))
         if allowed:
             logger.warning("chunkpilot: serving a table whose provenance does not match "
                            "(%s=1): %s", ALLOW_MISMATCH_ENV, allowed)
@@ -128,18 +127,15 @@ class TableBudget:
         """A table that carries to other deployments (provenance ``deployments``) re-priced
         for this engine: its KV cache's tokens and the SLO it serves (CHUNKPILOT_SLO_*, else
         the table's), with the table's cost model, which the speed correction measures this
-        engine against. Outside the range it was trained over it is refused unless
+        engine against. Outside the range of deployments it was made for it is refused unless
         CHUNKPILOT_ALLOW_MISMATCH=1 (warned). Other tables are used as they are."""
         if table.deployment_range is None:
             return table
         s, slo = self.chunkpilot_settings, table.provenance["slo"]
         kv_tokens = self.kv_cache_config.num_blocks * self.cache_config.block_size
-        priced = table.repriced(table.action.cost, s.slo_ttft_s or slo["ttft_s"],
-                                s.slo_itl_s or slo["itl_s"], kv_tokens,
-                                table.provenance["hardware"], table.provenance["model"])
-        served = deployment(table.action.cost, priced.provenance["slo"]["ttft_s"],
-                            priced.action.itl_s, kv_tokens)
-        reason = table.outside(served.as_dict())
+        priced, reason = table.for_deployment(
+            table.action.cost, s.slo_ttft_s or slo["ttft_s"], s.slo_itl_s or slo["itl_s"],
+            kv_tokens, table.provenance["hardware"], table.provenance["model"])
         if reason and not s.allow_mismatch:
             raise TableError(f"{reason}; set {ALLOW_MISMATCH_ENV}=1 to serve it anyway")
         if reason:
@@ -147,8 +143,8 @@ class TableBudget:
         return priced
 
     def _cp_use(self, table: BudgetTable) -> None:
-        """Make ``table`` the one every step reads from now on."""
-        table = self._cp_carried(table)
+        """Make ``table`` the one every step reads from now on (one that carries already
+        re-priced: :meth:`_cp_carried`)."""
         self.chunkpilot_table = table.with_step_overhead(self.chunkpilot_settings.step_overhead_s)
         self._cp_budget = self.chunkpilot_table.budget
         self._cp_needs = table.needs
@@ -280,7 +276,7 @@ class TableBudget:
             table = BudgetTable.load(path)
             allowed = check_table(table, self.vllm_config, self.chunkpilot_settings,
                                   self._cp_hardware)
-            self._cp_carried(table)  # refused here, not half applied, outside its range
+            table = self._cp_carried(table)  # refused here, not half applied, outside its range
         except TableError as err:
             self.chunkpilot_metrics.reload("rejected")
             logger.warning("chunkpilot: kept %s [%s]: the replaced file is refused: %s",

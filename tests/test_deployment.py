@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.conditions import deployment_range, draw_conditions
+from agents.conditions import held_out
 from envs.deployment import (FEATURES, HELD_OUT_DEPLOYMENTS, MADE_UP_PART, TRAINING_DEPLOYMENTS,
-                             deployment, held_out, scaled)
+                             deployment, scaled)
 from envs.errors import ConfigError
 from envs.observation import OBSERVATION_FIELDS, observe
 from envs.pricing import Coefficients, chunk_price
@@ -106,7 +107,10 @@ def test_held_out_deployments_are_held_out_whatever_their_variant():
         assert held_out(hw, model)
     assert held_out("h200@hbm_bytes_per_s=4e12", "mistral-7b")  # the part, with any model
     assert held_out("h100-sxm@peak_flops_per_s=9e14", "llama-3-70b-tp4")
+    # The made-up part however it is written: its figures, not its spelling.
+    assert held_out("a100-80g@peak_flops_per_s=1.56e14,hbm_bytes_per_s=4078000000000", "mistral-7b")
     assert not held_out("h100-sxm", "llama-3-70b-tp8") and not held_out("a100-80g", "llama-3-70b-tp4")
+    assert not held_out("a100-80g@hbm_bytes_per_s=3e12", "llama-3-8b")
 
 
 def test_the_range_spans_the_deployments_drawn():
@@ -200,7 +204,7 @@ def test_a_table_outside_its_trained_range_is_refused_unless_allowed(tmp_path, c
     policy = load_table_policy(str(path), h100.with_fields(slo_itl_s=0.105))
     assert policy.table.action.itl_s == 0.105 and policy.table.provenance["slo"]["itl_s"] == 0.105
     l40s = Scenario(hardware="l40s")
-    with pytest.raises(ConfigError, match=r"outside the range it was trained over: decode_floor_vs_itl "
+    with pytest.raises(ConfigError, match=r"outside the range of deployments it was made for: decode_floor_vs_itl "
                                           r"0\.238\S* not in \[0\.0548"):
         load_table_policy(str(path), l40s)
     policy = load_table_policy(str(path), l40s, allow_mismatch=True)
@@ -213,16 +217,30 @@ def test_a_table_outside_its_trained_range_is_refused_unless_allowed(tmp_path, c
     assert "carries to hardware h100-sxm" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("range_, says", [
-    ({"nope": [0, 1]}, "the features are decode_floor_vs_itl"),
-    ({"kv_prompts": [2, 1]}, "must be [low, high] with low <= high"),
-    ([1, 2], "must map features to [low, high]"),
+@pytest.mark.parametrize("block, says", [
+    ({"range": {"nope": [0, 1]}}, "the features are decode_floor_vs_itl"),
+    ({"range": {"kv_prompts": [2, 1]}}, "must be [low, high]: finite numbers, low <= high"),
+    ({"range": {"kv_prompts": [2, float("inf")]}}, "must be [low, high]: finite numbers"),
+    ({"range": [1, 2]}, "must map features to [low, high]"),
+    ({"range": {}, "kv_tokens": -5}, "deployments.kv_tokens: got -5, must be"),
+    ([1, 2], "provenance.deployments: must be an object"),
 ])
-def test_a_bad_range_is_a_one_line_error(range_, says):
-    data = _carrying_table(Scenario(), {}).to_dict()
-    data["provenance"]["deployments"]["range"] = range_
+@pytest.mark.parametrize("axis", [None, "kv_prompts"])
+def test_a_bad_deployments_block_is_a_one_line_error(block, says, axis):
+    data = _carrying_table(Scenario(), {}, axis=axis).to_dict()
+    data["provenance"]["deployments"] = block
     with pytest.raises(TableError, match=re.escape(says)):
         BudgetTable(data)
+
+
+def test_the_range_check_has_a_hair_of_slack_at_its_ends():
+    sc = Scenario()
+    v = sc.deployment().kv_prompts
+    table = _carrying_table(sc, {"kv_prompts": [v, v]})
+    assert table.outside({"kv_prompts": v * (1 + 1e-9)}) is None
+    assert "kv_prompts" in table.outside({"kv_prompts": v * 1.001})
+    zero = _carrying_table(sc, {"fixed_share": [0.0, 0.0]})
+    assert zero.outside({"fixed_share": 0.0}) is None and zero.outside({"fixed_share": 1e-3})
 
 
 
@@ -270,7 +288,8 @@ def test_a_rule_family_picked_by_the_deployment_is_each_members_table_where_it_s
 
 @pytest.mark.parametrize("flags, says", [
     (["--by", "nope:1"], "by: got 'nope', must be a deployment feature"),
-    (["--by", "kv_prompts:3:2"], "must be FEATURE:EDGE[:EDGE...] with increasing numbers"),
+    (["--by", "kv_prompts:3:2"], "must be FEATURE:EDGE[:EDGE...] with increasing finite numbers"),
+    (["--by", "kv_prompts:nan"], "with increasing finite numbers"),
     (["--by", "kv_prompts:2:3"], "must name 3 rules, one per bucket of kv_prompts (2 edges)"),
 ])
 def test_a_bad_by_is_refused_in_one_line(tmp_path, flags, says):

@@ -796,7 +796,8 @@ def test_all_deployments_records_its_conditions_and_never_draws_a_held_out_one(t
     from dataclasses import replace
 
     import train
-    from envs.deployment import HELD_OUT_DEPLOYMENTS, held_out
+    from agents.conditions import held_out
+    from envs.deployment import HELD_OUT_DEPLOYMENTS
     from envs.episodes import draw_episodes
     from envs.seeds import EVAL_SEED_BASE, PERIODIC_EVAL_SEEDS
 
@@ -811,9 +812,11 @@ def test_all_deployments_records_its_conditions_and_never_draws_a_held_out_one(t
     assert config["deployments"]["held_out"] == [list(d) for d in HELD_OUT_DEPLOYMENTS]
     assert len(config["conditions"]) == 48
     assert not any(held_out(c["hardware"], c["model"]) for c in config["conditions"])
-    for name, (lo, hi) in config["deployments"]["range"].items():
-        assert lo <= hi and name in ("decode_floor_vs_itl", "prefill_tokens_per_itl", "fixed_share",
-                                     "kv_prompts", "slo_ttft_s", "slo_itl_s")
+    rng = config["deployments"]["range"]
+    for c in config["conditions"]:  # the range is the conditions' own
+        d = sc.with_fields(**{k: v for k, v in c.items() if k != "capacity_rps"}).deployment()
+        assert all(rng[k][0] <= v <= rng[k][1] for k, v in d.as_dict().items())
+    assert rng["slo_ttft_s"][0] < rng["slo_ttft_s"][1]  # SLO pairs drawn apart
     sampler = replace(train.make_sampler(args, config["conditions"], EVAL_SEED_BASE),
                       load_range=train.SELECTION_LOADS)
     episodes = draw_episodes(sc, sampler, 48, PERIODIC_EVAL_SEEDS)
@@ -825,6 +828,9 @@ def test_all_deployments_records_its_conditions_and_never_draws_a_held_out_one(t
     (["--hardware", "h200"], "hardware: got 'h200', with --model llama-3-8b is held out"),
     (["--model", "llama-3-70b-tp4"], "is held out of --all-deployments"),
     (["--conditions", "0"], "conditions: got 0, must be > 0 with --all-deployments"),
+    (["--hardware", "a100-80g@hbm_bytes_per_s=4.078e12,peak_flops_per_s=1.56e14"], "is held out"),
+    (["--model", "llama-3-8b-q4"], "is not a deployment --all-deployments trains on"),
+    (["--trace", "azure_conv_2023"], "trace: got 'azure_conv_2023', is not used with --all-deployments"),
 ])
 def test_all_deployments_refuses_a_held_out_serving_deployment(flags, says):
     refused_in_one_line(cli("train.py", "--all-deployments", *flags), says)

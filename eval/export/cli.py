@@ -4,6 +4,7 @@ reported."""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from eval.export.report import report, serve_line
 from eval.export.rules import by_deployment, parse_rule, rule_specs, rule_table
 from policies.base import tighter
 from policies.learned import load_run
-from policies.table import DERIVED, write_atomic
+from policies.table import DERIVED, TableError, write_atomic
 
 
 def parse_args(argv: list[str]) -> ExportArgs:
@@ -117,8 +118,15 @@ def rule_main(argv: list[str]) -> int:
     if args.by:
         table = by_deployment_table(args, scenario)
         table.save(args.out)
+        if args.csv:
+            write_atomic(args.csv, table.to_csv())
+        check = table.fidelity["rule_check"]
         print(f"table: {args.out} ({table.cells} cells over {', '.join(table.features)}; "
               f"made in {time.perf_counter() - t0:.1f} s): {table.provenance['rule']}")
+        print(f"each member the same budget as its rule at every pass of the scenario's "
+              f"{check['requests']:,}-request stream ({check['passes']:,} passes, "
+              f"{check['differ']} differ); it carries, re-priced, to deployments whose "
+              + "; ".join(f"{k} lies in [{lo:.4g}, {hi:.4g}]" for k, (lo, hi) in table.deployment_range.items()))
         print(serve_line(table))
         return 0
     table = rule_table(args.rule, scenario, scenario.arrivals())
@@ -151,9 +159,13 @@ def by_deployment_table(args, scenario):
         edges = [float(e) for e in rest.split(":")] if rest else []
     except ValueError:
         edges = []
-    require(bool(edges) and all(a < b for a, b in zip(edges, edges[1:])), "by", args.by,
-            "must be FEATURE:EDGE[:EDGE...] with increasing numbers")
+    require(bool(edges) and all(math.isfinite(e) for e in edges)
+            and all(a < b for a, b in zip(edges, edges[1:])), "by", args.by,
+            "must be FEATURE:EDGE[:EDGE...] with increasing finite numbers")
     fitted = [scenario.with_fields(hardware=h, model=m, per_pass_overhead_s=None,
                                    num_kv_blocks=None) for h, m in TRAINING_DEPLOYMENTS]
-    return by_deployment([r.strip() for r in args.rule.split(",")], feature, edges, scenario,
-                         scenario.arrivals(), fitted)
+    try:
+        return by_deployment([r.strip() for r in args.rule.split(",")], feature, edges, scenario,
+                             scenario.arrivals(), fitted)
+    except TableError as err:
+        raise ConfigError(f"by: {err}") from None

@@ -9,6 +9,7 @@ tables that compete with its rounds (``--rules``).
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -139,7 +140,8 @@ def by_deployment(rules: list[str], feature: str, edges: list[float], scenario: 
     ``i`` of ``edges``. Each member's table is checked against its rule on ``workload``
     (:func:`rule_table`); they must read the same features with the same edges. The table
     carries, re-priced for each deployment it serves, within the range of ``feature`` over
-    ``fitted`` (the deployments the members were picked on)."""
+    ``fitted`` (the deployments the members were picked on; a value that is not finite, such
+    as the KV cache's targets' worth where no prefill fits the ITL target, is left out)."""
     require(feature in DEPLOYMENT_AXES, "by", feature,
             f"must be a deployment feature: {', '.join(DEPLOYMENT_AXES)}")
     require(len(rules) == len(edges) + 1, "rule", ",".join(rules),
@@ -154,9 +156,13 @@ def by_deployment(rules: list[str], feature: str, edges: list[float], scenario: 
     data["fractions"] = [t.action.cells[i] for i in range(first.cells) for t in tables]
     data["visited"] = [int(t.visited[i]) for i in range(first.cells) for t in tables]
     served = getattr(scenario.deployment(), feature)
+    values = [v for v in (getattr(sc.deployment(), feature) for sc in fitted) if math.isfinite(v)]
+    require(bool(values) and min(values) <= served <= max(values), "by", feature,
+            f"the scenario's {feature} ({served:.4g}) must lie within its range over the "
+            f"deployments the members were picked on ({min(values, default=math.nan):.4g} to "
+            f"{max(values, default=math.nan):.4g}): the table would refuse the deployment it is made for")
     where = " then ".join(f"{r} from {e:g}" if i else r for i, (r, e) in
                           enumerate(zip(rules, [None] + list(edges))))
-    values = [getattr(sc.deployment(), feature) for sc in fitted]
     data["provenance"] = {
         **first.provenance, "rule_spec": None, "rule_specs": list(rules),
         "rule": f"the rules {where} of the deployment's {feature} (policies/baselines.py), "

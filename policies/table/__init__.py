@@ -3,7 +3,8 @@
 A serving engine imports this module: it needs nothing beyond the standard library and
 chunkpilot's own standard-library modules (``python -S -c 'import policies.table'``
 works: the pass price of ``envs.pricing``, the state vocabulary of ``envs.state``, the
-slack count of ``envs.slack``, the deployment's features of ``envs.deployment``), and a lookup is a handful of bisections.
+slack count of ``envs.slack``, the deployment's features of ``envs.deployment``), and a
+lookup is a handful of bisections.
 
 A table maps a few bucketed quantities that an engine reads every pass to an action
 that becomes a token budget. Format (JSON, ``schema_version`` 2)::
@@ -23,6 +24,8 @@ that becomes a token budget. Format (JSON, ``schema_version`` 2)::
                   "kv_heads": 8, "head_dim": 128, "bytes_per_weight": 2, "tensor_parallel": 1,
                   "params": 8.03e9},   # params: optional (tables made before it lack it)
         "slo": {"ttft_s": 2.0, "itl_s": 0.1},
+        "deployments": {"range": {"prefill_tokens_per_itl": [152, 4214]},  # optional: the
+                        "kv_tokens": 467280},   # table carries (see below)
         ...   # free-form: run_dir, algo, commit, exported, rule, room
       },
       "fidelity": {...}
@@ -30,6 +33,12 @@ that becomes a token budget. Format (JSON, ``schema_version`` 2)::
 
 A feature with edges ``e`` has ``len(e) + 1`` buckets; value ``v`` falls in bucket
 ``bisect_right(e, v)`` (so an edge value belongs to the bucket above it).
+
+A time-fraction table whose provenance has ``deployments`` carries to other deployments:
+``BudgetTable.repriced`` turns it into the table for another cost model, SLO pair and KV
+cache, within ``range`` (the deployment features of ``envs.deployment`` it was made for;
+empty: any). Such a table may bucket a deployment feature (``DEPLOYMENT_AXES``), a constant
+of the deployment it serves, computed with ``kv_tokens`` (the KV cache's tokens).
 
 An engine calls ``table.budget(state)`` before each pass, where ``state`` maps names of
 ``envs.state.TABLE_INPUTS`` to numbers, counted as ``envs.state`` defines them; it needs
@@ -209,14 +218,12 @@ class TimeFractionAction:
         any: computed from the cost model, the SLO pair and the KV cache's tokens it is
         priced for (provenance ``deployments.kv_tokens``, or :meth:`BudgetTable.repriced`)."""
         if any(n in DEPLOYMENT_AXES for n in table.features):
-            kv = (table.provenance_data.get("deployments") or {}).get("kv_tokens")
-            slo = table.provenance_data.get("slo") or {}
-            if not _is_positive(kv):
-                raise TableError(f"{path}: provenance.deployments.kv_tokens: got {_short(kv)}, must "
-                                 "be the KV cache's tokens (> 0) where a feature is a deployment's")
-            if not (_is_positive(slo.get("ttft_s")) and _is_positive(slo.get("itl_s"))):
-                raise TableError(f"{path}: provenance.slo: must hold ttft_s and itl_s > 0")
-            self.deployment = deployment(self.cost, slo["ttft_s"], itl, kv).as_dict()
+            kv = (table.provenance.get("deployments") or {}).get("kv_tokens")
+            if kv is None:
+                raise TableError(f"{path}: provenance.deployments.kv_tokens: got None, must be the "
+                                 "KV cache's tokens (> 0) where a feature is a deployment's")
+            self.deployment = deployment(self.cost, table.provenance["slo"]["ttft_s"], itl,
+                                         kv).as_dict()
         self.needs = frozenset(n for n in needs if n not in DEPLOYMENT_AXES)
         self.max_budget = None  # a budget per pass, up to the cap: the engine clamps it
         self.min_budget = 1
@@ -270,7 +277,7 @@ class BudgetTable:
     """A validated table. ``budget(state)`` returns the token budget for a pass."""
 
     __slots__ = ("features", "edges", "strides", "cells", "action", "visited", "default_budget",
-                 "provenance", "provenance_data", "fidelity", "path", "digest", "_budget")
+                 "provenance", "fidelity", "path", "digest", "_budget")
 
     def __init__(self, data: dict, path: str = "<table>", digest: str | None = None):
         self.path = path
@@ -288,8 +295,9 @@ class BudgetTable:
             raise TableError(f"{path}: schema_version: got {version!r}, this runtime reads "
                              f"{SCHEMA_VERSION}")
         self._read_features(data.get("features"))
-        prov = data.get("provenance")
-        self.provenance_data = prov if isinstance(prov, dict) else {}
+        # Provenance before the action: a time-fraction action with a deployment feature
+        # reads the SLO and the KV cache from it.
+        self.provenance = _read_provenance(data.get("provenance"), path)
         spec = data.get("action")
         if not isinstance(spec, dict) or spec.get("kind") not in ACTIONS:
             got = spec.get("kind") if isinstance(spec, dict) else spec
@@ -306,7 +314,6 @@ class BudgetTable:
             raise TableError(f"{path}: default_budget: got {_short(default)}, must be a positive "
                              f"integer <= {MAX_BUDGET} (the budget used when a lookup fails)")
         self.default_budget = default
-        self.provenance = _read_provenance(data.get("provenance"), path)
         self.fidelity = data.get("fidelity", {})
 
     def _read_features(self, feats) -> None:
@@ -423,7 +430,7 @@ class BudgetTable:
     @property
     def deployment_range(self) -> dict | None:
         """The range of deployment features (``envs.deployment.FEATURES``) this table was
-        trained over, ``{feature: [lowest, highest]}`` (provenance ``deployments.range``);
+        made for (trained or fitted over), ``{feature: [lowest, highest]}`` (provenance ``deployments.range``);
         an empty dict where its cells do not depend on the deployment (a rule's table);
         None for a table made for the one deployment its provenance names."""
         block = self.provenance.get("deployments")
@@ -431,15 +438,27 @@ class BudgetTable:
 
     def outside(self, served: Mapping) -> str | None:
         """Why the deployment ``served`` (features by name) lies outside the range this table
-        was trained over, in one line; None inside it (or for a table without a range)."""
+        was made for, in one line; None inside it (or for a table without a range)."""
         out = []
         for name, (lo, hi) in (self.deployment_range or {}).items():
             v = served.get(name)
-            if v is not None and not (lo * (1 - RANGE_TOLERANCE) <= v <= hi * (1 + RANGE_TOLERANCE)):
-                out.append(f"{name} {_num(v)} not in [{_num(lo)}, {_num(hi)}]")
+            slack = RANGE_TOLERANCE * max(abs(lo), abs(hi))
+            if v is not None and not lo - slack <= v <= hi + slack:
+                out.append(f"{name} {v:.4g} not in [{lo:.4g}, {hi:.4g}]")
         if not out:
             return None
-        return f"{self.path}: the deployment lies outside the range it was trained over: " + "; ".join(out)
+        return (f"{self.path}: the deployment lies outside the range of deployments it was made "
+                "for: " + "; ".join(out))
+
+    def for_deployment(self, cost: Coefficients, ttft_s: float, itl_s: float, kv_tokens: int,
+                       hardware: Mapping | None = None,
+                       model: Mapping | None = None) -> tuple["BudgetTable", str | None]:
+        """(this table re-priced for a deployment (:meth:`repriced`), why that deployment lies
+        outside the range the table was made for, or None): what every loader of a table
+        that carries does, the caller refusing or warning on the reason."""
+        served = deployment(cost, ttft_s, itl_s, kv_tokens).as_dict()
+        return (self.repriced(cost, ttft_s, itl_s, kv_tokens, hardware, model),
+                self.outside(served))
 
     def repriced(self, cost: Coefficients, ttft_s: float, itl_s: float, kv_tokens: int,
                  hardware: Mapping | None = None, model: Mapping | None = None) -> "BudgetTable":
@@ -473,6 +492,7 @@ class BudgetTable:
         if prov.get("deployments") is not None:
             prov["deployments"] = {**prov["deployments"], "kv_tokens": int(kv_tokens)}
         data["provenance"] = prov
+        data["fidelity"] = {}  # measured on the deployment it was made for, not this one
         return BudgetTable(data, f"{self.path} (re-priced)", self.digest)
 
     @property
@@ -667,7 +687,7 @@ class BudgetTable:
         if rng is not None:
             made += ("; " if made else "") + (
                 "carries to any deployment, re-priced for it" if not rng else
-                "carries to deployments within the range it was trained over ("
+                "carries to deployments within the range of deployments it was made for ("
                 + ", ".join(f"{k} {_num(lo)}-{_num(hi)}" for k, (lo, hi) in rng.items()) + "), re-priced for each")
         return (f"{self.path} [{self.digest or '-'}]: {hw_name} + {m['name']} (TP "
                 f"{m['tensor_parallel']}), SLO TTFT {_num(slo['ttft_s'])} s / ITL "
@@ -773,7 +793,11 @@ def _read_provenance(prov, path: str) -> dict:
             if not (isinstance(lohi, list) and len(lohi) == 2 and all(_finite(x) for x in lohi)
                     and lohi[0] <= lohi[1]):
                 raise TableError(f"{path}: provenance.deployments.range.{name}: got "
-                                 f"{_short(lohi)}, must be [low, high] with low <= high")
+                                 f"{_short(lohi)}, must be [low, high]: finite numbers, low <= high")
+        kv = deployments.get("kv_tokens")
+        if kv is not None and not (_is_positive(kv) and kv <= 2 ** 53):
+            raise TableError(f"{path}: provenance.deployments.kv_tokens: got {_short(kv)}, must be "
+                             "the KV cache's tokens: a number > 0 (or absent)")
     params = prov["model"].get("params")  # tables exported before it was recorded lack it
     if params is not None and not _is_positive(params):
         raise TableError(f"{path}: provenance.model.params: got {_short(params)}, must be a "

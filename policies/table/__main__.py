@@ -137,11 +137,11 @@ def _check_carries(table: BudgetTable, args) -> int:
         d = sc.deployment()
     except ConfigError as err:
         raise TableError(str(err)) from None
-    reason = table.outside(d.as_dict())
+    priced, reason = table.for_deployment(sc.simulator_cost(), d.slo_ttft_s, d.slo_itl_s,
+                                          sc.kv_tokens())
     if reason:
         print(f"mismatch: {reason}", file=sys.stderr)
         return 2
-    priced = table.repriced(sc.simulator_cost(), d.slo_ttft_s, d.slo_itl_s, sc.kv_tokens())
     print(f"ok: {args.table} carries to hardware {args.hardware}, model {args.model}, SLO TTFT "
           f"{d.slo_ttft_s:g} s / ITL {d.slo_itl_s:g} s: re-priced for it "
           f"({', '.join(f'{k} {v:.3g}' for k, v in d.as_dict().items() if not k.startswith('slo'))}"

@@ -400,6 +400,6 @@ def test_a_table_that_carries_is_re_priced_for_this_engine(model, monkeypatch):
         assert sched.chunkpilot_table.action.deployment == want
         assert sched.chunkpilot_table.action.fraction({}) == (4.0 if want["kv_prompts"] >= 1 else 1.0)
     data["provenance"]["deployments"]["range"] = {"kv_prompts": [100.0, 200.0]}
-    with pytest.raises(TableError, match="outside the range it was trained over: kv_prompts"):
+    with pytest.raises(TableError, match="outside the range of deployments it was made for: kv_prompts"):
         create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=1024,
                          chunkpilot_table=BudgetTable(data))
