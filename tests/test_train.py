@@ -304,18 +304,21 @@ def test_a_stop_signal_sets_a_flag_the_next_step_reads():
         stop._handle(signal.SIGINT, None)
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # SIGINT handled as Python does by default, whatever this process inherited (a job
+    # started in the background by a non-interactive shell inherits it ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         fresh = StopOnSignal()
         fresh.install()
         assert signal.getsignal(signal.SIGINT) == fresh._handle
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # started ignored: kept so
         fresh.restore()
-        assert signal.getsignal(signal.SIGINT) is before[signal.SIGINT]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         elsewhere = StopOnSignal()
         worker = threading.Thread(target=elsewhere.install)
         worker.start()
         worker.join()
-        assert not elsewhere._previous and signal.getsignal(signal.SIGINT) is before[signal.SIGINT]
+        assert not elsewhere._previous and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
