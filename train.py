@@ -28,14 +28,13 @@ from pathlib import Path
 
 from agents.checks import (condition_teachers, constant_costs, ranking_check, room_check,
                            teacher_choice)
-from agents.conditions import (MIN_CAPACITY_RPS, deployment_range, draw_conditions, held_out, trained,
-                               with_capacities)
+from agents.conditions import MIN_CAPACITY_RPS, draw_conditions, held_out, trained, with_capacities
 from agents.setup import ACTION_TYPES, imitate, make_model
 from agents.summary import (final_comparison, final_figures, final_policies, run_answer,
                             selection_sentence, summary_text, teacher_words)
 from envs.actions import DEFAULT_LADDER, FRACTION_LADDER
 from envs.cli import given_fields, parse
-from envs.deployment import HELD_OUT_DEPLOYMENTS, TRAINING_DEPLOYMENTS
+from envs.deployment import HELD_OUT_DEPLOYMENTS, TRAINING_DEPLOYMENTS, feature_range
 from envs.episodes import draw_episodes
 from envs.errors import ConfigError, integer, number, require, run_cli
 from envs.files import check_output, write_atomic, write_json_atomic
@@ -436,9 +435,9 @@ def write_config(run_dir: Path, args: Args, scenario: Scenario, conditions: list
         config["deployments"] = {
             "trained": [list(d) for d in TRAINING_DEPLOYMENTS],
             "held_out": [list(d) for d in HELD_OUT_DEPLOYMENTS],
-            "range": deployment_range([scenario.with_fields(**{k: v for k, v in c.items()
-                                                              if k != "capacity_rps"})
-                                       for c in conditions])}
+            "range": feature_range(scenario.with_fields(**{k: v for k, v in c.items()
+                                                             if k != "capacity_rps"}).deployment()
+                                   for c in conditions)}
     write_json_atomic(run_dir / "config.json", config)
     return config
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.deployment import FEATURES, HELD_OUT_DEPLOYMENTS, MADE_UP_PART, TRAINING_DEPLOYMENTS
+from envs.deployment import HELD_OUT_DEPLOYMENTS, MADE_UP_PART, TRAINING_DEPLOYMENTS
 from envs.errors import require
 from envs.profiles import get_hardware
 from envs.scenario import Scenario
@@ -88,14 +88,6 @@ def trained(hardware: str, model: str) -> bool:
     """Whether a deployment is one ``train.py --all-deployments`` trains on (a variant of a
     training preset with its model)."""
     return (str(hardware).partition("@")[0], model) in TRAINING_DEPLOYMENTS and not held_out(hardware, model)
-
-
-def deployment_range(scenarios) -> dict:
-    """Each deployment feature's (lowest, highest) over ``scenarios``
-    (``envs.deployment.FEATURES``): the range a policy trained on them was trained over."""
-    feats = [sc.deployment() for sc in scenarios]
-    return {name: [min(f[i] for f in feats), max(f[i] for f in feats)]
-            for i, name in enumerate(FEATURES)} if feats else {}
 
 
 def slo_pairs(hardware: str) -> tuple[tuple[float, float], ...]:

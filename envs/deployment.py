@@ -29,7 +29,7 @@ measured on, never trained or selected on (``HELD_OUT_DEPLOYMENTS``).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Iterable, NamedTuple
 
 from envs.pricing import Coefficients, chunk_within, decode_pass_s
 
@@ -77,6 +77,19 @@ def deployment(cost: Coefficients, ttft_s: float, itl_s: float, kv_tokens: float
         fixed_share=cost.fixed_s / floor if floor > 0 else 0.0,
         kv_prompts=kv_tokens / per_ttft if per_ttft > 0 else math.inf,
         slo_ttft_s=float(ttft_s), slo_itl_s=float(itl_s))
+
+
+def feature_range(deployments: Iterable[Deployment]) -> dict:
+    """Each feature's [lowest, highest] over ``deployments``: the range a policy or table made
+    on them was made for (provenance ``deployments.range``). Values that are not finite (the
+    cache's targets' worth where no prefill fits the ITL target) are left out; a feature
+    with none left has no range."""
+    deployments, out = list(deployments), {}
+    for i, name in enumerate(FEATURES):
+        values = [d[i] for d in deployments if math.isfinite(d[i])]
+        if values:
+            out[name] = [min(values), max(values)]
+    return out
 
 
 def scaled(d: Deployment) -> tuple[float, float, float, float]:

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.conditions import deployment_range, draw_conditions
+from agents.conditions import draw_conditions
 from agents.conditions import held_out
 from envs.deployment import (FEATURES, HELD_OUT_DEPLOYMENTS, MADE_UP_PART, TRAINING_DEPLOYMENTS,
-                             deployment, scaled)
+                             deployment, feature_range, scaled)
 from envs.errors import ConfigError
 from envs.observation import OBSERVATION_FIELDS, observe
 from envs.pricing import Coefficients, chunk_price
@@ -115,12 +115,16 @@ def test_held_out_deployments_are_held_out_whatever_their_variant():
 
 def test_the_range_spans_the_deployments_drawn():
     scs = [Scenario(hardware="h100-sxm"), Scenario(hardware="a100-80g", slo_itl_s=0.05)]
-    rng = deployment_range(scs)
+    rng = feature_range(sc.deployment() for sc in scs)
     assert list(rng) == list(FEATURES)
     for sc in scs:
         for name, v in sc.deployment().as_dict().items():
             assert rng[name][0] <= v <= rng[name][1]
     assert rng["slo_itl_s"] == [0.05, 0.1]
+    # A feature that is not finite (no prefill fits a 5 ms target) is left out of its range.
+    slow = deployment(FLAT, ttft_s=2.0, itl_s=0.005, kv_tokens=1000)
+    assert "kv_prompts" not in feature_range([slow])
+    assert feature_range([slow, scs[0].deployment()])["kv_prompts"] == [scs[0].deployment().kv_prompts] * 2
 
 
 # --- tables that carry ------------------------------------------------------------------

@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from envs.deployment import feature_range
 from envs.errors import ConfigError, require, show
 from envs.scenario import Scenario
 from envs.seeds import TABLE_FIDELITY_SEEDS
@@ -156,18 +157,18 @@ def by_deployment(rules: list[str], feature: str, edges: list[float], scenario: 
     data["fractions"] = [t.action.cells[i] for i in range(first.cells) for t in tables]
     data["visited"] = [int(t.visited[i]) for i in range(first.cells) for t in tables]
     served = getattr(scenario.deployment(), feature)
-    values = [v for v in (getattr(sc.deployment(), feature) for sc in fitted) if math.isfinite(v)]
-    require(bool(values) and min(values) <= served <= max(values), "by", feature,
+    lo, hi = feature_range(sc.deployment() for sc in fitted).get(feature, (math.nan, math.nan))
+    require(lo <= served <= hi, "by", feature,
             f"the scenario's {feature} ({served:.4g}) must lie within its range over the "
-            f"deployments the members were picked on ({min(values, default=math.nan):.4g} to "
-            f"{max(values, default=math.nan):.4g}): the table would refuse the deployment it is made for")
+            f"deployments the members were picked on ({lo:.4g} to {hi:.4g}): the table would "
+            "refuse the deployment it is made for")
     where = " then ".join(f"{r} from {e:g}" if i else r for i, (r, e) in
                           enumerate(zip(rules, [None] + list(edges))))
     data["provenance"] = {
         **first.provenance, "rule_spec": None, "rule_specs": list(rules),
         "rule": f"the rules {where} of the deployment's {feature} (policies/baselines.py), "
                 f"cell for cell; here {feature} is {served:.4g}",
-        "deployments": {"range": {feature: [min(values), max(values)]},
+        "deployments": {"range": {feature: [lo, hi]},
                         "kv_tokens": scenario.kv_tokens(),
                         "fitted": [f"{sc.hardware} + {sc.model}" for sc in fitted]}}
     checks = [t.fidelity["rule_check"] for t in tables]
