@@ -125,17 +125,20 @@ class TableBudget:
 
     def _cp_carried(self, table: BudgetTable) -> BudgetTable:
         """A table that carries to other deployments (provenance ``deployments``) re-priced
-        for this engine: its KV cache's tokens and the SLO it serves (CHUNKPILOT_SLO_*, else
-        the table's), with the table's cost model, which the speed correction measures this
-        engine against. Outside the range of deployments it was made for it is refused unless
-        CHUNKPILOT_ALLOW_MISMATCH=1 (warned). Other tables are used as they are."""
+        for this engine: its KV cache's tokens, the SLO it serves (CHUNKPILOT_SLO_*, else
+        the table's) and the cost model of the deployment CHUNKPILOT_HARDWARE/MODEL name (else
+        the table's), which the speed correction measures this engine against. Outside the
+        range of deployments it was made for it is refused unless CHUNKPILOT_ALLOW_MISMATCH=1
+        (warned). Other tables are used as they are."""
         if table.deployment_range is None:
             return table
-        s, slo = self.chunkpilot_settings, table.provenance["slo"]
+        s, slo, prov = self.chunkpilot_settings, table.provenance["slo"], table.provenance
         kv_tokens = self.kv_cache_config.num_blocks * self.cache_config.block_size
+        cost, hardware, model = ((s.served.cost, s.served.hardware, s.served.model) if s.served
+                                 else (table.action.cost, prov["hardware"], prov["model"]))
         priced, reason = table.for_deployment(
-            table.action.cost, s.slo_ttft_s or slo["ttft_s"], s.slo_itl_s or slo["itl_s"],
-            kv_tokens, table.provenance["hardware"], table.provenance["model"])
+            cost, s.slo_ttft_s or slo["ttft_s"], s.slo_itl_s or slo["itl_s"], kv_tokens,
+            hardware, model)
         if reason and not s.allow_mismatch:
             raise TableError(f"{reason}; set {ALLOW_MISMATCH_ENV}=1 to serve it anyway")
         if reason:

@@ -33,9 +33,13 @@ import math
 import os
 from dataclasses import dataclass
 
-from envs.errors import MAX_SLO_ITL_S, MAX_SLO_TTFT_S
+from envs.cost import Roofline
+from envs.errors import MAX_SLO_ITL_S, MAX_SLO_TTFT_S, ConfigError
+from envs.pricing import Coefficients
+from envs.profiles import get_hardware, get_model
 from policies.step_record import StepRecordError, check_record_path
-from policies.table import BudgetTable, TableError, device_hardware_name
+from policies.table import (BudgetTable, TableError, device_hardware_name, hardware_provenance,
+                            model_provenance, provenance_mismatches)
 
 TABLE_ENV = "CHUNKPILOT_TABLE"
 ALLOW_MISMATCH_ENV = "CHUNKPILOT_ALLOW_MISMATCH"
@@ -46,6 +50,8 @@ SUMMARY_ENV = "CHUNKPILOT_SUMMARY_INTERVAL_S"
 STEP_OVERHEAD_ENV = "CHUNKPILOT_STEP_OVERHEAD_S"
 CORRECT_SPEED_ENV = "CHUNKPILOT_CORRECT_SPEED"
 RECORD_STEPS_ENV = "CHUNKPILOT_RECORD_STEPS"
+HARDWARE_ENV = "CHUNKPILOT_HARDWARE"
+MODEL_ENV = "CHUNKPILOT_MODEL"
 
 # vLLM configures the "vllm" logger tree (handlers, format, VLLM_LOGGING_LEVEL) and lets
 # nothing propagate to the root; a child of it lands in the server's log like vLLM's own.
@@ -80,6 +86,11 @@ class Settings:
     """CHUNKPILOT_RECORD_STEPS: a CSV file every step's shape and time are appended to, for
     ``python -m envs.calibrate --steps`` (``policies.step_record``); unset: none."""
 
+    served: "ServedDeployment | None" = None
+    """CHUNKPILOT_HARDWARE and CHUNKPILOT_MODEL: the deployment served, each a preset name,
+    ``PRESET@field=value`` or a profile file (``python -m envs.calibrate``'s), whose cost model
+    a table that carries is re-priced with; unset: the table's own cost model."""
+
     @classmethod
     def from_env(cls, table_path: str | None = None) -> "Settings":
         env = os.environ
@@ -94,13 +105,45 @@ class Settings:
                    reload_interval_s=_env_number(RELOAD_ENV, cls.reload_interval_s),
                    summary_interval_s=_env_number(SUMMARY_ENV, cls.summary_interval_s),
                    step_overhead_s=_env_number(STEP_OVERHEAD_ENV, 0.0),
-                   record_steps=_env_record_path(RECORD_STEPS_ENV))
+                   record_steps=_env_record_path(RECORD_STEPS_ENV), served=_env_served())
 
     @property
     def slo(self) -> dict | None:
         if self.slo_ttft_s is None and self.slo_itl_s is None:
             return None
         return {"ttft_s": self.slo_ttft_s, "itl_s": self.slo_itl_s}
+
+
+@dataclass(frozen=True)
+class ServedDeployment:
+    """The hardware and model a table that carries is re-priced for, as their provenance
+    blocks (compared with what the engine runs) and their cost model."""
+
+    hardware: dict
+    model: dict
+    cost: Coefficients
+
+
+def _env_served() -> ServedDeployment | None:
+    """CHUNKPILOT_HARDWARE and CHUNKPILOT_MODEL, read and priced before serving: both or
+    neither (unset: None)."""
+    hw, mdl = (os.environ.get(n, "").strip() for n in (HARDWARE_ENV, MODEL_ENV))
+    if not hw and not mdl:
+        return None
+    if not (hw and mdl):
+        unset, given = (HARDWARE_ENV, MODEL_ENV) if not hw else (MODEL_ENV, HARDWARE_ENV)
+        raise TableError(f"{unset}: unset while {given} is set; set both (a preset name or a "
+                         "profile file each), or neither")
+    try:
+        hardware = get_hardware(hw)
+    except ConfigError as err:
+        raise TableError(f"{HARDWARE_ENV}: {err}") from None
+    try:
+        model = get_model(mdl)
+    except ConfigError as err:
+        raise TableError(f"{MODEL_ENV}: {err}") from None
+    return ServedDeployment(hardware_provenance(hardware), model_provenance(model),
+                            Roofline.of(hardware, model).coefficients())
 
 
 def _env_record_path(name: str) -> str | None:
@@ -231,9 +274,24 @@ def check_table(table: BudgetTable, vllm_config, settings: Settings,
     """Refuse (TableError) a table this engine cannot serve; return the mismatch that
     CHUNKPILOT_ALLOW_MISMATCH lets through, if any. Run at start and on every reload."""
     # Provenance first: a table made for something else is the bigger mistake than a flag.
-    # A table that carries is re-priced for the SLO served (the scheduler's _cp_carried).
-    reason = table.mismatch(hardware or served_hardware(), served_model(vllm_config),
-                            None if table.deployment_range is not None else settings.slo)
+    # A table that carries is re-priced for the SLO served (the scheduler's _cp_carried),
+    # and for the deployment CHUNKPILOT_HARDWARE/MODEL name, which must be what runs.
+    hardware, model = hardware or served_hardware(), served_model(vllm_config)
+    carries, named = table.deployment_range is not None, settings.served
+    if named and not carries:
+        raise TableError(f"{HARDWARE_ENV}: re-prices only a table that carries to other "
+                         f"deployments; {table.path} was made for one (no provenance "
+                         f"deployments): unset {HARDWARE_ENV} and {MODEL_ENV}")
+    if named:
+        reasons = provenance_mismatches({"hardware": named.hardware, "model": named.model},
+                                        hardware, model)
+        reason = (f"{HARDWARE_ENV}/{MODEL_ENV} describe another deployment than this engine "
+                  "runs: " + "; ".join(reasons)) if reasons else None
+    else:
+        reason = table.mismatch(hardware, model, None if carries else settings.slo)
+        if reason and carries:
+            reason += (f" (a table that carries: set {HARDWARE_ENV} and {MODEL_ENV} to the "
+                       "deployment served to re-price it for it)")
     if reason and not settings.allow_mismatch:
         raise TableError(f"{reason}; set {ALLOW_MISMATCH_ENV}=1 to serve it anyway")
     ceiling = engine_ceiling(vllm_config)

@@ -72,16 +72,19 @@ def module_level_imports(path: pathlib.Path) -> set[str]:
 
 RUNTIME = {"policies.table", "policies.table.correction", "policies.step_record", "policies.vllm_metrics",
            "policies.vllm_startup", "policies.vllm_scheduler",
-           "envs.pricing", "envs.state", "envs.slack", "envs.errors", "envs.deployment"}
+           "envs.pricing", "envs.state", "envs.slack", "envs.errors", "envs.deployment",
+           "envs.profiles", "envs.files", "envs.cost"}
 """What a serving engine imports: the table runtime, its speed correction and step record, the vLLM
-adapter, and the five standard-library modules of envs they rest on (the pass price, the
-state vocabulary, the slack count, the input checks, the deployment's features)."""
+adapter, and the standard-library modules of envs they rest on (the pass price, the state
+vocabulary, the slack count, the input checks, the deployment's features, and the profiles and
+roofline a table that carries is re-priced with)."""
 
 
 def test_serving_runtime_imports_only_stdlib_and_vllm():
     for rel in ("policies/table/__init__.py", "policies/vllm_scheduler.py", "policies/vllm_metrics.py",
                 "policies/vllm_startup.py", "policies/step_record.py", "envs/pricing.py", "envs/state.py",
-                "envs/slack.py", "envs/errors.py", "envs/deployment.py"):
+                "envs/slack.py", "envs/errors.py", "envs/deployment.py", "envs/profiles.py",
+                "envs/files.py", "envs/cost.py"):
         for name in module_level_imports(ROOT / rel):
             root = name.split(".")[0]
             assert (root in sys.stdlib_module_names or root in {"vllm", "prometheus_client"}

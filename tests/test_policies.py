@@ -343,6 +343,31 @@ def test_served_parameter_count_from_a_hugging_face_config():
     assert dense_params(SimpleNamespace(hidden_size=4096)) is None
 
 
+def test_the_served_deployment_is_read_from_the_environment_before_serving(monkeypatch):
+    """CHUNKPILOT_HARDWARE and CHUNKPILOT_MODEL: both name the deployment a table that
+    carries is re-priced for, with the simulator's cost model of it; one alone, or a value
+    no preset or profile reads, stops the start with one line naming the variable."""
+    from envs.scenario import Scenario
+    from policies.table import TableError
+    from policies.vllm_startup import Settings
+
+    monkeypatch.setenv("CHUNKPILOT_TABLE", "t.json")
+    assert Settings.from_env().served is None
+    monkeypatch.setenv("CHUNKPILOT_HARDWARE", "l40s")
+    monkeypatch.setenv("CHUNKPILOT_MODEL", "llama-3-70b-tp4")
+    served = Settings.from_env().served
+    assert served.cost == Scenario(hardware="l40s", model="llama-3-70b-tp4").simulator_cost()
+    assert (served.hardware["name"], served.model["tensor_parallel"]) == ("l40s", 4)
+    for env, value, match in (("CHUNKPILOT_MODEL", "", "^CHUNKPILOT_MODEL: unset while CHUNKPILOT_HARDWARE is set"),
+                              ("CHUNKPILOT_MODEL", "llama-9", "^CHUNKPILOT_MODEL: .*llama-9"),
+                              ("CHUNKPILOT_HARDWARE", "h100-sxm@peak_flops_per_s=0", "^CHUNKPILOT_HARDWARE: .*peak_flops_per_s")):
+        with monkeypatch.context() as m:
+            m.setenv(env, value)
+            with pytest.raises(TableError, match=match) as err:
+                Settings.from_env()
+            assert "\n" not in str(err.value)
+
+
 def test_eval_refuses_a_table_for_another_scenario_unless_allowed(capsys):
     path = "tables/h100-sxm__llama-3-8b.json"
     assert make_policy(f"table:{path}", SMALL).name == f"table:{path}"

@@ -543,15 +543,7 @@ class BudgetTable:
           is not compared (one model has many names);
         - SLO: both targets within ``SLO_TOLERANCE``.
         """
-        prov = self.provenance
-        reasons = []
-        if hardware is not None:
-            reasons.append(_hardware_mismatch(prov["hardware"], hardware))
-        if model is not None:
-            reasons.append(_model_mismatch(prov["model"], model))
-        if slo is not None:
-            reasons.append(_slo_mismatch(prov["slo"], slo))
-        reasons = [r for r in reasons if r]
+        reasons = provenance_mismatches(self.provenance, hardware, model, slo)
         return f"{self.path}: " + "; ".join(reasons) if reasons else None
 
     def candidate_kinds(self) -> list[str]:
@@ -860,6 +852,17 @@ def _fig(x) -> str:
 
 def _norm(name: str) -> str:
     return name.strip().lower()
+
+
+def provenance_mismatches(prov: Mapping, hardware: Mapping | None = None,
+                          model: Mapping | None = None, slo: Mapping | None = None) -> list[str]:
+    """Why the provenance blocks ``prov`` (``hardware``, ``model``, ``slo``) do not describe
+    what is served, by :meth:`BudgetTable.mismatch`'s rules: one reason per side that
+    differs, none where all fit."""
+    reasons = [_hardware_mismatch(prov["hardware"], hardware) if hardware is not None else None,
+               _model_mismatch(prov["model"], model) if model is not None else None,
+               _slo_mismatch(prov["slo"], slo) if slo is not None else None]
+    return [r for r in reasons if r]
 
 
 def hardware_provenance(profile) -> dict:

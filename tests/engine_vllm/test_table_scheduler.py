@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip(
@@ -403,3 +405,44 @@ def test_a_table_that_carries_is_re_priced_for_this_engine(model, monkeypatch):
     with pytest.raises(TableError, match="outside the range of deployments it was made for: kv_prompts"):
         create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=1024,
                          chunkpilot_table=BudgetTable(data))
+
+
+def test_a_table_that_carries_takes_the_cost_model_of_the_deployment_named(model, monkeypatch, tmp_path):
+    """CHUNKPILOT_HARDWARE and CHUNKPILOT_MODEL name the deployment served (profile files
+    here, for vLLM's CPU backend and the tiny Llama): a table that carries is re-priced with
+    their cost model, the prefill price it buckets computed from it; a named model that is
+    not the engine's, and a table made for one deployment, are refused."""
+    import policies.vllm_scheduler as vs
+    from envs.cost import Roofline
+    from envs.deployment import deployment
+    from envs.profiles import get_hardware, get_model
+    from tests.engine_vllm.fixtures import TINY_CPU_PROVENANCE
+
+    hw_file, model_file = tmp_path / "cpu.json", tmp_path / "tiny.json"
+    hw_file.write_text(json.dumps({**TINY_CPU_PROVENANCE["hardware"], "per_pass_overhead_s": 0.002}))
+    model_file.write_text(json.dumps({**TINY_CPU_PROVENANCE["model"], "params": 550_912}))
+    served = Roofline.of(get_hardware(str(hw_file)), get_model(str(model_file))).coefficients()
+    data = two_fraction_table("prefill_tokens_per_itl", 2000)  # COST carries 375 tokens in 20 ms
+    data["provenance"]["deployments"] = {"range": {}, "kv_tokens": 64000}
+    monkeypatch.setenv("CHUNKPILOT_CORRECT_SPEED", "0")
+    monkeypatch.setenv("CHUNKPILOT_SLO_ITL_S", "0.02")
+    assert BudgetTable(data).action.fraction({}) == 1.0
+    monkeypatch.setenv("CHUNKPILOT_HARDWARE", str(hw_file))
+    monkeypatch.setenv("CHUNKPILOT_MODEL", str(model_file))
+    sched = create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=1024,
+                             chunkpilot_table=BudgetTable(data))
+    kv = 4000 * sched.cache_config.block_size
+    want = deployment(served, 2.0, 0.02, kv).as_dict()
+    assert sched.chunkpilot_table.action.cost == served
+    assert sched.chunkpilot_table.action.deployment == want
+    assert want["prefill_tokens_per_itl"] >= 2000  # the tiny model's prefill: cheaper than COST's
+    assert sched.chunkpilot_table.action.fraction({}) == 4.0
+    assert sched.chunkpilot_table.provenance["model"]["params"] == 550_912
+    with monkeypatch.context() as m:
+        m.setenv("CHUNKPILOT_MODEL", "llama-3-8b")
+        with pytest.raises(TableError, match="describe another deployment than this engine runs: model"):
+            create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=1024,
+                             chunkpilot_table=BudgetTable(data))
+    with pytest.raises(TableError, match="re-prices only a table that carries"):
+        create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=1024,
+                         chunkpilot_table=BudgetTable(two_fraction_table("running_decodes", 4)))
