@@ -26,12 +26,13 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from agents.checks import (condition_teachers, constant_costs, ranking_check, room_check,
+from agents.checks import (capacity_pick, condition_capacities, condition_teachers, constant_costs, ranking_check, room_check,
                            teacher_choice)
 from agents.conditions import MIN_CAPACITY_RPS, draw_conditions, held_out, trained, with_capacities
 from agents.setup import ACTION_TYPES, imitate, make_model
-from agents.summary import (final_comparison, final_figures, final_policies, run_answer,
-                            selection_sentence, summary_text, teacher_words)
+from agents.summary import (MIXED_START, STARTED_FROM, final_comparison, final_figures,
+                            final_policies, run_answer, selection_sentence, summary_text,
+                            teacher_words)
 from envs.actions import DEFAULT_LADDER, FRACTION_LADDER
 from envs.cli import given_fields, parse
 from envs.deployment import HELD_OUT_DEPLOYMENTS, TRAINING_DEPLOYMENTS, feature_range
@@ -360,6 +361,13 @@ CONDITION_TEACHERS = ("time-budget:1", *CHECK_RULES)
 """The fixed choices each training condition's teacher is picked from..."""
 CONDITION_EPISODES = 4
 """...on this many episodes of that condition, loaded at SELECTION_LOADS."""
+DEPLOYMENT_TEACHERS = tuple(f"time-budget-deadline-kv:{top}" for top in (4, 8, 16))
+"""With --all-deployments, each condition's teacher is the member of this family that
+serves it most requests/s (agents.checks.capacity_pick): the member that serves moves with
+the deployment, and an episode's cost misranks them there. Ties go to the first, the
+shortest passes: the same capacity with shorter stalls for the running users (on the
+L40S TOP 4's worst gap at capacity is 400 ms, TOP 16's 1,322 ms; docs/learning.md, "One
+policy for every deployment")."""
 CHECK_STATICS = (256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -387,7 +395,14 @@ def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], e
     out["best_constant"] = best = teacher or out["checks_pick"]
     if not make_policy(best, scenario).acts_in_time:
         return out
-    if args.condition_teachers:
+    if args.condition_teachers and args.all_deployments:
+        names = list(DEPLOYMENT_TEACHERS)
+        with progress_bar(len(conditions) * len(names) * 2, "checks: teachers by capacity",
+                          "stream") as bar:
+            caps = condition_capacities(scenario, conditions, names, executor=executor, progress=bar)
+        out["condition_teachers"] = [capacity_pick(names, c) for c in caps]
+        out["teacher_capacities"] = {"policies": names, "capacity_rps": caps}
+    elif args.condition_teachers:
         with progress_bar(len(conditions) * CONDITION_EPISODES * len(CONDITION_TEACHERS),
                           "checks: teachers per condition") as bar:
             out["condition_teachers"] = condition_teachers(
@@ -485,7 +500,8 @@ def build_model(args: Args, config: dict, scenario: Scenario, run_dir: Path):
         if per:
             counts = Counter(per)
             which = ", ".join(f"{n} on {k}" for n, k in counts.most_common())
-            print(f"starting from each condition's best fixed choice ({which} of {len(per)} "
+            by = " by capacity" if "teacher_capacities" in config["checks"] else ""
+            print(f"starting from each condition's best fixed choice{by} ({which} of {len(per)} "
                   f"conditions): cloned on {decisions:,} decisions ({agree:.1%} agreement)")
         else:
             print(f"starting from {teacher_words(config['checks'])}, {best}: cloned on "
@@ -612,7 +628,9 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
     selection = selection_sentence(callback.history, callback.kept, teacher is not None, str(run_dir))
     if selection:
         facts["model selection"] = selection[0].lower() + selection[1:].rstrip(".")
-    answer = run_answer(studies, learned.name, teacher, config.get("notes"), selection)
+    mixed = any(t != teacher for t in checks.get("condition_teachers") or [])
+    answer = run_answer(studies, learned.name, teacher, config.get("notes"), selection,
+                        MIXED_START if teacher and mixed else STARTED_FROM)
     text = summary_text(run_dir.name, desc, facts, checks, callback.history, studies, learned.name,
                         actions, answer, figures, args.final_seeds, args.final_requests)
     write_atomic(run_dir / "summary.md", text)

@@ -149,6 +149,47 @@ def condition_teachers(base: Scenario, sampler: EpisodeSampler, names: list[str]
     return picks
 
 
+TIE_SHARE = 0.02
+"""Capacities within this share of the highest on a condition tie (the bisection's own
+tolerance): among them, :func:`capacity_teachers` keeps the given order's first."""
+
+
+def condition_capacities(base: Scenario, conditions: list[dict], names: list[str], seeds: int = 2,
+                         num_requests: int = 200, executor=None,
+                         progress=None) -> list[list[float]]:
+    """For each condition (Scenario fields with their ``capacity_rps``), the capacity under
+    its SLO of each fixed choice in ``names`` (requests/s, the mean over ``seeds`` streams,
+    searched from the condition's own, each stream lasting at least ten TTFT targets): a
+    condition's teacher is the one that serves most (:func:`capacity_pick`).
+
+    Across deployments the member of a rule family that serves moves with the hardware and
+    model (the KV-aware deadline rule's TOP 16 on an H100's 8B, TOP 4 on an A100's), and an
+    episode's cost at one load misranks them: by cost, TOP 16 was every condition's pick but
+    two, and it loses a third of an A100's capacity (docs/learning.md). Capacity is the
+    figure the policy is judged by."""
+    caps = {}
+    for slo_ttft in sorted({c["slo_ttft_s"] for c in conditions}):
+        group = [i for i, c in enumerate(conditions) if c["slo_ttft_s"] == slo_ttft]
+        pairs, starts = [], []
+        for i in group:
+            cond = conditions[i]
+            sc = base.with_fields(**{k: v for k, v in cond.items() if k != "capacity_rps"})
+            hint = cond.get("capacity_rps", 0.0) / sc.rate
+            pairs += [(sc, make_policy(n, sc).limit_pass(sc)) for n in names]
+            starts += [[hint] * seeds] * len(names)
+        found = capacity_sweep(pairs, seeds, num_requests, executor=executor, progress=progress,
+                               starts=starts, min_duration_s=10 * slo_ttft)
+        for k, i in enumerate(group):
+            caps[i] = [r.capacity for r in found[k * len(names):(k + 1) * len(names)]]
+    return [caps[i] for i in range(len(conditions))]
+
+
+def capacity_pick(names: list[str], capacities: list[float]) -> str:
+    """The first of ``names`` whose capacity is within :data:`TIE_SHARE` of the highest."""
+    top = max(capacities)
+    return next(n for n, c in zip(names, capacities) if c >= (1 - TIE_SHARE) * top)
+
+
 def condition_index(scenario: Scenario, conditions) -> int | None:
     """Which of ``conditions`` (Scenario fields, plus ``capacity_rps``) ``scenario`` was
     drawn from, or None."""

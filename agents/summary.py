@@ -97,27 +97,35 @@ def teacher_verdicts(studies: dict, learned_name: str, teacher: str | None) -> d
     return out
 
 
-def learning_sentence(verdicts: dict) -> str:
+STARTED_FROM = "the rule it started from"
+MIXED_START = "the best fixed choice overall (each training condition was cloned from its own)"
+"""What the summary calls the rule it compares the learned policy with: the one it was
+cloned from, or, where training conditions had teachers of their own
+(``checks.condition_teachers``), the best overall, which some of them were not."""
+
+
+def learning_sentence(verdicts: dict, start: str = STARTED_FROM) -> str:
     """Whether the learning added anything to its teacher, in plain words, from
-    :func:`teacher_verdicts` (the serving scenario first)."""
+    :func:`teacher_verdicts` (the serving scenario first); ``start``: what that teacher is
+    (:data:`STARTED_FROM` or :data:`MIXED_START`)."""
     if not verdicts:
         return ""
     scenario, (rule, v) = next(iter(verdicts.items()))
     others = [f"{n}: {w.kind} ({w.figure})" for n, (_, w) in list(verdicts.items())[1:]]
     rest = f" Elsewhere: {'; '.join(others)}." if others else ""
     if v.kind == NOT_JUDGED:
-        return (f"Against the rule it started from, {rule}, the learned policy is not judged: "
+        return (f"Against {start}, {rule}, the learned policy is not judged: "
                 f"{v.figure} (raise --final-seeds).{rest}")
     if v.kind == "beats" and not v.streams:
-        return (f"The learned policy meets the SLO where the rule it started from, {rule}, does not "
+        return (f"The learned policy meets the SLO where {start}, {rule}, does not "
                 f"on the {scenario} scenario ({v.figure}).{rest}")
     if v.kind == "beats":
-        return (f"The learning added {v.rel:.1%} capacity to the rule it started from, {rule}, on the "
+        return (f"The learning added {v.rel:.1%} capacity to {start}, {rule}, on the "
                 f"{scenario} scenario ({v.figure}).{rest}")
     if v.kind == "falls short":
-        return (f"The learned policy serves less than the rule it started from, {rule} ({v.figure}): "
+        return (f"The learned policy serves less than {start}, {rule} ({v.figure}): "
                 f"the learning lost ground; the rule is the better table.{rest}")
-    return (f"The learned policy ties the rule it started from, {rule} ({v.figure}): the learning "
+    return (f"The learned policy ties {start}, {rule} ({v.figure}): the learning "
             f"added nothing you can count on, and the rule's own table serves as well.{rest}")
 
 
@@ -155,17 +163,18 @@ def selection_sentence(history: list, kept: int | None, cloned: bool, run: str =
 
 
 def run_answer(studies: dict, learned_name: str, teacher: str | None,
-               notes: list[str] | None = None, selection: str = "") -> Answer:
+               notes: list[str] | None = None, selection: str = "",
+               start: str = STARTED_FROM) -> Answer:
     """The summary's answer: what to serve on the serving scenario (held-out streams), what
     the learning added to the rule it was cloned from (``teacher``; None where it was
-    cloned from none), and which model the run kept (``selection``,
-    :func:`selection_sentence`). A run with ``notes`` (a smoke run's) measured too little
+    cloned from none; ``start`` says what it is, :func:`learning_sentence`), and which
+    model the run kept (``selection``, :func:`selection_sentence`). A run with ``notes`` (a smoke run's) measured too little
     to act on: its answer says so and gives no commands."""
     if notes:
         return Answer("Not an answer to act on: " + " ".join(notes))
     serving = next(iter(studies.values()))
     answer = capacity_answer(serving, held_out=True, names={learned_name: "the learned policy (as a table)"})
-    learning = learning_sentence(teacher_verdicts(studies, learned_name, teacher))
+    learning = learning_sentence(teacher_verdicts(studies, learned_name, teacher), start)
     return Answer(" ".join(t for t in (answer.text, learning, selection) if t), answer.commands)
 
 

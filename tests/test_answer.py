@@ -201,6 +201,17 @@ def test_the_learning_sentence_when_one_stream_cannot_judge():
                            "policy is not judged: +10.0%, one stream: no interval (raise --final-seeds).")
 
 
+def test_a_policy_cloned_from_each_conditions_own_teacher_is_not_said_to_start_from_one_rule():
+    from agents.summary import MIXED_START, learning_sentence
+
+    from eval.harness import paired_verdict as v
+    text = learning_sentence({"serving": ("time-budget-deadline-kv:16", v([0.9, 0.95, 0.92], [1.0, 1.0, 1.0]))},
+                             MIXED_START)
+    assert text.startswith("The learned policy serves less than the best fixed choice overall (each "
+                           "training condition was cloned from its own), time-budget-deadline-kv:16 (")
+    assert "started from" not in text
+
+
 def test_a_smoke_run_gives_no_answer_to_act_on():
     a = run_answer({"serving": study((6.6, 7.15, 7.7), (6.3, 6.825, 7.35))}, LEARNED, None,
                    ["A smoke run: 8 training conditions."])

@@ -590,6 +590,52 @@ def test_a_condition_teacher_keeps_the_overall_teachers_top_among_ties(monkeypat
     assert picks == ["time-budget-slack-kv", "time-budget-slack", "time-budget-kv:0.917"]
 
 
+def test_a_condition_teacher_by_capacity_is_the_one_that_serves_most_ties_to_the_first():
+    from agents.checks import capacity_pick
+
+    names = ["time-budget-deadline-kv:16", "time-budget-deadline-kv:4", "time-budget-deadline-kv:2"]
+    assert capacity_pick(names, [1.0, 1.03, 0.5]) == names[1]  # 1.0 < 0.98 x 1.03
+    assert capacity_pick(names, [1.0, 1.01, 0.5]) == names[0]  # within 2%: the first
+    assert capacity_pick(names, [0.0, 0.0, 0.0]) == names[0]  # nothing meets the SLO: the first
+    assert capacity_pick(names, [0.5, 0.9, 1.0]) == names[2]
+
+
+def test_on_an_l40s_the_deadline_rule_at_top_4_serves_more_than_at_top_16():
+    """The capacities behind a condition's teacher across deployments: on the L40S, whose
+    prefill of 1,298 tokens per ITL target is a third of the H100's, passes of 16 targets
+    cost the running users more than they gain (docs/learning.md)."""
+    from agents.checks import capacity_pick, condition_capacities
+    from envs.scenario import Scenario
+
+    cond = dict(hardware="l40s", model="llama-3-8b", prompt="short-long",
+                output="lognormal:128:0.8:1024", arrival="gamma", burstiness=0.5,
+                slo_ttft_s=2.0, slo_itl_s=0.1, capacity_rps=0.9)
+    names = ["time-budget-deadline-kv:16", "time-budget-deadline-kv:4"]
+    (caps,) = condition_capacities(Scenario(rate=1.0), [cond], names, seeds=1, num_requests=200)
+    assert caps[1] > 1.1 * caps[0] > 0
+    assert capacity_pick(names, caps) == "time-budget-deadline-kv:4"
+
+
+def test_across_deployments_each_conditions_teacher_is_picked_by_capacity(monkeypatch):
+    """--all-deployments picks each condition's teacher from the deadline rule's family by
+    capacity (not by episode cost) and records the capacities in the checks."""
+    import train
+
+    monkeypatch.setattr(train, "draw_episodes", lambda *a, **k: list(range(6)))
+    monkeypatch.setattr(train, "constant_costs", lambda episodes, names, **_: {
+        n: np.full(len(episodes), 0.5 if n == "time-budget-deadline-kv:16" else 3.0) for n in names})
+    monkeypatch.setattr(train, "ranking_check", lambda *a, **k: {"spearman": 0.9, "conditions": 5, "rows": []})
+    monkeypatch.setattr(train, "condition_teachers", lambda *a, **k: pytest.fail("picked by cost"))
+    monkeypatch.setattr(train, "room_check", lambda *a, **k: {"gain": 0.0, "gain_ci95": 0.0, "episodes": 6})
+    caps = [[2.0, 2.0, 2.01], [1.0, 1.0, 1.5]]
+    monkeypatch.setattr(train, "condition_capacities", lambda base, conds, names, **_: caps[:len(conds)])
+    args = train.Args(all_deployments=True, conditions=2, workers=1)
+    args.validate()
+    out = train.pretraining_checks(args, args.scenario(), [{"capacity_rps": 1.0}] * 2, None)
+    assert out["condition_teachers"] == ["time-budget-deadline-kv:4", "time-budget-deadline-kv:16"]
+    assert out["teacher_capacities"] == {"policies": list(train.DEPLOYMENT_TEACHERS), "capacity_rps": caps}
+
+
 def test_presets_pass_a_preset_flags_and_the_final_streams(monkeypatch, tmp_path):
     """`python -m agents.presets --only NAME` trains that preset with its scenario's flags and
     8 held-out streams, then exports its table next to the others; an unknown name is a
