@@ -636,6 +636,47 @@ def test_across_deployments_each_conditions_teacher_is_picked_by_capacity(monkey
     assert out["teacher_capacities"] == {"policies": list(train.DEPLOYMENT_TEACHERS), "capacity_rps": caps}
 
 
+def test_the_clone_follows_its_teachers_rare_decisions():
+    """Behaviour cloning at CLONE_EPOCHS learns a deadline rule's boosts (4x the ITL target
+    on an L40S, about a fifth of its decisions near capacity), not only its majority action:
+    on a stream it never saw, the cloned policy decides as the rule does."""
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    from agents.setup import imitate, teacher_actions
+    from envs.actions import FRACTION_LADDER
+    from envs.chunk_budget_env import ChunkBudgetEnv, EpisodeSampler
+    from envs.scenario import Scenario
+    from policies.learned import ModelPolicy, ObsNorm
+
+    torch.set_num_threads(1)
+    sc = Scenario(hardware="l40s", model="llama-3-8b", rate=1.0, prompt="short-long",
+                  output="lognormal:128:0.8:1024", slo_ttft_s=2.0, slo_itl_s=0.1)
+    sampler = EpisodeSampler(load_range=(0.9, 1.2), episode_s=120.0)
+    venv = VecNormalize(DummyVecEnv([lambda: ChunkBudgetEnv(scenario=sc, sampler=sampler)] * 4),
+                        norm_obs=True, norm_reward=True)
+    model = PPO("MlpPolicy", venv, n_steps=64, seed=0, verbose=0)
+    teacher = "time-budget-deadline-kv:4"
+    assert imitate(model, teacher, FRACTION_LADDER, 6000, seed=0) > 0.95
+    policy = ModelPolicy(model, sc.slo(), obs_norm=ObsNorm.of(venv))
+    chosen, raws = [], []
+
+    def act(state, decide=policy.action):
+        chosen.append(int(decide(state)))
+        raws.append(policy.raw_observation(state))
+        return chosen[-1]
+
+    policy.action = act
+    sim = sc.simulator(sc.stream(0, 1, 99, 300))
+    sim.run(policy)
+    rule = teacher_actions(teacher, FRACTION_LADDER, np.array(raws))
+    boosts = rule == FRACTION_LADDER.index(4.0)
+    assert boosts.mean() > 0.05  # the rule boosts here
+    assert (np.array(chosen)[boosts] == rule[boosts]).mean() > 0.8
+    assert (np.array(chosen) == rule).mean() > 0.9
+
+
 def test_presets_pass_a_preset_flags_and_the_final_streams(monkeypatch, tmp_path):
     """`python -m agents.presets --only NAME` trains that preset with its scenario's flags and
     8 held-out streams, then exports its table next to the others; an unknown name is a
