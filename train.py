@@ -26,12 +26,13 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from agents.checks import (capacity_pick, condition_capacities, condition_teachers, constant_costs, ranking_check, room_check,
+from agents.checks import (capacity_pick, condition_capacities, condition_teachers, constant_costs,
+                           ranking_check, room_check,
                            teacher_choice)
 from agents.conditions import MIN_CAPACITY_RPS, draw_conditions, held_out, trained, with_capacities
 from agents.setup import ACTION_TYPES, imitate, make_model
-from agents.summary import (MIXED_START, STARTED_FROM, final_comparison, final_figures,
-                            final_policies, run_answer, selection_sentence, summary_text,
+from agents.summary import (STARTED_FROM, final_comparison, final_figures, final_policies,
+                            mixed_start, run_answer, selection_sentence, summary_text,
                             teacher_words)
 from envs.actions import DEFAULT_LADDER, FRACTION_LADDER
 from envs.cli import given_fields, parse
@@ -122,13 +123,15 @@ class Args(ScenarioArgs):
     at most: a run of fewer timesteps clones on 4 times its timesteps (a smoke run of 2,048
     steps on 8,192), where cloning would otherwise take most of its time; 0 clones nothing."""
     condition_teachers: bool = True
-    """Start from each training condition's best fixed choice (agents.checks.condition_teachers),
-    not from the one best overall."""
+    """Start from each training condition's best fixed choice (agents.checks.condition_teachers;
+    with --all-deployments, DEPLOYMENT_TEACHERS' member that serves it most), not from the one
+    best overall."""
     teacher: str | None = None
     """The overall teacher (default: the checks' pick): a policy spec among the checks'
     fixed choices that act in time (time-budget:0.25 ... time-budget:1, and train.py's
     CHECK_RULES: time-budget-kv:1, time-budget-deadline:16, ...), with --actions time;
-    conditions still get their own where they beat it."""
+    conditions still get their own where they beat it (with --all-deployments every
+    condition gets its own, and this is the rule the summary compares with)."""
     eval_every: int = 50_000
     """Evaluate on held-out episodes every this many steps (TensorBoard eval/*)."""
     eval_episodes: int = 24
@@ -368,6 +371,8 @@ the deployment, and an episode's cost misranks them there. Ties go to the first,
 shortest passes: the same capacity with shorter stalls for the running users (on the
 L40S TOP 4's worst gap at capacity is 400 ms, TOP 16's 1,322 ms; docs/learning.md, "One
 policy for every deployment")."""
+TEACHER_SEEDS = 2
+"""...over this many streams of 200 requests each (90 s for 34 conditions on 2 cores)."""
 CHECK_STATICS = (256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -396,10 +401,11 @@ def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], e
     if not make_policy(best, scenario).acts_in_time:
         return out
     if args.condition_teachers and args.all_deployments:
-        names = list(DEPLOYMENT_TEACHERS)
-        with progress_bar(len(conditions) * len(names) * 2, "checks: teachers by capacity",
+        names, seeds = list(DEPLOYMENT_TEACHERS), TEACHER_SEEDS
+        with progress_bar(len(conditions) * len(names) * seeds, "checks: teachers by capacity",
                           "stream") as bar:
-            caps = condition_capacities(scenario, conditions, names, executor=executor, progress=bar)
+            caps = condition_capacities(scenario, conditions, names, seeds, executor=executor,
+                                        progress=bar)
         out["condition_teachers"] = [capacity_pick(names, c) for c in caps]
         out["teacher_capacities"] = {"policies": names, "capacity_rps": caps}
     elif args.condition_teachers:
@@ -630,7 +636,7 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
         facts["model selection"] = selection[0].lower() + selection[1:].rstrip(".")
     mixed = any(t != teacher for t in checks.get("condition_teachers") or [])
     answer = run_answer(studies, learned.name, teacher, config.get("notes"), selection,
-                        MIXED_START if teacher and mixed else STARTED_FROM)
+                        mixed_start(checks) if teacher and mixed else STARTED_FROM)
     text = summary_text(run_dir.name, desc, facts, checks, callback.history, studies, learned.name,
                         actions, answer, figures, args.final_seeds, args.final_requests)
     write_atomic(run_dir / "summary.md", text)

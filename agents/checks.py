@@ -20,6 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from agents.conditions import condition_sweeps
 from envs.actions import FRACTION_LADDER
 from envs.episodes import EpisodeSampler, draw_episodes
 from envs.reward import RewardMeter, RewardWeights
@@ -150,8 +151,8 @@ def condition_teachers(base: Scenario, sampler: EpisodeSampler, names: list[str]
 
 
 TIE_SHARE = 0.02
-"""Capacities within this share of the highest on a condition tie (the bisection's own
-tolerance): among them, :func:`capacity_teachers` keeps the given order's first."""
+"""Capacities within this share of the highest on a condition tie (the capacity search's
+bisection tolerance): among them, :func:`capacity_pick` keeps the given order's first."""
 
 
 def condition_capacities(base: Scenario, conditions: list[dict], names: list[str], seeds: int = 2,
@@ -164,24 +165,14 @@ def condition_capacities(base: Scenario, conditions: list[dict], names: list[str
 
     Across deployments the member of a rule family that serves moves with the hardware and
     model (the KV-aware deadline rule's TOP 16 on an H100's 8B, TOP 4 on an A100's), and an
-    episode's cost at one load misranks them: by cost, TOP 16 was every condition's pick but
-    two, and it loses a third of an A100's capacity (docs/learning.md). Capacity is the
-    figure the policy is judged by."""
-    caps = {}
-    for slo_ttft in sorted({c["slo_ttft_s"] for c in conditions}):
-        group = [i for i, c in enumerate(conditions) if c["slo_ttft_s"] == slo_ttft]
-        pairs, starts = [], []
-        for i in group:
-            cond = conditions[i]
-            sc = base.with_fields(**{k: v for k, v in cond.items() if k != "capacity_rps"})
-            hint = cond.get("capacity_rps", 0.0) / sc.rate
-            pairs += [(sc, make_policy(n, sc).limit_pass(sc)) for n in names]
-            starts += [[hint] * seeds] * len(names)
-        found = capacity_sweep(pairs, seeds, num_requests, executor=executor, progress=progress,
-                               starts=starts, min_duration_s=10 * slo_ttft)
-        for k, i in enumerate(group):
-            caps[i] = [r.capacity for r in found[k * len(names):(k + 1) * len(names)]]
-    return [caps[i] for i in range(len(conditions))]
+    episode's cost at one load misranks them (docs/learning.md, "One policy for every
+    deployment"). Capacity is the figure the policy is judged by."""
+    starts = [c.get("capacity_rps", 0.0) / base.with_fields(
+        **{k: v for k, v in c.items() if k != "capacity_rps"}).rate for c in conditions]
+    found = condition_sweeps(base, conditions,
+                             lambda sc: [make_policy(n, sc).limit_pass(sc) for n in names],
+                             seeds, num_requests, starts, executor, progress)
+    return [[r.capacity for r in rs] for rs in found]
 
 
 def capacity_pick(names: list[str], capacities: list[float]) -> str:

@@ -142,18 +142,38 @@ MIN_CAPACITY_RPS = 0.1
 dropped: below this capacity the budget hardly matters."""
 
 
+def condition_sweeps(base: Scenario, conditions: list[dict], policies, seeds: int = 2,
+                     num_requests: int = 200, starts: list[float] | None = None, executor=None,
+                     progress=None) -> list[list]:
+    """For each condition (Scenario fields, with or without ``capacity_rps``), in order, the
+    capacity results (``eval.capacity.CapacityResult``) under its own SLO of the policies
+    ``policies(scenario)`` makes for its scenario, each over ``seeds`` streams lasting at
+    least ten TTFT targets; ``starts``: each condition's first load factor (a hint)."""
+    found: dict[int, list] = {}
+    for slo_ttft in sorted({c["slo_ttft_s"] for c in conditions}):
+        group = [i for i, c in enumerate(conditions) if c["slo_ttft_s"] == slo_ttft]
+        pairs, hints, widths = [], [], []
+        for i in group:
+            sc = base.with_fields(**{k: v for k, v in conditions[i].items() if k != "capacity_rps"})
+            made = policies(sc)
+            pairs += [(sc, p) for p in made]
+            hints += [[starts[i]] * seeds if starts else None] * len(made)
+            widths.append(len(made))
+        results = capacity_sweep(pairs, seeds, num_requests, executor=executor, progress=progress,
+                                 starts=hints if starts else None, min_duration_s=10 * slo_ttft)
+        at = 0
+        for i, w in zip(group, widths):
+            found[i], at = results[at:at + w], at + w
+    return [found[i] for i in range(len(conditions))]
+
+
 def with_capacities(base: Scenario, conditions: list[dict], seeds: int = 2, num_requests: int = 200,
                     executor=None, progress=None) -> list[dict]:
     """Each condition with its ``capacity_rps`` under its own SLO (the time-budget rule's,
-    mean over ``seeds`` streams, each lasting at least ten TTFT targets); conditions with
-    less than ``MIN_CAPACITY_RPS`` are dropped."""
-    out = []
-    for slo_ttft in sorted({c["slo_ttft_s"] for c in conditions}):
-        group = [c for c in conditions if c["slo_ttft_s"] == slo_ttft]
-        pairs = [(sc, TimeBudgetPolicy(sc.slo_itl_s).limit_pass(sc))  # under the run's cap
-                 for sc in (base.with_fields(**c) for c in group)]
-        found = capacity_sweep(pairs, seeds, num_requests, executor=executor, progress=progress,
-                               min_duration_s=10 * slo_ttft)
-        out += [{**c, "capacity_rps": round(r.capacity, 4)} for c, r in zip(group, found)
-                if r.capacity >= MIN_CAPACITY_RPS]
-    return out
+    mean over ``seeds`` streams, each lasting at least ten TTFT targets), ordered by TTFT
+    target; conditions with less than ``MIN_CAPACITY_RPS`` are dropped."""
+    found = condition_sweeps(base, conditions, lambda sc: [TimeBudgetPolicy(sc.slo_itl_s).limit_pass(sc)],
+                             seeds, num_requests, executor=executor, progress=progress)
+    order = sorted(range(len(conditions)), key=lambda i: conditions[i]["slo_ttft_s"])
+    return [{**conditions[i], "capacity_rps": round(found[i][0].capacity, 4)} for i in order
+            if found[i][0].capacity >= MIN_CAPACITY_RPS]

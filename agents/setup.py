@@ -124,8 +124,8 @@ def imitate(model, teacher: str, ladder, steps: int = 20_000, epochs: int = CLON
         venv.step(a)
         if progress is not None:
             progress.update(venv.num_envs)
-    # Normalised with the statistics the policy acts with from now on, not with each
-    # moment's (the first decisions' would be scaled by a few observations' spread).
+    # Normalised with the statistics the policy acts with when learning starts, not with
+    # each moment's (the first decisions' would be scaled by a few observations' spread).
     return fit_actions(model.policy, venv.normalize_obs(np.concatenate(raws)), np.concatenate(acts),
                        epochs, batch, seed, progress=progress)
 

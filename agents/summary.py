@@ -98,16 +98,20 @@ def teacher_verdicts(studies: dict, learned_name: str, teacher: str | None) -> d
 
 
 STARTED_FROM = "the rule it started from"
-MIXED_START = "the best fixed choice overall (each training condition was cloned from its own)"
 """What the summary calls the rule it compares the learned policy with: the one it was
-cloned from, or, where training conditions had teachers of their own
-(``checks.condition_teachers``), the best overall, which some of them were not."""
+cloned from, or, where training conditions had teachers of their own, :func:`mixed_start`."""
+
+
+def mixed_start(checks: dict | None) -> str:
+    """The overall teacher's name where training conditions were cloned from their own
+    (``checks.condition_teachers``), some of them not from it."""
+    return f"{teacher_words(checks)} overall (each training condition was cloned from its own)"
 
 
 def learning_sentence(verdicts: dict, start: str = STARTED_FROM) -> str:
     """Whether the learning added anything to its teacher, in plain words, from
     :func:`teacher_verdicts` (the serving scenario first); ``start``: what that teacher is
-    (:data:`STARTED_FROM` or :data:`MIXED_START`)."""
+    (:data:`STARTED_FROM` or :func:`mixed_start`)."""
     if not verdicts:
         return ""
     scenario, (rule, v) = next(iter(verdicts.items()))

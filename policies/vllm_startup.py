@@ -5,7 +5,9 @@ default fit under the engine's ``max_num_batched_tokens``; ``TableScheduler`` is
 with async scheduling on; its provenance matches the served model's shape (layers,
 hidden size, heads, KV heads, head dim, bytes per weight, tensor parallel) and the device
 (name and memory), and the SLO the operator states, if any. A mismatch is refused with
-one line naming both sides, unless ``CHUNKPILOT_ALLOW_MISMATCH=1``.
+one line naming both sides, unless ``CHUNKPILOT_ALLOW_MISMATCH=1``. A table that carries to
+other deployments (provenance ``deployments``) is compared instead with the deployment
+``CHUNKPILOT_HARDWARE`` and ``CHUNKPILOT_MODEL`` name, if set, and re-priced for it.
 
 Where they run. The scheduler runs them when vLLM builds it, which in vLLM 0.32 is in the
 engine-core process after the model's weights are loaded and the KV cache is allocated
@@ -137,13 +139,20 @@ def _env_served() -> ServedDeployment | None:
     try:
         hardware = get_hardware(hw)
     except ConfigError as err:
-        raise TableError(f"{HARDWARE_ENV}: {err}") from None
+        raise TableError(f"{HARDWARE_ENV}: {_unprefixed(err, 'hardware')}") from None
     try:
         model = get_model(mdl)
     except ConfigError as err:
-        raise TableError(f"{MODEL_ENV}: {err}") from None
-    return ServedDeployment(hardware_provenance(hardware), model_provenance(model),
-                            Roofline.of(hardware, model).coefficients())
+        raise TableError(f"{MODEL_ENV}: {_unprefixed(err, 'model')}") from None
+    # A preset with changed figures (h100-sxm@peak_flops_per_s=...) is still that part.
+    named = {**hardware_provenance(hardware), "name": hardware.name.split("@")[0]}
+    return ServedDeployment(named, model_provenance(model), Roofline.of(hardware, model).coefficients())
+
+
+def _unprefixed(err: ConfigError, field: str) -> str:
+    """A profile's error without its own field name (the variable names it instead)."""
+    text = str(err)
+    return text[len(field) + 2:] if text.startswith(f"{field}: ") else text
 
 
 def _env_record_path(name: str) -> str | None:
@@ -279,9 +288,9 @@ def check_table(table: BudgetTable, vllm_config, settings: Settings,
     hardware, model = hardware or served_hardware(), served_model(vllm_config)
     carries, named = table.deployment_range is not None, settings.served
     if named and not carries:
-        raise TableError(f"{HARDWARE_ENV}: re-prices only a table that carries to other "
-                         f"deployments; {table.path} was made for one (no provenance "
-                         f"deployments): unset {HARDWARE_ENV} and {MODEL_ENV}")
+        raise TableError(f"{HARDWARE_ENV}/{MODEL_ENV}: re-price only a table that carries to "
+                         f"other deployments; {table.path} was made for one (no provenance "
+                         f"deployments): unset both")
     if named:
         reasons = provenance_mismatches({"hardware": named.hardware, "model": named.model},
                                         hardware, model)

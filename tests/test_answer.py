@@ -202,14 +202,16 @@ def test_the_learning_sentence_when_one_stream_cannot_judge():
 
 
 def test_a_policy_cloned_from_each_conditions_own_teacher_is_not_said_to_start_from_one_rule():
-    from agents.summary import MIXED_START, learning_sentence
+    from agents.summary import learning_sentence, mixed_start
 
     from eval.harness import paired_verdict as v
-    text = learning_sentence({"serving": ("time-budget-deadline-kv:16", v([0.9, 0.95, 0.92], [1.0, 1.0, 1.0]))},
-                             MIXED_START)
+    verdicts = {"serving": ("time-budget-deadline-kv:16", v([0.9, 0.95, 0.92], [1.0, 1.0, 1.0]))}
+    text = learning_sentence(verdicts, mixed_start({}))
     assert text.startswith("The learned policy serves less than the best fixed choice overall (each "
                            "training condition was cloned from its own), time-budget-deadline-kv:16 (")
     assert "started from" not in text
+    given = learning_sentence(verdicts, mixed_start({"teacher_given": True}))
+    assert given.startswith("The learned policy serves less than the given teacher overall (each")
 
 
 def test_a_smoke_run_gives_no_answer_to_act_on():

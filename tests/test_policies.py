@@ -352,14 +352,19 @@ def test_the_served_deployment_is_read_from_the_environment_before_serving(monke
     from policies.vllm_startup import Settings
 
     monkeypatch.setenv("CHUNKPILOT_TABLE", "t.json")
+    monkeypatch.delenv("CHUNKPILOT_HARDWARE", raising=False)
+    monkeypatch.delenv("CHUNKPILOT_MODEL", raising=False)
     assert Settings.from_env().served is None
     monkeypatch.setenv("CHUNKPILOT_HARDWARE", "l40s")
     monkeypatch.setenv("CHUNKPILOT_MODEL", "llama-3-70b-tp4")
     served = Settings.from_env().served
     assert served.cost == Scenario(hardware="l40s", model="llama-3-70b-tp4").simulator_cost()
     assert (served.hardware["name"], served.model["tensor_parallel"]) == ("l40s", 4)
+    monkeypatch.setenv("CHUNKPILOT_HARDWARE", "l40s@peak_flops_per_s=2e14")  # still an L40S
+    served = Settings.from_env().served
+    assert (served.hardware["name"], served.hardware["peak_flops_per_s"]) == ("l40s", 2e14)
     for env, value, match in (("CHUNKPILOT_MODEL", "", "^CHUNKPILOT_MODEL: unset while CHUNKPILOT_HARDWARE is set"),
-                              ("CHUNKPILOT_MODEL", "llama-9", "^CHUNKPILOT_MODEL: .*llama-9"),
+                              ("CHUNKPILOT_MODEL", "llama-9", "^CHUNKPILOT_MODEL: unknown .*llama-9"),
                               ("CHUNKPILOT_HARDWARE", "h100-sxm@peak_flops_per_s=0", "^CHUNKPILOT_HARDWARE: .*peak_flops_per_s")):
         with monkeypatch.context() as m:
             m.setenv(env, value)

@@ -600,6 +600,36 @@ def test_a_condition_teacher_by_capacity_is_the_one_that_serves_most_ties_to_the
     assert capacity_pick(names, [0.5, 0.9, 1.0]) == names[2]
 
 
+def test_condition_capacities_come_back_in_the_conditions_order_across_slo_groups(monkeypatch):
+    """Conditions are searched in groups of one TTFT target (a stream lasts ten of them), and
+    each condition's capacities come back in its own place, one per name, each search
+    started from the condition's own capacity."""
+    from types import SimpleNamespace
+
+    import agents.conditions as conditions
+    from agents.checks import condition_capacities
+    from envs.scenario import Scenario
+
+    calls = []
+
+    def sweep(pairs, seeds, num_requests, starts=None, min_duration_s=0.0, **_):
+        calls.append(min_duration_s)
+        return [SimpleNamespace(capacity=sc.slo_itl_s * 1000 + len(p.name) + starts[k][0])
+                for k, (sc, p) in enumerate(pairs)]
+
+    monkeypatch.setattr(conditions, "capacity_sweep", sweep)
+    conds = [dict(slo_ttft_s=10.0, slo_itl_s=0.2, capacity_rps=2.0),
+             dict(slo_ttft_s=2.0, slo_itl_s=0.1, capacity_rps=4.0),
+             dict(slo_ttft_s=10.0, slo_itl_s=0.3, capacity_rps=1.0)]
+    names = ["time-budget-deadline-kv:4", "time-budget"]
+    base = Scenario(rate=2.0)
+    got = condition_capacities(base, conds, names)
+    assert calls == [20.0, 100.0]  # the 2 s group first, streams of at least ten targets
+    long, short = len("time-budget-deadline-kv"), len("time-budget")  # how the policies name themselves
+    assert got == [[200 + long + 1.0, 200 + short + 1.0], [100 + long + 2.0, 100 + short + 2.0],
+                   [300 + long + 0.5, 300 + short + 0.5]]
+
+
 def test_on_an_l40s_the_deadline_rule_at_top_4_serves_more_than_at_top_16():
     """The capacities behind a condition's teacher across deployments: on the L40S, whose
     prefill of 1,298 tokens per ITL target is a third of the H100's, passes of 16 targets
@@ -628,7 +658,7 @@ def test_across_deployments_each_conditions_teacher_is_picked_by_capacity(monkey
     monkeypatch.setattr(train, "condition_teachers", lambda *a, **k: pytest.fail("picked by cost"))
     monkeypatch.setattr(train, "room_check", lambda *a, **k: {"gain": 0.0, "gain_ci95": 0.0, "episodes": 6})
     caps = [[2.0, 2.0, 2.01], [1.0, 1.0, 1.5]]
-    monkeypatch.setattr(train, "condition_capacities", lambda base, conds, names, **_: caps[:len(conds)])
+    monkeypatch.setattr(train, "condition_capacities", lambda base, conds, names, *_, **__: caps[:len(conds)])
     args = train.Args(all_deployments=True, conditions=2, workers=1)
     args.validate()
     out = train.pretraining_checks(args, args.scenario(), [{"capacity_rps": 1.0}] * 2, None)

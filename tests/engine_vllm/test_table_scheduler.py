@@ -443,6 +443,6 @@ def test_a_table_that_carries_takes_the_cost_model_of_the_deployment_named(model
         with pytest.raises(TableError, match="describe another deployment than this engine runs: model"):
             create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=1024,
                              chunkpilot_table=BudgetTable(data))
-    with pytest.raises(TableError, match="re-prices only a table that carries"):
+    with pytest.raises(TableError, match="re-price only a table that carries"):
         create_scheduler(vs.TableScheduler, model, max_num_batched_tokens=1024,
                          chunkpilot_table=BudgetTable(two_fraction_table("running_decodes", 4)))
