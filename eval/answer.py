@@ -157,9 +157,10 @@ def capacity_answer(study, held_out: bool = False, names: dict | None = None) ->
     text = (f"Serve {called(choice)}: {v.rel:.1%} more requests/s than the best fixed budget ({b:,} "
             f"tokens) under {slo}, on {_streams(v.streams, held_out)} ({v.figure}).")
     top = max((n for n in servings if verdicts[n].kind == "beats"), key=lambda n: verdicts[n].rel)
-    if top != choice:
-        text += (f" {called(top)} is further ahead of the fixed budget ({verdicts[top].rel:+.1%}) but "
-                 f"not beyond the interval against {called(choice)} "
+    if top != choice and f"{verdicts[top].rel:.1%}" != f"{v.rel:.1%}":  # not a tie as printed
+        ahead = called(top)
+        text += (f" {ahead[:1].upper()}{ahead[1:]} is further ahead of the fixed budget "
+                 f"({verdicts[top].rel:+.1%}) but not beyond the interval against {called(choice)} "
                  f"({paired_verdict(res[top].per_stream, res[choice].per_stream).figure}).")
     return Answer(text, serve_commands(sc, servings[choice]))
 

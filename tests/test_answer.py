@@ -63,9 +63,17 @@ def test_a_tie_with_the_teacher_serves_the_teacher_and_says_the_learning_added_n
     assert line.startswith("**Serve time-budget-deadline:16: 4.8% more requests/s")  # 6.2685 / 6 ... 7.3868 / 7
     assert "The learned policy ties the rule it started from, time-budget-deadline:16" in line
     assert "the learning added nothing you can count on" in line
+    assert ("(+4.8% ± 1.5%). The learned policy (as a table) is further ahead of the fixed budget "
+            "(+5.0%) but not beyond the interval against time-budget-deadline:16") in line
     assert answer.commands[0] == ("python -m eval export --rule time-budget-deadline:16 --hardware "
                                   "h100-sxm --model llama-3-8b --slo-ttft-s 2 --slo-itl-s 0.1 --out "
                                   "tables/h100-sxm__llama-3-8b__time-budget-deadline-16.json")
+
+
+def test_a_clone_that_serves_as_its_rule_is_not_said_to_be_further_ahead():
+    line, _ = first_line({"serving": study((6.3, 6.825, 7.35), (6.3, 6.825, 7.35))})
+    assert line.startswith("**Serve time-budget-deadline:16: 5.0% more requests/s")
+    assert "further ahead" not in line
 
 
 def test_a_loss_serves_the_fixed_budget():
