@@ -27,8 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from agents.checks import (capacity_pick, condition_capacities, condition_teachers, constant_costs,
-                           ranking_check, room_check,
-                           teacher_choice)
+                           ranking_check, room_check, teacher_choice)
 from agents.conditions import MIN_CAPACITY_RPS, draw_conditions, held_out, trained, with_capacities
 from agents.setup import ACTION_TYPES, imitate, make_model
 from agents.summary import (STARTED_FROM, final_comparison, final_figures, final_policies,

@@ -172,8 +172,9 @@ def run_answer(studies: dict, learned_name: str, teacher: str | None,
     """The summary's answer: what to serve on the serving scenario (held-out streams), what
     the learning added to the rule it was cloned from (``teacher``; None where it was
     cloned from none; ``start`` says what it is, :func:`learning_sentence`), and which
-    model the run kept (``selection``, :func:`selection_sentence`). A run with ``notes`` (a smoke run's) measured too little
-    to act on: its answer says so and gives no commands."""
+    model the run kept (``selection``, :func:`selection_sentence`). A run with ``notes``
+    (a smoke run's) measured too little to act on: its answer says so and gives no
+    commands."""
     if notes:
         return Answer("Not an answer to act on: " + " ".join(notes))
     serving = next(iter(studies.values()))
