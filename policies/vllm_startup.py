@@ -278,14 +278,12 @@ def engine_ceiling(vllm_config) -> int:
 
 # --- the checks ----------------------------------------------------------------------
 
-def check_table(table: BudgetTable, vllm_config, settings: Settings,
-                hardware: dict | None = None) -> str | None:
-    """Refuse (TableError) a table this engine cannot serve; return the mismatch that
-    CHUNKPILOT_ALLOW_MISMATCH lets through, if any. Run at start and on every reload."""
-    # Provenance first: a table made for something else is the bigger mistake than a flag.
-    # A table that carries is re-priced for the SLO served (the scheduler's _cp_carried),
-    # and for the deployment CHUNKPILOT_HARDWARE/MODEL name, which must be what runs.
-    hardware, model = hardware or served_hardware(), served_model(vllm_config)
+def provenance_reason(table: BudgetTable, settings: Settings, hardware: dict,
+                      model: dict) -> str | None:
+    """Why ``table`` does not fit the served ``hardware`` and ``model`` (provenance blocks),
+    or None; raises TableError where the override cannot help. A table that carries is
+    re-priced for the SLO served (the scheduler's ``_cp_carried``) and for the deployment
+    CHUNKPILOT_HARDWARE/MODEL name, which must then be what runs."""
     carries, named = table.deployment_range is not None, settings.served
     if named and not carries:
         raise TableError(f"{HARDWARE_ENV}/{MODEL_ENV}: re-price only a table that carries to "
@@ -294,13 +292,22 @@ def check_table(table: BudgetTable, vllm_config, settings: Settings,
     if named:
         reasons = provenance_mismatches({"hardware": named.hardware, "model": named.model},
                                         hardware, model)
-        reason = (f"{HARDWARE_ENV}/{MODEL_ENV} describe another deployment than this engine "
-                  "runs: " + "; ".join(reasons)) if reasons else None
-    else:
-        reason = table.mismatch(hardware, model, None if carries else settings.slo)
-        if reason and carries:
-            reason += (f" (a table that carries: set {HARDWARE_ENV} and {MODEL_ENV} to the "
-                       "deployment served to re-price it for it)")
+        return (f"{HARDWARE_ENV}/{MODEL_ENV} describe another deployment than this engine "
+                "runs: " + "; ".join(reasons)) if reasons else None
+    reason = table.mismatch(hardware, model, None if carries else settings.slo)
+    if reason and carries:
+        reason += (f" (a table that carries: set {HARDWARE_ENV} and {MODEL_ENV} to the "
+                   "deployment served to re-price it for it)")
+    return reason
+
+
+def check_table(table: BudgetTable, vllm_config, settings: Settings,
+                hardware: dict | None = None) -> str | None:
+    """Refuse (TableError) a table this engine cannot serve; return the mismatch that
+    CHUNKPILOT_ALLOW_MISMATCH lets through, if any. Run at start and on every reload."""
+    # Provenance first: a table made for something else is the bigger mistake than a flag.
+    reason = provenance_reason(table, settings, hardware or served_hardware(),
+                               served_model(vllm_config))
     if reason and not settings.allow_mismatch:
         raise TableError(f"{reason}; set {ALLOW_MISMATCH_ENV}=1 to serve it anyway")
     ceiling = engine_ceiling(vllm_config)

@@ -373,6 +373,43 @@ def test_the_served_deployment_is_read_from_the_environment_before_serving(monke
             assert "\n" not in str(err.value)
 
 
+def test_a_named_deployment_is_what_a_carrying_table_is_checked_against(monkeypatch):
+    """With CHUNKPILOT_HARDWARE/MODEL set, a table that carries is compared with the named
+    deployment, which must be what the engine runs; unset, its own part is, and the reason
+    says how to re-price it; a table made for one deployment cannot be re-priced."""
+    import json
+
+    from envs.profiles import get_hardware, get_model
+    from policies.table import BudgetTable, TableError, hardware_provenance, model_provenance
+    from policies.vllm_startup import Settings, provenance_reason
+
+    path = "tables/h100-sxm__llama-3-8b.json"
+    shipped = BudgetTable.load(path)
+    data = json.loads(Path(path).read_text())
+    data["provenance"]["deployments"] = {"range": {}}
+    carrying = BudgetTable(data, path)
+    l40s = {"name": "l40s", "memory_bytes": hardware_provenance(get_hardware("l40s"))["memory_bytes"]}
+    h100 = {"name": "h100-sxm", "memory_bytes": hardware_provenance(get_hardware("h100-sxm"))["memory_bytes"]}
+    llama = model_provenance(get_model("llama-3-8b"))
+    monkeypatch.setenv("CHUNKPILOT_TABLE", path)
+    monkeypatch.delenv("CHUNKPILOT_HARDWARE", raising=False)
+    monkeypatch.delenv("CHUNKPILOT_MODEL", raising=False)
+    unnamed = Settings.from_env()
+    assert provenance_reason(carrying, unnamed, h100, llama) is None
+    assert provenance_reason(carrying, unnamed, l40s, llama).endswith(
+        "(a table that carries: set CHUNKPILOT_HARDWARE and CHUNKPILOT_MODEL to the deployment "
+        "served to re-price it for it)")
+    monkeypatch.setenv("CHUNKPILOT_HARDWARE", "l40s")
+    monkeypatch.setenv("CHUNKPILOT_MODEL", "llama-3-8b")
+    named = Settings.from_env()
+    assert provenance_reason(carrying, named, l40s, llama) is None
+    assert provenance_reason(carrying, named, h100, llama).startswith(
+        "CHUNKPILOT_HARDWARE/CHUNKPILOT_MODEL describe another deployment than this engine runs: "
+        "hardware")
+    with pytest.raises(TableError, match="re-price only a table that carries"):
+        provenance_reason(shipped, named, l40s, llama)
+
+
 def test_eval_refuses_a_table_for_another_scenario_unless_allowed(capsys):
     path = "tables/h100-sxm__llama-3-8b.json"
     assert make_policy(f"table:{path}", SMALL).name == f"table:{path}"
