@@ -76,12 +76,15 @@ def pooled_use(table: BudgetTable, found: list) -> dict:
 
 
 def table_use(table: BudgetTable, scenarios: dict, factors: np.ndarray, num_requests: int,
-              seed_base: int, workers=None) -> dict:
+              seed_base: int, workers=None, served: list[TablePolicy] | None = None) -> dict:
     """What the table does at its own capacity on each scenario's streams (``factors``: per
     scenario and stream, as a multiple of the scenario's load), every pass it decides
     pooled. At one SLO a fraction of the ITL target still becomes a different budget with
-    each pass's decodes."""
-    tasks = use_tasks(table, list(scenarios.values()), factors, num_requests, seed_base)
+    each pass's decodes. ``served``: the table as it serves each scenario (a table that
+    carries, re-priced for each), if not the table itself."""
+    per = served or [table] * len(scenarios)
+    tasks = [t for sc, p, row in zip(scenarios.values(), per, factors)
+             for t in use_tasks(p, [sc], [row], num_requests, seed_base)]
     return pooled_use(table, make_executor(workers).map(_trace_task, tasks) if tasks else [])
 
 

@@ -248,25 +248,172 @@ def test_the_range_check_has_a_hair_of_slack_at_its_ends():
 
 
 
-def test_a_table_exported_from_a_run_across_deployments_is_built_on_the_serving_one():
-    """The export of a run across deployments builds the serving deployment's table from that
-    deployment's conditions alone: the other deployments' decisions were priced by other
-    cost models than the one the table stores."""
+def _run_across_deployments(actions: str, conditions: list[dict]):
     from types import SimpleNamespace
 
+    args = {"load_low": 0.5, "load_high": 1.5, "episode_s": 20.0, "all_deployments": True}
+    return SimpleNamespace(actions=actions, config={
+        "args": args, "conditions": conditions,
+        "deployments": {"trained": [list(d) for d in TRAINING_DEPLOYMENTS],
+                        "range": feature_range(Scenario(**{k: v for k, v in c.items()
+                                                           if k != "capacity_rps"}).deployment()
+                                               for c in conditions)}})
+
+
+@pytest.mark.parametrize("actions", ["time", "tokens"])
+def test_the_export_of_a_run_across_deployments_draws_on_every_deployment_it_can_carry_to(actions):
+    """A run acting in time exports a table that carries, built from every training
+    deployment's conditions at their own SLO pairs (the table is re-priced for each); one
+    acting in tokens, the serving deployment's table from its conditions alone (the others'
+    budgets are tokens of other parts), at the table's SLO."""
     from eval.export.args import ExportArgs
-    from eval.export.record import export_episodes
+    from eval.export.record import carries, export_episodes
 
     conditions = draw_conditions(Scenario(), 40, 0, TRAINING_DEPLOYMENTS)
     conditions = [{**c, "capacity_rps": 1.0} for c in conditions]
-    args = {"load_low": 0.5, "load_high": 1.5, "episode_s": 20.0, "all_deployments": True}
-    model = SimpleNamespace(config={"args": args, "conditions": conditions})
+    model = _run_across_deployments(actions, conditions)
     serving = Scenario(hardware="a100-80g")
     build, held = export_episodes(model, serving, ExportArgs(run_dir="x", build_episodes=12,
                                                             held_episodes=4))
-    assert {(sc.hardware.partition("@")[0], sc.model) for sc, _ in build + held} == {
-        ("a100-80g", "llama-3-8b")}
-    assert any("@" in sc.hardware for sc, _ in build)  # the deployment's variants among them
+    drawn = {(sc.hardware.partition("@")[0], sc.model) for sc, _ in build + held}
+    assert carries(model) == (actions == "time")
+    if actions == "tokens":
+        assert drawn == {("a100-80g", "llama-3-8b")}
+        assert any("@" in sc.hardware for sc, _ in build)  # the deployment's variants among them
+        assert {(sc.slo_ttft_s, sc.slo_itl_s) for sc, _ in build + held} == {(2.0, 0.1)}
+    else:
+        assert len(drawn) >= 4 and drawn <= set(TRAINING_DEPLOYMENTS)
+        slos = {(c["slo_ttft_s"], c["slo_itl_s"]) for c in conditions}
+        assert {(sc.slo_ttft_s, sc.slo_itl_s) for sc, _ in held} <= slos
+        assert len({(sc.slo_ttft_s, sc.slo_itl_s) for sc, _ in build}) >= 3
+
+
+class _TableModel:
+    """A stand-in for a run across deployments whose policy is a table that carries: at each
+    scenario it acts as that table re-priced for it (the fraction of the cell it looks up)."""
+
+    actions, kind, name = "time", "model", "model:carrying"
+    config = {"args": {"all_deployments": True}}
+
+    def __init__(self, table: BudgetTable, scenario: Scenario | None = None):
+        from policies.table_policy import for_scenario
+
+        self.table, self.slo = table, scenario and scenario.slo()
+        self.served = scenario and TablePolicy(for_scenario(table, scenario, True))
+
+    def at(self, scenario):
+        return _TableModel(self.table, scenario)
+
+    def reset(self):
+        pass
+
+    def action_value(self, state) -> float:
+        return self.served.table.action.cells[self.served.cell(state)]
+
+    def budget_for_value(self, state, value) -> int:
+        return self.served(state)
+
+
+def test_a_table_exported_across_deployments_is_the_policy_it_copies_on_each_of_them():
+    """A policy whose fractions hang on the deployment (the deadline-KV rule at TOP 4 below
+    2,500 prefill tokens per target, at TOP 16 above) recorded on an H100 and on an A100 at
+    two SLO pairs: each decision holds its deployment's features and the deadline priced
+    with its own cost model, in the H100 table's targets, so that a table built from them
+    over the policy's features is, re-priced for each deployment, the policy there, pass
+    for pass."""
+    from eval.export.cells import build_table
+    from eval.export.features import CARRIED, feature_values
+    from eval.export.record import collect, table_policy, trained_range
+    from eval.export.rules import by_deployment
+
+    rules = ["time-budget-deadline-kv:4", "time-budget-deadline-kv:16"]
+    h100 = Scenario(num_requests=80, rate=7.0)
+    a100 = Scenario(hardware="a100-80g", num_requests=80, rate=1.5)
+    loose = a100.with_fields(slo_ttft_s=5.0, slo_itl_s=0.2, rate=2.5)  # 2,560 tokens per target
+    fitted = [Scenario(hardware=h, model=m) for h, m in TRAINING_DEPLOYMENTS]
+    teacher = by_deployment(rules, "prefill_tokens_per_itl", [2500.0], h100, h100.arrivals(), fitted)
+    model = _TableModel(teacher)
+    frame = {"ttft_s": 2.0, "itl_s": 0.1}
+    state, values = collect(model, [(sc, sc.arrivals()) for sc in (h100, a100, loose)], frame=frame)
+    assert set(CARRIED) <= set(state)
+    assert set(np.unique(state["prefill_tokens_per_itl"])) == {
+        sc.deployment().prefill_tokens_per_itl for sc in (h100, a100, loose)}
+    # Each decision's derived and deployment features are what the table re-priced for its
+    # deployment computes, every feature in seconds scaled to the table's targets.
+    from envs.state import DERIVED
+    from policies.table import SECONDS_FEATURES
+    from policies.table_policy import for_scenario
+
+    for sc in (h100, a100, loose):
+        runtime = for_scenario(teacher, sc, True).action
+        own = {"ttft_s": sc.slo_ttft_s, "itl_s": sc.slo_itl_s}
+        scale = {n: frame[t] / own[t] for n, t in SECONDS_FEATURES.items()}
+        rows = np.flatnonzero(state["prefill_tokens_per_itl"] == sc.deployment().prefill_tokens_per_itl)
+        assert len(rows) > 100
+        for i in rows[::7]:
+            row = {n: state[n][i] / scale.get(n, 1.0) for n in state}  # as the engine reads it
+            for n in list(DERIVED) + list(CARRIED):
+                assert state[n][i] == pytest.approx(runtime.value(n, row) * scale.get(n, 1.0),
+                                                    rel=1e-12), n
+    action = time_action(h100)
+    prov = {**scenario_provenance(h100), "deployments": {"range": {}, "kv_tokens": h100.kv_tokens()}}
+    built = build_table({n: feature_values(n, state, action) for n in teacher.features}, values, 8,
+                        prov, action, edges=[list(e) for e in teacher.edges])
+    for sc in (h100, a100, loose):
+        want, got = table_policy(teacher, sc, True), table_policy(built, sc, True)
+        states = _states(sc)
+        assert len(states) > 100
+        assert [got.table.budget(s) for s in states] == [want.table.budget(s) for s in states]
+    # Its range: the deployments its decisions came from, over the axes a table may bucket.
+    run = _run_across_deployments("time", [{"hardware": h, "model": m} for h, m in TRAINING_DEPLOYMENTS])
+    block = trained_range(run, h100, [h100, a100, a100])
+    assert set(block["range"]) == set(CARRIED) and block["kv_tokens"] == h100.kv_tokens()
+    assert block["range"]["prefill_tokens_per_itl"] == [a100.deployment().prefill_tokens_per_itl,
+                                                        h100.deployment().prefill_tokens_per_itl]
+    assert block["trained"][1] == "a100-80g + llama-3-8b"
+
+
+def test_a_table_that_carries_is_judged_on_each_deployment_its_run_trained_on():
+    """The export chooses and checks a table that carries on the serving scenario and one
+    training condition per other deployment, at its own SLO pair, loaded at the capacity
+    measured in training; a run on one deployment, on the serving scenario's variants."""
+    from eval.export.record import judged_scenarios
+    from eval.scenarios import final_scenarios
+
+    conditions = [{"hardware": "a100-80g@hbm_bytes_per_s=2e12", "model": "llama-3-8b",
+                   "slo_ttft_s": 5.0, "slo_itl_s": 0.2, "rate": 9.0, "capacity_rps": 1.7},
+                  {"hardware": "a100-80g", "model": "llama-3-8b", "capacity_rps": 1.5},
+                  {"hardware": "h100-sxm", "model": "qwen2.5-32b", "capacity_rps": 0.6},
+                  {"hardware": "h100-sxm", "model": "llama-3-8b", "capacity_rps": 6.0}]
+    serving = Scenario()
+    judged = judged_scenarios(_run_across_deployments("time", conditions), serving)
+    assert list(judged) == ["serving", "a100-80g + llama-3-8b", "h100-sxm + qwen2.5-32b"]
+    a100 = judged["a100-80g + llama-3-8b"]
+    assert a100.hardware == "a100-80g@hbm_bytes_per_s=2e12" and a100.rate == 1.7
+    assert (a100.slo_ttft_s, a100.slo_itl_s) == (5.0, 0.2)
+    one = _run_across_deployments("tokens", conditions)
+    assert list(judged_scenarios(one, serving)) == list(final_scenarios(serving))
+
+
+@pytest.mark.parametrize("flags, across, says", [
+    (["--features", "kv_usage,prefill_tokens_per_itl"], False,
+     "prefill_tokens_per_itl is a deployment's feature: it needs a run across deployments"),
+    (["--refine-streams", "2"], True, "needs a run on one deployment: a table that carries"),
+])
+def test_an_export_refuses_what_its_run_cannot_give(flags, across, says):
+    """A deployment's feature needs a run across deployments; a refinement on the serving
+    scenario alone, a run on one deployment (a table that carries is chosen across them)."""
+    from types import SimpleNamespace
+
+    from envs.cli import parse
+    from eval.export.args import ExportArgs
+    from eval.export.cli import check_against_run
+
+    run = SimpleNamespace(actions="time", config={"args": {"all_deployments": across}})
+    args = parse(ExportArgs, ["--run-dir", "x", *flags])
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        check_against_run(args, run, Scenario())
+    check_against_run(parse(ExportArgs, ["--run-dir", "x"]), run, Scenario())  # the same run, plainly
 
 
 def test_a_rule_family_picked_by_the_deployment_is_each_members_table_where_it_serves():

@@ -947,7 +947,7 @@ def test_export_lays_out_capacities_by_scenario_stream_and_policy(monkeypatch):
 
     monkeypatch.setattr(select, "capacity_sweep", sweep)
     monkeypatch.setattr(select, "policy_for", lambda model, sc: "model")
-    monkeypatch.setattr(select, "TablePolicy", lambda t, name: t)
+    monkeypatch.setattr(select, "table_policy", lambda t, sc, carry: t)
     got = select.capacity_runs(None, ["t1", "t2"], {"a": "A", "b": "B"}, 4, 123, 50, 1, "x")
     assert got.rps.shape == got.factors.shape == (2, 4, 3) and seen["seed_base"] == 123
     for s in range(2):

@@ -32,6 +32,14 @@ microseconds, in named stages, each a module saying what goes in and what comes 
    twin, goodput at load; ``report`` prints them (a table more than 1% below the model
    says so loudly).
 
+A run across deployments (``train.py --all-deployments``) exports a table that carries:
+its decisions come from every deployment it trained on, at their own SLO pairs (each
+with its deployment's features, which the table may bucket: ``prefill_tokens_per_itl``
+and the others of ``policies.table.DEPLOYMENT_AXES``), the tables drive and are judged on
+each deployment re-priced for it, the choice and the fidelity check run on one training
+condition per deployment, and the kept table's provenance records the range of the
+deployment features it buckets (``eval.export.record``).
+
 :func:`export_run` runs the stages in that order; ``eval.export.cli`` is the command line.
 """
 
@@ -43,7 +51,7 @@ from eval.export.cells import action_spec, run_provenance, scenario_provenance
 from eval.export.dagger import dagger_rounds, round_labels
 from eval.export.features import feature_specs
 from eval.export.fidelity import fidelity_record
-from eval.export.record import collect, export_episodes
+from eval.export.record import carries, collect, export_episodes, trained_range
 from eval.export.refine import refine_table, save_refined
 from eval.export.rules import rule_candidates
 from eval.export.select import kept_table, select_round
@@ -56,8 +64,11 @@ def export_run(model, serving: Scenario, args: ExportArgs) -> BudgetTable:
     rules = rule_candidates(args.rules, serving, action)
     asked, fixed = feature_specs(args.features) if args.features else (None, {})
     build_eps, held_eps = export_episodes(model, serving, args)
-    build, held = collect(model, build_eps), collect(model, held_eps)
     prov = {**scenario_provenance(serving), **run_provenance(model, args)}
+    frame = prov["slo"] if carries(model) else None
+    build, held = collect(model, build_eps, frame=frame), collect(model, held_eps, frame=frame)
+    if frame is not None:
+        prov["deployments"] = trained_range(model, serving, [sc for sc, _ in build_eps])
     rounds = dagger_rounds(model, (build_eps, held_eps), (build, held), asked, args, prov, action,
                            fixed)
     refined = [refine_table(model, rounds, serving, args, prov, action)] if args.refine_streams else []

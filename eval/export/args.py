@@ -30,7 +30,10 @@ class ExportArgs:
     features: str | None = None
     """Comma-separated features to use instead of picking them, each with its own edges if
     given (``prefill_due_s:6:8:10``: buckets below 6, 6-8, 8-10 and from 10 on), else
-    edges where the model's choice changes."""
+    edges where the model's choice changes. A run across deployments may also name a
+    deployment's features (prefill_tokens_per_itl, decode_floor_vs_itl, fixed_share,
+    kv_prompts: envs/deployment.py), which its table, carrying, computes for the deployment
+    it serves."""
     slo_ttft_s: float | None = None
     """The TTFT target the table serves, seconds (default: the run's serving SLO's)."""
     slo_itl_s: float | None = None

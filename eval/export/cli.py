@@ -18,9 +18,10 @@ from envs.workload import check_num_requests
 from eval.export import export_run
 from eval.export.args import MAX_EPISODES, ExportArgs, RuleExportArgs
 from eval.export.cells import action_spec
-from eval.export.features import MAX_BUCKETS, feature_specs
+from eval.export.features import CARRIED, MAX_BUCKETS, feature_specs
+from eval.export.record import carries
 from eval.export.refine import progress_path, refined_path
-from eval.export.report import report, serve_line
+from eval.export.report import carry_line, report, serve_line
 from eval.export.rules import by_deployment, parse_rule, rule_specs, rule_table
 from policies.base import tighter
 from policies.learned import load_run
@@ -92,12 +93,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({serving.max_pass_itl:g}), which the table keeps: the model never learned "
               "what its actions above it do")
     model.limit_pass(serving)
-    if args.features:
-        bad = [n for n in feature_specs(args.features)[0]
-               if n in DERIVED and not action_spec(model, serving)]
-        require(not bad, "features", args.features, f"{bad[0] if bad else ''} needs a run acting in time")
-    require(not (args.refine_streams and serving.trace), "refine_streams", args.refine_streams,
-            "needs a synthetic serving scenario: a trace's parts are those the choice replays")
+    check_against_run(args, model, serving)
     t0 = time.perf_counter()
     table = export_run(model, serving, args)
     table.save(args.out)
@@ -105,6 +101,24 @@ def main(argv: list[str] | None = None) -> int:
         write_atomic(args.csv, table.to_csv())
     report(table, time.perf_counter() - t0, args)
     return 0
+
+
+def check_against_run(args: ExportArgs, model, serving: Scenario) -> None:
+    """The flags that depend on the run, checked once it is loaded and before any work: a
+    derived feature needs a run acting in time, a deployment's feature a run across
+    deployments (whose table carries), and a refinement one deployment's synthetic
+    serving scenario."""
+    names = feature_specs(args.features)[0] if args.features else []
+    bad = [n for n in names if n in DERIVED and not action_spec(model, serving)]
+    require(not bad, "features", args.features, f"{bad[0] if bad else ''} needs a run acting in time")
+    bad = [n for n in names if n in CARRIED and not carries(model)]
+    require(not bad, "features", args.features, f"{bad[0] if bad else ''} is a deployment's "
+            "feature: it needs a run across deployments acting in time (train.py --all-deployments)")
+    require(not (args.refine_streams and serving.trace), "refine_streams", args.refine_streams,
+            "needs a synthetic serving scenario: a trace's parts are those the choice replays")
+    require(not (args.refine_streams and carries(model)), "refine_streams", args.refine_streams,
+            "needs a run on one deployment: a table that carries is chosen across the "
+            "deployments its run trained on, not refined on one")
 
 
 def rule_main(argv: list[str]) -> int:
@@ -125,8 +139,8 @@ def rule_main(argv: list[str]) -> int:
               f"made in {time.perf_counter() - t0:.1f} s): {table.provenance['rule']}")
         print(f"each member the same budget as its rule at every pass of the scenario's "
               f"{check['requests']:,}-request stream ({check['passes']:,} passes, "
-              f"{check['differ']} differ); it carries, re-priced, to deployments whose "
-              + "; ".join(f"{k} lies in [{lo:.4g}, {hi:.4g}]" for k, (lo, hi) in table.deployment_range.items()))
+              f"{check['differ']} differ)")
+        print(carry_line(table))
         print(serve_line(table))
         return 0
     table = rule_table(args.rule, scenario, scenario.arrivals())

@@ -14,9 +14,8 @@ from typing import NamedTuple
 from eval.export.args import ExportArgs
 from eval.export.cells import build_table
 from eval.export.features import feature_edges, features_of, pick_features
-from eval.export.record import collect, join_decisions
+from eval.export.record import carries, collect, join_decisions
 from policies.table import BudgetTable
-from policies.table_policy import TablePolicy
 
 
 def round_labels(rounds: int) -> list[str]:
@@ -47,12 +46,13 @@ def dagger_rounds(model, episodes: tuple, decisions: tuple, names: list[str] | N
     model's decisions alone that kept the capacity and lost goodput past it)."""
 
     build, held = decisions
+    frame = prov["slo"] if carries(model) else None
     out: list[Round] = []
     for r in range(args.dagger_rounds + 1):
         if r:
-            driver = TablePolicy(out[-1].table, name="table")
-            build = join_decisions(build, collect(model, episodes[0], driver))
-            held = join_decisions(held, collect(model, episodes[1], driver))
+            driver = out[-1].table
+            build = join_decisions(build, collect(model, episodes[0], driver, frame))
+            held = join_decisions(held, collect(model, episodes[1], driver, frame))
         features = names or pick_features(build, held, args.buckets, args.max_features, prov, action)[0]
         feats = features_of(features, build[0], action)
         edges = [(fixed or {}).get(n) or feature_edges(feats[n], build[1], args.buckets)

@@ -18,11 +18,14 @@ from envs.errors import require, show
 from envs.pricing import Coefficients, decode_pass_s, prefill_due_s
 from envs.slack import slack_passes
 from eval.export.cells import agreement, build_table, feature_edges, log_error
-from policies.table import DERIVED, SLACK_COUNTS, STATE
+from policies.table import DEPLOYMENT_AXES, DERIVED, SLACK_COUNTS, STATE
 
 
 CANDIDATES = tuple(n for n in STATE if n not in SLACK_COUNTS) + tuple(DERIVED)
 """Features a table may bucket (the slack counts enter only through ``itl_slack_passes``)."""
+CARRIED = tuple(DEPLOYMENT_AXES)
+"""Features a table that carries may also bucket: its deployment's, constant while it serves
+(recorded only from a run across deployments, ``eval.export.record.carries``)."""
 VARYING_ONLY = frozenset({"head_cached_tokens"})
 """Candidates only where the build set's values vary."""
 MAX_BUCKETS = 32
@@ -31,7 +34,10 @@ MAX_BUCKETS = 32
 
 def feature_values(name: str, state: dict, action: dict | None) -> np.ndarray:
     """One feature's value per decision; derived ones with the time-fraction ``action``'s
-    coefficients, ITL target and cap (the runtime's own functions)."""
+    coefficients, ITL target and cap (the runtime's own functions), unless the decisions
+    hold them already (priced with each one's own deployment: a run across deployments)."""
+    if name in state:
+        return state[name]
     if name == "decode_pass_s":
         cost = Coefficients.of(action["cost"])
         return np.array([decode_pass_s(cost, int(n), int(c)) for n, c in
@@ -72,6 +78,7 @@ def pick_features(build: tuple, held: tuple, buckets: int, max_features: int, pr
     (bstate, bvals), (hstate, hvals) = build, held
     candidates = [n for n in CANDIDATES if n in bstate or (
         n in DERIVED and action and all(k in bstate for k in DERIVED[n]))]
+    candidates += [n for n in CARRIED if n in bstate]
     # The cache's share is a candidate where prefix caching served something: without it
     # the column is all zeros, a feature that splits nothing.
     candidates = [n for n in candidates if n not in VARYING_ONLY or np.ptp(bstate[n]) > 0]
@@ -115,8 +122,8 @@ def feature_specs(spec: str) -> tuple[list[str], dict[str, list[float]]]:
     names, fixed = [], {}
     for part in (p.strip() for p in spec.split(",")):
         name, *edges = [x.strip() for x in part.split(":")]
-        require(name in CANDIDATES, "features", spec,
-                f"must name quantities among {', '.join(CANDIDATES)} (got {show(name)})")
+        require(name in CANDIDATES + CARRIED, "features", spec,
+                f"must name quantities among {', '.join(CANDIDATES + CARRIED)} (got {show(name)})")
         require(name not in names, "features", spec, f"names {name} twice")
         names.append(name)
         if not edges:

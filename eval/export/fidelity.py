@@ -17,13 +17,12 @@ from eval.capacity import capacity_sweep
 from eval.export.args import ExportArgs
 from eval.export.cells import agreement
 from eval.export.features import features_of
+from eval.export.record import carries, judged_scenarios, table_policy
 from eval.export.select import capacity_runs, goodput_runs
 from eval.harness import Verdict, paired_verdict
 from eval.parallel import make_executor, progress_bar
-from eval.scenarios import final_scenarios
 from eval.table_use import table_use
 from policies.table import BudgetTable
-from policies.table_policy import TablePolicy
 
 
 LOUD_CAPACITY_LOSS = 0.01
@@ -39,7 +38,7 @@ def fidelity(model, table: BudgetTable, serving: Scenario,
     table against its flat twin there (:func:`flat_check`))."""
     if not args.fidelity_seeds:
         return {}, {}, {}
-    scenarios = final_scenarios(serving)
+    scenarios = judged_scenarios(model, serving)
     found = capacity_runs(model, [table], scenarios, args.fidelity_seeds, CAPACITY_SEEDS,
                           args.fidelity_requests, args.workers, "fidelity")
     out = {}
@@ -49,13 +48,14 @@ def fidelity(model, table: BudgetTable, serving: Scenario,
         out[name] = {"model_capacity_rps": float(m.mean()), "table_capacity_rps": float(t.mean()),
                      "loss": -v.rel, "loss_ci95": v.half, "verdict": v.kind,
                      "model_per_stream": [float(x) for x in m], "table_per_stream": [float(x) for x in t]}
+    carry = carries(model)
     use = table_use(table, scenarios, found.factors[:, :, 1], args.fidelity_requests, CAPACITY_SEEDS,
-                    args.workers)
-    return out, use, flat_check(table, scenarios, use, found.rps[:, :, 1], args)
+                    args.workers, [table_policy(table, sc, carry) for sc in scenarios.values()])
+    return out, use, flat_check(table, scenarios, use, found.rps[:, :, 1], args, carry)
 
 
 def flat_check(table: BudgetTable, scenarios: dict, use: dict, rps: np.ndarray,
-               args: ExportArgs) -> dict:
+               args: ExportArgs, carry: bool = False) -> dict:
     """What a time-fraction table's cells are worth: its capacity (``rps``, per scenario and
     stream) against itself with the fraction it takes most at its capacity (``use``) in
     every cell, on the same streams, paired ({} for a token table, one whose cells hold one
@@ -64,8 +64,8 @@ def flat_check(table: BudgetTable, scenarios: dict, use: dict, rps: np.ndarray,
     if table.action.kind != "time_fraction" or len(set(table.action.cells)) < 2 or not use.get("passes"):
         return {}
     fraction = float(max(use["shares"], key=use["shares"].get))
-    twin = TablePolicy(table.flattened(fraction), name="flat")
-    pairs = [(sc, twin) for sc in scenarios.values()]
+    twin = table.flattened(fraction)
+    pairs = [(sc, table_policy(twin, sc, carry, name="flat")) for sc in scenarios.values()]
     streams = rps.shape[1]
     with progress_bar(len(pairs) * streams, "flat twin") as bar:
         found = capacity_sweep(pairs, streams, args.fidelity_requests,
@@ -101,7 +101,7 @@ def load_fidelity(model, table: BudgetTable, serving: Scenario, args: ExportArgs
     left there is no verdict."""
     if not args.fidelity_seeds:
         return {}
-    scenarios = final_scenarios(serving)
+    scenarios = judged_scenarios(model, serving)
     found = goodput_runs(model, [table], scenarios, args.fidelity_seeds, TABLE_FIDELITY_SEEDS,
                          args.fidelity_requests, args.workers, "fidelity at load")
     out = {}

@@ -7,6 +7,13 @@ an engine reads (``envs.state.TABLE_INPUTS``, by name, and the model's token bud
 ``"budget"``) and the model's action value (a fraction of the ITL target, or a token
 budget). The episodes: the run's training conditions at the table's SLO, and streams of
 the serving scenario and its variants around their own load.
+
+A run across deployments (``train.py --all-deployments``) exports a table that carries
+(:func:`carries`): its decisions come from the conditions of every deployment it trained
+on, at their own SLO pairs and loads, each also recording the deployment's features
+(``policies.table.DEPLOYMENT_AXES``) and the features derived with that deployment's own
+cost model, in the table's SLO frame, as the table re-priced for it looks them up; a table
+drives, and is judged on, each deployment re-priced for it.
 """
 
 from __future__ import annotations
@@ -18,10 +25,14 @@ from envs.scenario import Scenario
 from envs.seeds import TABLE_BUILD_SEEDS, TABLE_FIDELITY_SEEDS
 from eval.export.args import ExportArgs
 from eval.harness import run_policy
+from eval.export.cells import time_action
+from eval.export.features import feature_values
 from eval.scenarios import final_scenarios
 from policies.learned import run_sampler
-from policies.table import STATE
-from policies.table_policy import read_inputs
+from envs.deployment import feature_range
+from policies.table import (DEPLOYMENT_AXES, DERIVED, SECONDS_FEATURES, STATE, BudgetTable,
+                            hardware_provenance, model_provenance)
+from policies.table_policy import TablePolicy, read_inputs
 
 
 class Recorder:
@@ -51,22 +62,107 @@ class Recorder:
         return b if self.driver is None else self.driver(state)
 
 
-def collect(policy, episodes, driver=None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def collect(policy, episodes, driver: BudgetTable | None = None,
+            frame: dict | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """(every engine-readable quantity by name, with the model's token budget as
     ``"budget"``; the model's action value) of every decision, the model driving or, with
-    ``driver``, the driver."""
+    ``driver`` (a table), the table. With ``frame`` (the SLO pair a table that carries is
+    made at, ``{"ttft_s", "itl_s"}``: a run across deployments), each decision also holds
+    its deployment's features and the derived features priced with its own episode's cost
+    model, every feature in seconds in the frame's targets (:func:`deployment_columns`), and
+    the driver is re-priced for each episode's deployment."""
     names = list(STATE)
-    rows, values, budgets = [], [], []
+    parts, values, budgets = [], [], []
     for sc, w in episodes:
-        rec = Recorder(policy_for(policy, sc), names, driver)
+        rec = Recorder(policy_for(policy, sc), names,
+                       None if driver is None else table_policy(driver, sc, frame is not None))
         run_policy(sc, rec, [w])
-        rows += rec.rows
+        arr = np.asarray(rec.rows, dtype=np.float64).reshape(-1, len(names))
+        part = {n: arr[:, j] for j, n in enumerate(names)}
+        if frame is not None:
+            part.update(deployment_columns(part, sc, frame))
+        parts.append(part)
         values += rec.values
         budgets += rec.budgets
-    arr = np.asarray(rows, dtype=np.float64).reshape(-1, len(names))
-    state = {n: arr[:, j] for j, n in enumerate(names)}
+    keys = list(parts[0]) if parts else names
+    state = {n: np.concatenate([p[n] for p in parts]) if parts else np.zeros(0) for n in keys}
     state["budget"] = np.asarray(budgets, dtype=np.float64)
     return state, np.asarray(values, dtype=np.float64)
+
+
+def deployment_columns(state: dict[str, np.ndarray], scenario: Scenario,
+                       frame: dict) -> dict[str, np.ndarray]:
+    """One episode's decisions as a table that carries, made at the SLO pair ``frame``,
+    looks them up once re-priced for ``scenario``'s deployment: its deployment's features
+    (constant over the episode), the derived features (``policies.table.DERIVED``) priced
+    with its own cost model, ITL target and cap, and every feature in seconds
+    (``SECONDS_FEATURES``) in the frame's targets (re-pricing scales a table's edges by the
+    served target over the frame's; this scales the values by the inverse)."""
+    n = len(state["running_decodes"])
+    served = scenario.deployment()
+    out = {name: np.full(n, float(getattr(served, name))) for name in DEPLOYMENT_AXES}
+    action = time_action(scenario)
+    for name in DERIVED:
+        out[name] = feature_values(name, state, action) if n else np.zeros(0)
+    own = {"ttft_s": scenario.slo_ttft_s, "itl_s": scenario.slo_itl_s}
+    for name, target in SECONDS_FEATURES.items():
+        if name in out or name in state:
+            out[name] = (out[name] if name in out else state[name]) * (frame[target] / own[target])
+    return out
+
+
+def carries(model) -> bool:
+    """Whether a run's table carries to other deployments: a run across deployments acting
+    in time (its fractions are re-priced for each deployment served)."""
+    args = (getattr(model, "config", None) or {}).get("args") or {}
+    return bool(args.get("all_deployments")) and getattr(model, "actions", None) == "time"
+
+
+def judged_scenarios(model, serving: Scenario) -> dict[str, Scenario]:
+    """Where the export chooses its table and checks it: the serving scenario and its
+    variants (``eval.scenarios.final_scenarios``); for a table that carries, the serving
+    scenario and, for each other deployment the run trained on, its first training
+    condition (its own SLO pair, the table's cap on the pass), loaded at the capacity
+    measured for it in training."""
+    if not carries(model):
+        return final_scenarios(serving)
+    out = {"serving": serving}
+    seen = {(str(serving.hardware).partition("@")[0], serving.model)}
+    for c in model.config.get("conditions", []):
+        key = (str(c.get("hardware", serving.hardware)).partition("@")[0], c.get("model", serving.model))
+        if key in seen or not c.get("capacity_rps"):
+            continue
+        seen.add(key)
+        fields = {k: v for k, v in c.items() if k != "capacity_rps"}
+        out[" + ".join(key)] = serving.with_fields(**{**fields, "rate": c["capacity_rps"],
+                                                      "max_pass_itl": serving.max_pass_itl})
+    return out
+
+
+def trained_range(model, serving: Scenario, built: list[Scenario]) -> dict:
+    """The provenance ``deployments`` block of a run's table that carries: the range of each
+    deployment feature a table may bucket over the deployments its decisions came from
+    (``built``: the build episodes' scenarios, each at its SLO), the serving deployment's
+    KV cache, and the deployments the run trained on. The kept table's range is that of the
+    features it buckets (``eval.export.select.kept_table``); a deployment outside it is
+    refused where the table is loaded: no cell was made from a deployment like it."""
+    rng = feature_range(sc.deployment() for sc in built)
+    block = model.config.get("deployments") or {}
+    return {"range": {n: rng[n] for n in DEPLOYMENT_AXES if n in rng},
+            "kv_tokens": serving.kv_tokens(),
+            "trained": [f"{h} + {m}" for h, m in block.get("trained", [])]}
+
+
+def table_policy(table: BudgetTable, scenario: Scenario, carry: bool, name: str = "table") -> TablePolicy:
+    """The table as it serves ``scenario``: re-priced for its deployment where it carries
+    (``carry``; a deployment outside its range is served all the same: the export judges
+    the deployments it trained on), as it is otherwise."""
+    if carry and table.deployment_range is not None:
+        priced, _ = table.for_deployment(
+            scenario.simulator_cost(), scenario.slo_ttft_s, scenario.slo_itl_s, scenario.kv_tokens(),
+            hardware_provenance(scenario.hardware_profile()), model_provenance(scenario.model_profile()))
+        return TablePolicy(priced, name=name)
+    return TablePolicy(table, name=name)
 
 
 def policy_for(policy, scenario: Scenario):
@@ -75,16 +171,19 @@ def policy_for(policy, scenario: Scenario):
 
 
 def export_episodes(model, serving: Scenario, args: ExportArgs):
-    """(build episodes, held-out episodes) of the run's training conditions at the table's SLO."""
+    """(build episodes, held-out episodes) of the run's training conditions at the table's
+    SLO; for a table that carries, at each condition's own SLO (the table is re-priced for
+    it, :func:`deployment_columns`), where the run's loads are those it trained at."""
     config = model.config
     conditions = config.get("conditions", [])
-    if config["args"].get("all_deployments"):
-        # A run across deployments: the table is for the serving deployment (its cost model
-        # turns the fractions into tokens), built from that deployment's conditions alone.
+    carry = carries(model)
+    if config["args"].get("all_deployments") and not carry:
+        # A run across deployments acting in tokens: the table is for the serving
+        # deployment, built from that deployment's conditions alone.
         conditions = [c for c in conditions if same_deployment(c, serving)]
     sampler = run_sampler(config["args"], conditions, TABLE_BUILD_SEEDS)
-    slo = dict(slo_ttft_s=serving.slo_ttft_s, slo_itl_s=serving.slo_itl_s,
-               max_pass_itl=serving.max_pass_itl)
+    slo = dict(max_pass_itl=serving.max_pass_itl) if carry else dict(
+        slo_ttft_s=serving.slo_ttft_s, slo_itl_s=serving.slo_itl_s, max_pass_itl=serving.max_pass_itl)
 
     def at_slo(eps):
         return [(sc.with_fields(**slo), w) for sc, w in eps]

@@ -102,7 +102,19 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
               f"{low:.1%} somewhere (beyond the interval, and more than {LOUD_GOODPUT_LOSS:.0%}): "
               "past capacity it drives the engine into states its model does not; use other "
               "features, or serve the model", file=sys.stderr)
+    if table.deployment_range is not None:
+        print(carry_line(table))
     print(serve_line(table))
+
+
+def carry_line(table: BudgetTable) -> str:
+    """Where a table that carries (provenance ``deployments``) may serve, re-priced."""
+    rng = table.deployment_range or {}
+    if not rng:
+        return "it carries, re-priced, to any deployment (its cells do not depend on the deployment)"
+    return ("it carries, re-priced, to deployments whose " + "; ".join(
+        f"{k} lies in [{lo:.4g}, {hi:.4g}]" for k, (lo, hi) in rng.items())
+        + " (python -m policies.table check says whether one does)")
 
 
 def flat_lines(flat: dict | None) -> list[str]:

@@ -17,12 +17,10 @@ from envs.scenario import Scenario
 from envs.seeds import TABLE_SELECT_SEEDS
 from eval.capacity import capacity_sweep
 from eval.export.args import ExportArgs
-from eval.export.record import policy_for
+from eval.export.record import carries, judged_scenarios, policy_for, table_policy
 from eval.harness import run_policy
 from eval.parallel import make_executor, progress_bar
-from eval.scenarios import final_scenarios
 from policies.table import BudgetTable
-from policies.table_policy import TablePolicy
 
 
 def _goodput_task(scenario: Scenario, policy, workload) -> float:
@@ -33,13 +31,13 @@ def goodput_runs(model, tables: list[BudgetTable], scenarios: dict, streams: int
                  num_requests: int, workers, label: str) -> np.ndarray:
     """Goodput of the model and of each table at each scenario's own load, on ``streams``
     streams from ``seed_base``: an array indexed (scenario, stream, policy), the model
-    first."""
-    tpols = [TablePolicy(t, name="table") for t in tables]
+    first. A table that carries serves each scenario re-priced for it."""
+    carry = carries(model)
     tasks = []
     for sc in scenarios.values():
-        mpol = policy_for(model, sc)
+        pols = [policy_for(model, sc)] + [table_policy(t, sc, carry) for t in tables]
         for w in sc.streams(streams, seed_base, num_requests):
-            tasks += [(sc, p, w) for p in (mpol, *tpols)]
+            tasks += [(sc, p, w) for p in pols]
     with progress_bar(len(tasks), label) as bar:
         found = np.asarray(make_executor(workers).map(_goodput_task, tasks, bar), dtype=float)
     return found.reshape(len(scenarios), -1, 1 + len(tables))
@@ -58,9 +56,10 @@ class CapacityRuns(NamedTuple):
 def capacity_runs(model, tables: list[BudgetTable], scenarios: dict, streams: int, seed_base: int,
                   num_requests: int, workers, label: str) -> CapacityRuns:
     """Capacity under the SLO of the model and of each table on each scenario, on ``streams``
-    streams from ``seed_base``."""
-    tpols = [TablePolicy(t, name="table") for t in tables]
-    pairs = [(sc, p) for sc in scenarios.values() for p in (policy_for(model, sc), *tpols)]
+    streams from ``seed_base``. A table that carries serves each scenario re-priced for it."""
+    carry = carries(model)
+    pairs = [(sc, p) for sc in scenarios.values()
+             for p in [policy_for(model, sc)] + [table_policy(t, sc, carry) for t in tables]]
     with progress_bar(len(pairs) * streams, label) as bar:
         found = capacity_sweep(pairs, streams, num_requests, executor=make_executor(workers),
                                progress=bar, seed_base=seed_base)
@@ -98,7 +97,7 @@ def select_round(model, tables: list[BudgetTable], serving: Scenario, args: Expo
     behind it."""
     if len(tables) == 1:
         return {"chosen": 0}
-    scenarios = final_scenarios(serving)
+    scenarios = judged_scenarios(model, serving)
     goodput = kept_share(goodput_runs(model, tables, scenarios, args.select_streams, TABLE_SELECT_SEEDS,
                                       args.fidelity_requests, args.workers, "choosing a round: goodput"),
                          MIN_MODEL_GOODPUT)
@@ -125,6 +124,12 @@ def kept_table(rounds: list, rules: list[tuple[str, BudgetTable]],
     if chosen < len(rounds):
         kept = rounds[chosen]
         data, names, built = kept.table.to_dict(), kept.features, len(kept.build[1])
+        block = data["provenance"].get("deployments")
+        if block is not None:
+            # A table that carries depends on the deployment through the features it
+            # buckets alone: its range is theirs (none bucketed: it carries to any).
+            data["provenance"] = {**data["provenance"], "deployments": {
+                **block, "range": {k: v for k, v in block["range"].items() if k in names}}}
         if 0 < chosen <= args.dagger_rounds:
             # A new dict: every round's table shares the run's provenance.
             data["provenance"] = {**data["provenance"], "rule": data["provenance"]["rule"] + (
@@ -134,7 +139,9 @@ def kept_table(rounds: list, rules: list[tuple[str, BudgetTable]],
         _, table = rules[chosen - len(rounds)]
         data, names, built = table.to_dict(), list(table.features), 0
         run = {k: v for k, v in prov.items() if k != "observation_normalisation"}
+        # A rule's cells do not depend on the deployment: its own range (any) is kept.
         data["provenance"] = {**run, "rule_spec": data["provenance"].get("rule_spec"),
+                              "deployments": data["provenance"].get("deployments"),
                               "rule": f"{data['provenance']['rule']}: it kept more of the model's "
                               "capacity and goodput than the tables built from the model"}
     labels, kinds = candidates
