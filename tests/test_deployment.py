@@ -395,6 +395,28 @@ def test_a_table_that_carries_is_judged_on_each_deployment_its_run_trained_on():
     assert list(judged_scenarios(one, serving)) == list(final_scenarios(serving))
 
 
+@pytest.mark.parametrize("carry", [True, False])
+def test_a_kept_rule_carries_to_any_deployment_where_the_export_carries(carry):
+    """Where a run across deployments keeps a rule's table, the table carries to any
+    deployment (a rule's cells do not depend on it), not within the run's range; a run on
+    one deployment keeps a rule's table for that deployment, as before."""
+    from eval.export.args import ExportArgs
+    from eval.export.select import kept_table
+
+    sc = Scenario(num_requests=40, rate=6.0)
+    rule = rule_table("time-budget-deadline-kv:4", sc, sc.arrivals())
+    prov = {**scenario_provenance(sc), "rule": "the model's"}
+    if carry:
+        prov["deployments"] = {"range": {"prefill_tokens_per_itl": [300.0, 4000.0]},
+                               "kv_tokens": sc.kv_tokens()}
+    data, _, built = kept_table([], [("time-budget-deadline-kv:4", rule)],
+                                (["time-budget-deadline-kv:4"], ["rule"]), {"chosen": 0},
+                                ExportArgs(run_dir="x"), prov)
+    table = BudgetTable(data)
+    assert built == 0 and table.rule_spec() == "time-budget-deadline-kv"  # TOP 4: its default
+    assert table.deployment_range == ({} if carry else None)
+
+
 @pytest.mark.parametrize("flags, across, says", [
     (["--features", "kv_usage,prefill_tokens_per_itl"], False,
      "prefill_tokens_per_itl is a deployment's feature: it needs a run across deployments"),

@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from envs.deployment import feature_range
 from envs.episodes import draw_episodes
 from envs.scenario import Scenario
 from envs.seeds import TABLE_BUILD_SEEDS, TABLE_FIDELITY_SEEDS
 from eval.export.args import ExportArgs
-from eval.harness import run_policy
 from eval.export.cells import time_action
 from eval.export.features import feature_values
+from eval.harness import run_policy
 from eval.scenarios import final_scenarios
 from policies.learned import run_sampler
-from envs.deployment import feature_range
 from policies.table import (DEPLOYMENT_AXES, DERIVED, SECONDS_FEATURES, STATE, BudgetTable,
                             hardware_provenance, model_provenance)
 from policies.table_policy import TablePolicy, read_inputs

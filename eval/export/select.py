@@ -139,9 +139,9 @@ def kept_table(rounds: list, rules: list[tuple[str, BudgetTable]],
         _, table = rules[chosen - len(rounds)]
         data, names, built = table.to_dict(), list(table.features), 0
         run = {k: v for k, v in prov.items() if k != "observation_normalisation"}
-        # A rule's cells do not depend on the deployment: its own range (any) is kept.
+        if "deployments" in run:  # a table that carries: a rule's carries to any deployment
+            run["deployments"] = data["provenance"]["deployments"]
         data["provenance"] = {**run, "rule_spec": data["provenance"].get("rule_spec"),
-                              "deployments": data["provenance"].get("deployments"),
                               "rule": f"{data['provenance']['rule']}: it kept more of the model's "
                               "capacity and goodput than the tables built from the model"}
     labels, kinds = candidates
