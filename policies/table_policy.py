@@ -137,10 +137,12 @@ def load_table_policy(path: str, scenario=None, name: str | None = None,
 
 
 def for_scenario(table: BudgetTable, scenario, allow_mismatch: bool = False,
-                 hardware: dict | None = None, model: dict | None = None) -> BudgetTable:
+                 hardware: dict | None = None, model: dict | None = None,
+                 quiet: bool = False) -> BudgetTable:
     """A table that carries (provenance ``deployments``) re-priced for ``scenario``'s
     deployment: its cost model, SLO pair and KV cache. One outside the range of deployments
-    it was made for is refused (``allow_mismatch``: warned about on stderr)."""
+    it was made for is refused (``allow_mismatch``: warned about on stderr, unless
+    ``quiet``: an export judging its table on the deployments its run trained on)."""
     try:
         priced, reason = table.for_deployment(
             scenario.simulator_cost(), scenario.slo_ttft_s, scenario.slo_itl_s, scenario.kv_tokens(),
@@ -150,7 +152,7 @@ def for_scenario(table: BudgetTable, scenario, allow_mismatch: bool = False,
         raise ConfigError(f"table: {err}") from None
     if reason and not allow_mismatch:
         raise ConfigError(f"table: {reason}; pass --allow-table-mismatch to evaluate it anyway")
-    if reason:
+    if reason and not quiet:
         print(f"warning: {reason}", file=sys.stderr)
     return priced
 

@@ -267,7 +267,8 @@ def test_the_export_of_a_run_across_deployments_draws_on_every_deployment_it_can
     acting in tokens, the serving deployment's table from its conditions alone (the others'
     budgets are tokens of other parts), at the table's SLO."""
     from eval.export.args import ExportArgs
-    from eval.export.record import carries, export_episodes
+    from eval.export.carry import carries
+    from eval.export.record import export_episodes
 
     conditions = draw_conditions(Scenario(), 40, 0, TRAINING_DEPLOYMENTS)
     conditions = [{**c, "capacity_rps": 1.0} for c in conditions]
@@ -321,10 +322,14 @@ def test_a_table_exported_across_deployments_is_the_policy_it_copies_on_each_of_
     with its own cost model, in the H100 table's targets, so that a table built from them
     over the policy's features is, re-priced for each deployment, the policy there, pass
     for pass."""
+    from envs.state import DERIVED
+    from eval.export.carry import table_policy
     from eval.export.cells import build_table
     from eval.export.features import CARRIED, feature_values
-    from eval.export.record import collect, table_policy, trained_range
+    from eval.export.record import collect
     from eval.export.rules import by_deployment
+    from policies.table import SECONDS_FEATURES
+    from policies.table_policy import for_scenario
 
     rules = ["time-budget-deadline-kv:4", "time-budget-deadline-kv:16"]
     h100 = Scenario(num_requests=80, rate=7.0)
@@ -340,10 +345,6 @@ def test_a_table_exported_across_deployments_is_the_policy_it_copies_on_each_of_
         sc.deployment().prefill_tokens_per_itl for sc in (h100, a100, loose)}
     # Each decision's derived and deployment features are what the table re-priced for its
     # deployment computes, every feature in seconds scaled to the table's targets.
-    from envs.state import DERIVED
-    from policies.table import SECONDS_FEATURES
-    from policies.table_policy import for_scenario
-
     for sc in (h100, a100, loose):
         runtime = for_scenario(teacher, sc, True).action
         own = {"ttft_s": sc.slo_ttft_s, "itl_s": sc.slo_itl_s}
@@ -364,12 +365,22 @@ def test_a_table_exported_across_deployments_is_the_policy_it_copies_on_each_of_
         states = _states(sc)
         assert len(states) > 100
         assert [got.table.budget(s) for s in states] == [want.table.budget(s) for s in states]
-    # Its range: the deployments its decisions came from, over the axes a table may bucket.
+
+
+def test_a_table_that_carries_records_the_range_of_the_deployments_it_was_made_from():
+    """Its provenance: every deployment feature a table may bucket, over the deployments
+    its decisions came from (each at its own SLO), the serving KV cache, and the run's
+    training deployments."""
+    from eval.export.carry import trained_range
+    from eval.export.features import CARRIED
+
+    h100, a100 = Scenario(), Scenario(hardware="a100-80g", slo_itl_s=0.2)
     run = _run_across_deployments("time", [{"hardware": h, "model": m} for h, m in TRAINING_DEPLOYMENTS])
     block = trained_range(run, h100, [h100, a100, a100])
     assert set(block["range"]) == set(CARRIED) and block["kv_tokens"] == h100.kv_tokens()
-    assert block["range"]["prefill_tokens_per_itl"] == [a100.deployment().prefill_tokens_per_itl,
-                                                        h100.deployment().prefill_tokens_per_itl]
+    for name in CARRIED:
+        values = sorted(getattr(sc.deployment(), name) for sc in (h100, a100))
+        assert block["range"][name] == values
     assert block["trained"][1] == "a100-80g + llama-3-8b"
 
 
@@ -377,7 +388,7 @@ def test_a_table_that_carries_is_judged_on_each_deployment_its_run_trained_on():
     """The export chooses and checks a table that carries on the serving scenario and one
     training condition per other deployment, at its own SLO pair, loaded at the capacity
     measured in training; a run on one deployment, on the serving scenario's variants."""
-    from eval.export.record import judged_scenarios
+    from eval.export.carry import judged_scenarios
     from eval.scenarios import final_scenarios
 
     conditions = [{"hardware": "a100-80g@hbm_bytes_per_s=2e12", "model": "llama-3-8b",

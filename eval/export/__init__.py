@@ -51,7 +51,8 @@ from eval.export.cells import action_spec, run_provenance, scenario_provenance
 from eval.export.dagger import dagger_rounds, round_labels
 from eval.export.features import feature_specs
 from eval.export.fidelity import fidelity_record
-from eval.export.record import carries, collect, export_episodes, trained_range
+from eval.export.carry import carries, trained_range
+from eval.export.record import collect, export_episodes
 from eval.export.refine import refine_table, save_refined
 from eval.export.rules import rule_candidates
 from eval.export.select import kept_table, select_round

@@ -19,7 +19,7 @@ from eval.export import export_run
 from eval.export.args import MAX_EPISODES, ExportArgs, RuleExportArgs
 from eval.export.cells import action_spec
 from eval.export.features import CARRIED, MAX_BUCKETS, feature_specs
-from eval.export.record import carries
+from eval.export.carry import carries
 from eval.export.refine import progress_path, refined_path
 from eval.export.report import carry_line, report, serve_line
 from eval.export.rules import by_deployment, parse_rule, rule_specs, rule_table

@@ -14,7 +14,8 @@ from typing import NamedTuple
 from eval.export.args import ExportArgs
 from eval.export.cells import build_table
 from eval.export.features import feature_edges, features_of, pick_features
-from eval.export.record import carries, collect, join_decisions
+from eval.export.carry import carries
+from eval.export.record import collect, join_decisions
 from policies.table import BudgetTable
 
 

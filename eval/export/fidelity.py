@@ -17,7 +17,7 @@ from eval.capacity import capacity_sweep
 from eval.export.args import ExportArgs
 from eval.export.cells import agreement
 from eval.export.features import features_of
-from eval.export.record import carries, judged_scenarios, table_policy
+from eval.export.carry import carries, judged_scenarios, table_policy
 from eval.export.select import capacity_runs, goodput_runs
 from eval.harness import Verdict, paired_verdict
 from eval.parallel import make_executor, progress_bar

@@ -1,15 +1,15 @@
 """Stage 1, record: the decisions a table is built from.
 
 In: a model policy (``policies.learned.ModelPolicy`` of a train.py run) and episodes (a
-scenario and its arrivals each); optionally a driver (a table policy) whose budgets are
-applied while the model labels the states it leads to. Out: per decision, every quantity
+scenario and its arrivals each); optionally a driver (a table) whose budgets are applied
+while the model labels the states it leads to. Out: per decision, every quantity
 an engine reads (``envs.state.TABLE_INPUTS``, by name, and the model's token budget as
 ``"budget"``) and the model's action value (a fraction of the ITL target, or a token
 budget). The episodes: the run's training conditions at the table's SLO, and streams of
 the serving scenario and its variants around their own load.
 
 A run across deployments (``train.py --all-deployments``) exports a table that carries
-(:func:`carries`): its decisions come from the conditions of every deployment it trained
+(``eval.export.carry``): its decisions come from the conditions of every deployment it trained
 on, at their own SLO pairs and loads, each also recording the deployment's features
 (``policies.table.DEPLOYMENT_AXES``) and the features derived with that deployment's own
 cost model, in the table's SLO frame, as the table re-priced for it looks them up; a table
@@ -20,19 +20,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.deployment import feature_range
 from envs.episodes import draw_episodes
 from envs.scenario import Scenario
 from envs.seeds import TABLE_BUILD_SEEDS, TABLE_FIDELITY_SEEDS
 from eval.export.args import ExportArgs
+from eval.export.carry import carries, deployment_key, table_policy
 from eval.export.cells import time_action
 from eval.export.features import feature_values
 from eval.harness import run_policy
 from eval.scenarios import final_scenarios
 from policies.learned import run_sampler
-from policies.table import (DEPLOYMENT_AXES, DERIVED, SECONDS_FEATURES, STATE, BudgetTable,
-                            hardware_provenance, model_provenance)
-from policies.table_policy import TablePolicy, read_inputs
+from policies.table import DEPLOYMENT_AXES, DERIVED, SECONDS_FEATURES, STATE, BudgetTable
+from policies.table_policy import read_inputs
 
 
 class Recorder:
@@ -111,60 +110,6 @@ def deployment_columns(state: dict[str, np.ndarray], scenario: Scenario,
     return out
 
 
-def carries(model) -> bool:
-    """Whether a run's table carries to other deployments: a run across deployments acting
-    in time (its fractions are re-priced for each deployment served)."""
-    args = (getattr(model, "config", None) or {}).get("args") or {}
-    return bool(args.get("all_deployments")) and getattr(model, "actions", None) == "time"
-
-
-def judged_scenarios(model, serving: Scenario) -> dict[str, Scenario]:
-    """Where the export chooses its table and checks it: the serving scenario and its
-    variants (``eval.scenarios.final_scenarios``); for a table that carries, the serving
-    scenario and, for each other deployment the run trained on, its first training
-    condition (its own SLO pair, the table's cap on the pass), loaded at the capacity
-    measured for it in training."""
-    if not carries(model):
-        return final_scenarios(serving)
-    out = {"serving": serving}
-    seen = {(str(serving.hardware).partition("@")[0], serving.model)}
-    for c in model.config.get("conditions", []):
-        key = (str(c.get("hardware", serving.hardware)).partition("@")[0], c.get("model", serving.model))
-        if key in seen or not c.get("capacity_rps"):
-            continue
-        seen.add(key)
-        fields = {k: v for k, v in c.items() if k != "capacity_rps"}
-        out[" + ".join(key)] = serving.with_fields(**{**fields, "rate": c["capacity_rps"],
-                                                      "max_pass_itl": serving.max_pass_itl})
-    return out
-
-
-def trained_range(model, serving: Scenario, built: list[Scenario]) -> dict:
-    """The provenance ``deployments`` block of a run's table that carries: the range of each
-    deployment feature a table may bucket over the deployments its decisions came from
-    (``built``: the build episodes' scenarios, each at its SLO), the serving deployment's
-    KV cache, and the deployments the run trained on. The kept table's range is that of the
-    features it buckets (``eval.export.select.kept_table``); a deployment outside it is
-    refused where the table is loaded: no cell was made from a deployment like it."""
-    rng = feature_range(sc.deployment() for sc in built)
-    block = model.config.get("deployments") or {}
-    return {"range": {n: rng[n] for n in DEPLOYMENT_AXES if n in rng},
-            "kv_tokens": serving.kv_tokens(),
-            "trained": [f"{h} + {m}" for h, m in block.get("trained", [])]}
-
-
-def table_policy(table: BudgetTable, scenario: Scenario, carry: bool, name: str = "table") -> TablePolicy:
-    """The table as it serves ``scenario``: re-priced for its deployment where it carries
-    (``carry``; a deployment outside its range is served all the same: the export judges
-    the deployments it trained on), as it is otherwise."""
-    if carry and table.deployment_range is not None:
-        priced, _ = table.for_deployment(
-            scenario.simulator_cost(), scenario.slo_ttft_s, scenario.slo_itl_s, scenario.kv_tokens(),
-            hardware_provenance(scenario.hardware_profile()), model_provenance(scenario.model_profile()))
-        return TablePolicy(priced, name=name)
-    return TablePolicy(table, name=name)
-
-
 def policy_for(policy, scenario: Scenario):
     """The model policy asked to serve ``scenario``'s SLO (the seam tests replace)."""
     return policy.at(scenario)
@@ -196,9 +141,7 @@ def export_episodes(model, serving: Scenario, args: ExportArgs):
 def same_deployment(condition: dict, serving: Scenario) -> bool:
     """Whether a training condition is ``serving``'s hardware preset (any variant of it) and
     model."""
-    return (condition.get("hardware", serving.hardware).partition("@")[0]
-            == str(serving.hardware).partition("@")[0]
-            and condition.get("model", serving.model) == serving.model)
+    return deployment_key(condition, serving) == deployment_key({}, serving)
 
 
 def serving_episodes(serving: Scenario, seed_base: int, loads=(0.8, 1.0, 1.2, 1.4)):

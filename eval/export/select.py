@@ -17,7 +17,8 @@ from envs.scenario import Scenario
 from envs.seeds import TABLE_SELECT_SEEDS
 from eval.capacity import capacity_sweep
 from eval.export.args import ExportArgs
-from eval.export.record import carries, judged_scenarios, policy_for, table_policy
+from eval.export.carry import carries, judged_scenarios, table_policy
+from eval.export.record import policy_for
 from eval.harness import run_policy
 from eval.parallel import make_executor, progress_bar
 from policies.table import BudgetTable
@@ -124,12 +125,6 @@ def kept_table(rounds: list, rules: list[tuple[str, BudgetTable]],
     if chosen < len(rounds):
         kept = rounds[chosen]
         data, names, built = kept.table.to_dict(), kept.features, len(kept.build[1])
-        block = data["provenance"].get("deployments")
-        if block is not None:
-            # A table that carries depends on the deployment through the features it
-            # buckets alone: its range is theirs (none bucketed: it carries to any).
-            data["provenance"] = {**data["provenance"], "deployments": {
-                **block, "range": {k: v for k, v in block["range"].items() if k in names}}}
         if 0 < chosen <= args.dagger_rounds:
             # A new dict: every round's table shares the run's provenance.
             data["provenance"] = {**data["provenance"], "rule": data["provenance"]["rule"] + (
