@@ -428,6 +428,53 @@ def test_a_kept_rule_carries_to_any_deployment_where_the_export_carries(carry):
     assert table.deployment_range == ({} if carry else None)
 
 
+def test_a_run_across_deployments_exports_a_named_deployments_own_table():
+    """Told a deployment, the export of a run across deployments treats its model as a run
+    on that deployment alone: one condition, the serving workload there at the model's
+    capacity, so that its table is built, chosen and checked there and does not carry."""
+    from types import SimpleNamespace
+
+    from eval.export.args import ExportArgs
+    from eval.export.carry import carries, judged_scenarios, on_deployment
+    from eval.export.record import export_episodes
+    from eval.scenarios import final_scenarios
+
+    class Model(SimpleNamespace):
+        def at(self, scenario):
+            return Model(**vars(self))
+
+    conditions = [{"hardware": "h100-sxm", "model": "llama-3-8b", "capacity_rps": 6.0}]
+    run = Model(actions="time", config={"args": {"all_deployments": True, "load_low": 0.9,
+                                                 "load_high": 1.3, "episode_s": 20.0},
+                                        "conditions": conditions})
+    l40s = Scenario(hardware="l40s", rate=0.55)
+    named = on_deployment(run, l40s, 0.55)
+    assert carries(run) and not carries(named)
+    assert run.config["conditions"] == conditions  # the run itself is untouched
+    assert named.config["exported_for"] == "l40s + llama-3-8b"
+    build, held = export_episodes(named, l40s, ExportArgs(run_dir="x", build_episodes=6, held_episodes=3))
+    assert {(sc.hardware, sc.model) for sc, _ in build + held} == {("l40s", "llama-3-8b")}
+    assert all(0.55 * 0.9 <= sc.rate <= 0.55 * 1.3 * 1.001 for sc, _ in held)
+    assert list(judged_scenarios(named, l40s)) == list(final_scenarios(l40s))
+
+
+def test_naming_a_deployment_is_refused_in_one_line_where_it_cannot_serve(tmp_path):
+    """An unknown part is refused before the run is read; a run on one deployment, which
+    knows only its own, before any simulation."""
+    from types import SimpleNamespace
+
+    from envs.cli import parse
+    from eval.export.args import ExportArgs
+    from eval.export.cli import named_deployment
+    from tests.conftest import cli, refused_in_one_line
+
+    refused_in_one_line(cli("eval", "export", str(tmp_path / "run"), "--out", str(tmp_path / "t.json"),
+                            "--hardware", "nope"), "hardware: unknown preset 'nope'")
+    one = SimpleNamespace(actions="time", config={"args": {"all_deployments": False}})
+    with pytest.raises(ConfigError, match="naming a deployment needs a run across deployments"):
+        named_deployment(parse(ExportArgs, ["--run-dir", "x", "--hardware", "l40s"]), one, Scenario())
+
+
 @pytest.mark.parametrize("flags, across, says", [
     (["--features", "kv_usage,prefill_tokens_per_itl"], False,
      "prefill_tokens_per_itl is a deployment's feature: it needs a run across deployments"),

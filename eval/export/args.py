@@ -34,6 +34,13 @@ class ExportArgs:
     deployment's features (prefill_tokens_per_itl, decode_floor_vs_itl, fixed_share,
     kv_prompts: envs/deployment.py), which its table, carrying, computes for the deployment
     it serves."""
+    hardware: str | None = None
+    """A run across deployments only: the table for this hardware (a preset,
+    PRESET@field=value or a profile file), which the run need not have trained on, built
+    from the model's decisions there alone, on the run's serving workload around the
+    model's own capacity there. The table is that deployment's, not one that carries."""
+    model: str | None = None
+    """The same for the model served (default: the run's serving model)."""
     slo_ttft_s: float | None = None
     """The TTFT target the table serves, seconds (default: the run's serving SLO's)."""
     slo_itl_s: float | None = None

@@ -5,6 +5,8 @@ of deployments its provenance records, and the table as it serves each scenario
 
 A run across deployments acting in time (``train.py --all-deployments``) exports a table
 that carries to other deployments; every other run, a table for its serving deployment.
+Told a deployment (``--hardware``, ``--model``), a run across deployments exports that
+deployment's own table instead (:func:`on_deployment`).
 """
 
 from __future__ import annotations
@@ -72,3 +74,16 @@ def table_policy(table: BudgetTable, scenario: Scenario, carry: bool, name: str 
     if carry and table.deployment_range is not None:
         return TablePolicy(for_scenario(table, scenario, allow_mismatch=True, quiet=True), name=name)
     return TablePolicy(table, name=name)
+
+
+def on_deployment(model, serving: Scenario, capacity_rps: float):
+    """The model of a run across deployments as the model of a run on ``serving``'s
+    deployment alone, whose one condition is the serving workload there at the model's
+    capacity (``capacity_rps``): its export is then that deployment's table, built from the
+    model's decisions there (the run need not have trained on it: the model reads the
+    deployment's features)."""
+    out = model.at(serving)
+    out.config = {**model.config, "args": {**model.config["args"], "all_deployments": False},
+                  "conditions": [{"capacity_rps": float(capacity_rps)}],
+                  "exported_for": f"{serving.hardware} + {serving.model}"}
+    return out

@@ -15,14 +15,17 @@ from envs.errors import ConfigError, integer, number, require, show
 from envs.files import check_distinct, check_output
 from envs.scenario import Scenario, check_max_pass_itl
 from envs.workload import check_num_requests
+from eval.capacity import capacity_sweep
 from eval.export import export_run
 from eval.export.args import MAX_EPISODES, ExportArgs, RuleExportArgs
+from eval.export.carry import carries, on_deployment
 from eval.export.cells import action_spec
 from eval.export.features import CARRIED, MAX_BUCKETS, feature_specs
-from eval.export.carry import carries
+from eval.export.record import policy_for
 from eval.export.refine import progress_path, refined_path
 from eval.export.report import carry_line, report, serve_line
 from eval.export.rules import by_deployment, parse_rule, rule_specs, rule_table
+from eval.parallel import make_executor
 from policies.base import tighter
 from policies.learned import load_run
 from policies.table import DERIVED, TableError, write_atomic
@@ -53,6 +56,8 @@ def parse_args(argv: list[str]) -> ExportArgs:
             "needs --refine-streams N")
     if args.features is not None:
         feature_specs(args.features)
+    if args.hardware or args.model:  # the names, before the run is loaded
+        Scenario(**{k: v for k, v in (("hardware", args.hardware), ("model", args.model)) if v}).check()
     check_num_requests("fidelity_requests", args.fidelity_requests)
     for f in ("slo_ttft_s", "slo_itl_s"):
         if getattr(args, f) is not None:
@@ -93,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
               f"({serving.max_pass_itl:g}), which the table keeps: the model never learned "
               "what its actions above it do")
     model.limit_pass(serving)
+    if args.hardware or args.model:
+        model, serving = named_deployment(args, model, serving)
     check_against_run(args, model, serving)
     t0 = time.perf_counter()
     table = export_run(model, serving, args)
@@ -101,6 +108,33 @@ def main(argv: list[str] | None = None) -> int:
         write_atomic(args.csv, table.to_csv())
     report(table, time.perf_counter() - t0, args)
     return 0
+
+
+def named_deployment(args: ExportArgs, model, serving: Scenario):
+    """(the run's model as a run on the deployment ``--hardware``/``--model`` name, that
+    deployment's serving scenario at the model's capacity there): refused in one line for a
+    run on one deployment, which knows only its own, or where the model meets the SLO at
+    no load."""
+    require(bool(model.config["args"].get("all_deployments")), "hardware",
+            args.hardware or args.model, "naming a deployment needs a run across deployments "
+            "(train.py --all-deployments); a run on one deployment exports only its own")
+    serving = serving.with_fields(hardware=args.hardware or serving.hardware,
+                                  model=args.model or serving.model,
+                                  per_pass_overhead_s=None, num_kv_blocks=None).check()
+    found = capacity_sweep([(serving, policy_for(model, serving))], NAMED_STREAMS,
+                           args.fidelity_requests, executor=make_executor(args.workers))[0]
+    capacity = float(sum(found.per_stream) / len(found.per_stream))
+    where = f"{serving.hardware} + {serving.model}"
+    require(capacity > 0, "hardware", where, "the model meets the SLO at no load there: no "
+            "table to make")
+    print(f"{where}: the model's capacity there {capacity:.3f} req/s ({NAMED_STREAMS} streams); "
+          "the table is built around it", flush=True)
+    serving = serving.with_fields(rate=capacity)
+    return on_deployment(model, serving, capacity), serving
+
+
+NAMED_STREAMS = 2
+"""Streams on which a named deployment's capacity under the model sets the table's load."""
 
 
 def check_against_run(args: ExportArgs, model, serving: Scenario) -> None:
