@@ -460,19 +460,24 @@ def test_a_run_across_deployments_exports_a_named_deployments_own_table():
 
 def test_naming_a_deployment_is_refused_in_one_line_where_it_cannot_serve(tmp_path):
     """An unknown part is refused before the run is read; a run on one deployment, which
-    knows only its own, before any simulation."""
+    knows only its own, and a deployment's feature for a table that does not carry, before
+    any simulation (the model's capacity there included)."""
     from types import SimpleNamespace
 
     from envs.cli import parse
     from eval.export.args import ExportArgs
-    from eval.export.cli import named_deployment
+    from eval.export.cli import check_against_run
     from tests.conftest import cli, refused_in_one_line
 
     refused_in_one_line(cli("eval", "export", str(tmp_path / "run"), "--out", str(tmp_path / "t.json"),
                             "--hardware", "nope"), "hardware: unknown preset 'nope'")
     one = SimpleNamespace(actions="time", config={"args": {"all_deployments": False}})
     with pytest.raises(ConfigError, match="naming a deployment needs a run across deployments"):
-        named_deployment(parse(ExportArgs, ["--run-dir", "x", "--hardware", "l40s"]), one, Scenario())
+        check_against_run(parse(ExportArgs, ["--run-dir", "x", "--hardware", "l40s"]), one, Scenario())
+    across = SimpleNamespace(actions="time", config={"args": {"all_deployments": True}})
+    with pytest.raises(ConfigError, match="prefill_tokens_per_itl is a deployment's feature"):
+        check_against_run(parse(ExportArgs, ["--run-dir", "x", "--hardware", "l40s", "--features",
+                                             "prefill_tokens_per_itl"]), across, Scenario())
 
 
 @pytest.mark.parametrize("flags, across, says", [

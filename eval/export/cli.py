@@ -98,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
               f"({serving.max_pass_itl:g}), which the table keeps: the model never learned "
               "what its actions above it do")
     model.limit_pass(serving)
+    check_against_run(args, model, serving)
     if args.hardware or args.model:
         model, serving = named_deployment(args, model, serving)
-    check_against_run(args, model, serving)
     t0 = time.perf_counter()
     table = export_run(model, serving, args)
     table.save(args.out)
@@ -112,18 +112,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def named_deployment(args: ExportArgs, model, serving: Scenario):
     """(the run's model as a run on the deployment ``--hardware``/``--model`` name, that
-    deployment's serving scenario at the model's capacity there): refused in one line for a
-    run on one deployment, which knows only its own, or where the model meets the SLO at
-    no load."""
-    require(bool(model.config["args"].get("all_deployments")), "hardware",
-            args.hardware or args.model, "naming a deployment needs a run across deployments "
-            "(train.py --all-deployments); a run on one deployment exports only its own")
+    deployment's serving scenario at the model's capacity there): refused in one line where
+    the model meets the SLO at no load (``check_against_run`` refuses the rest first)."""
     serving = serving.with_fields(hardware=args.hardware or serving.hardware,
                                   model=args.model or serving.model,
                                   per_pass_overhead_s=None, num_kv_blocks=None).check()
     found = capacity_sweep([(serving, policy_for(model, serving))], NAMED_STREAMS,
                            args.fidelity_requests, executor=make_executor(args.workers))[0]
-    capacity = float(sum(found.per_stream) / len(found.per_stream))
+    capacity = float(found.capacity)
     where = f"{serving.hardware} + {serving.model}"
     require(capacity > 0, "hardware", where, "the model meets the SLO at no load there: no "
             "table to make")
@@ -139,18 +135,24 @@ NAMED_STREAMS = 2
 
 def check_against_run(args: ExportArgs, model, serving: Scenario) -> None:
     """The flags that depend on the run, checked once it is loaded and before any work: a
-    derived feature needs a run acting in time, a deployment's feature a run across
-    deployments (whose table carries), and a refinement one deployment's synthetic
-    serving scenario."""
+    named deployment needs a run across deployments, a derived feature a run acting in
+    time, a deployment's feature a table that carries (a run across deployments, no
+    deployment named), and a refinement one deployment's synthetic serving scenario."""
+    named = bool(args.hardware or args.model)
+    require(not named or bool(model.config["args"].get("all_deployments")), "hardware",
+            args.hardware or args.model, "naming a deployment needs a run across deployments "
+            "(train.py --all-deployments); a run on one deployment exports only its own")
+    carry = carries(model) and not named
     names = feature_specs(args.features)[0] if args.features else []
     bad = [n for n in names if n in DERIVED and not action_spec(model, serving)]
     require(not bad, "features", args.features, f"{bad[0] if bad else ''} needs a run acting in time")
-    bad = [n for n in names if n in CARRIED and not carries(model)]
+    bad = [n for n in names if n in CARRIED and not carry]
     require(not bad, "features", args.features, f"{bad[0] if bad else ''} is a deployment's "
-            "feature: it needs a run across deployments acting in time (train.py --all-deployments)")
+            "feature: it needs a run across deployments acting in time (train.py "
+            "--all-deployments) and no deployment named: a table that carries")
     require(not (args.refine_streams and serving.trace), "refine_streams", args.refine_streams,
             "needs a synthetic serving scenario: a trace's parts are those the choice replays")
-    require(not (args.refine_streams and carries(model)), "refine_streams", args.refine_streams,
+    require(not (args.refine_streams and carry), "refine_streams", args.refine_streams,
             "needs a run on one deployment: a table that carries is chosen across the "
             "deployments its run trained on, not refined on one")
 
