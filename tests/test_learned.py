@@ -1063,6 +1063,36 @@ def test_export_features_may_carry_their_own_edges():
             feature_specs(spec)
 
 
+def test_export_features_may_name_a_rule_for_its_tables():
+    """A rule a table holds exactly stands for its table's features at its own edges, for
+    the table's SLO: the deadline-KV rule's are the slack at one pass, the prefill queue due
+    past 0.8 of the TTFT target (strictly: one float above) and the KV throttle's steps;
+    a rule no table holds, or a feature named twice through one, is a one-line error."""
+    import math
+
+    from envs.errors import ConfigError
+    from envs.scenario import Scenario
+    from eval.export.features import feature_specs
+    from policies.baselines import DEADLINE_MARGIN, KVSteps
+
+    for ttft in (2.0, 10.0):
+        names, fixed = feature_specs("time-budget-deadline-kv:16, prefill_tokens_per_itl:1000:2900",
+                                     Scenario(slo_ttft_s=ttft))
+        assert names == ["itl_slack_passes", "prefill_due_s", "kv_usage", "prefill_tokens_per_itl"]
+        due = fixed["prefill_due_s"][0]
+        assert due > DEADLINE_MARGIN * ttft and math.nextafter(due, 0) == DEADLINE_MARGIN * ttft
+        assert fixed["itl_slack_passes"] == [1.0]
+        assert fixed["kv_usage"] == [0.75, *KVSteps(1.0).edges] and len(fixed["kv_usage"]) == 13
+        assert fixed["prefill_tokens_per_itl"] == [1000.0, 2900.0]
+    assert feature_specs("time-budget-deadline:4")[0] == ["itl_slack_passes", "prefill_due_s"]
+    for spec, message in [("time-budget-kv", "move their fraction continuously"),
+                          ("time-budget-deadline-kv,kv_usage", "names kv_usage twice"),
+                          ("time-budget-deadline,time-budget-deadline-kv", "names itl_slack_passes twice"),
+                          ("time-budget-deadline:x", "TOP multiple")]:
+        with pytest.raises(ConfigError, match=message):
+            feature_specs(spec)
+
+
 def test_export_refines_cells_where_closed_loop_capacity_says(monkeypatch):
     """The refinement starts from the table that serves most on its streams, among the
     rounds' and one built from the model's decisions at its capacity on each of those

@@ -63,7 +63,7 @@ def export_run(model, serving: Scenario, args: ExportArgs) -> BudgetTable:
     """A run's model as a table for ``serving`` (its SLO the table's), stage by stage."""
     action = action_spec(model, serving)
     rules = rule_candidates(args.rules, serving, action)
-    asked, fixed = feature_specs(args.features) if args.features else (None, {})
+    asked, fixed = feature_specs(args.features, serving) if args.features else (None, {})
     build_eps, held_eps = export_episodes(model, serving, args)
     prov = {**scenario_provenance(serving), **run_provenance(model, args)}
     frame = prov["slo"] if carries(model) else None

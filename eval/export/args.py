@@ -33,7 +33,8 @@ class ExportArgs:
     edges where the model's choice changes. A run across deployments may also name a
     deployment's features (prefill_tokens_per_itl, decode_floor_vs_itl, fixed_share,
     kv_prompts: envs/deployment.py), which its table, carrying, computes for the deployment
-    it serves."""
+    it serves. A rule a table holds exactly (time-budget-deadline-kv) stands for its
+    table's features at its own edges, for the table's SLO."""
     hardware: str | None = None
     """A run across deployments only: the table for this hardware (a preset,
     PRESET@field=value or a profile file), which the run need not have trained on, built

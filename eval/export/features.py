@@ -17,7 +17,10 @@ import numpy as np
 from envs.errors import require, show
 from envs.pricing import Coefficients, decode_pass_s, prefill_due_s
 from envs.slack import slack_passes
+from envs.scenario import Scenario
 from eval.export.cells import agreement, build_table, feature_edges, log_error
+from eval.export.rules import RULES, parse_rule
+from policies.specs import BY_SPEC
 from policies.table import DEPLOYMENT_AXES, DERIVED, SLACK_COUNTS, STATE
 
 
@@ -115,15 +118,32 @@ def pick_features(build: tuple, held: tuple, buckets: int, max_features: int, pr
     return chosen, agreement(table, {m: hfeat[m] for m in chosen}, hvals)
 
 
-def feature_specs(spec: str) -> tuple[list[str], dict[str, list[float]]]:
+def rule_features(part: str, serving: Scenario | None) -> list[dict]:
+    """The features of the exact table of the rule ``part`` names (``time-budget-deadline-kv``),
+    with its edges for ``serving``'s SLO (the default scenario's where none is given: the
+    names alone are then what counts); refused in one line unless a table holds it."""
+    return parse_rule(part, serving or Scenario(), "features")[1]
+
+
+def feature_specs(spec: str, serving: Scenario | None = None) -> tuple[list[str], dict[str, list[float]]]:
     """``--features``: the names, and the edges of those given with theirs
-    (``prefill_due_s:6:8:10``); refused in one line unless every name is a quantity a table
-    may bucket and every feature's edges are numbers, increasing, at most MAX_BUCKETS - 1."""
+    (``prefill_due_s:6:8:10``); a rule a table holds exactly (``time-budget-deadline-kv``)
+    stands for its table's features at its own edges, for ``serving``'s SLO. Refused in one
+    line unless every name is a quantity a table may bucket or such a rule, no feature is
+    named twice, and every feature's edges are numbers, increasing, at most MAX_BUCKETS - 1."""
     names, fixed = [], {}
     for part in (p.strip() for p in spec.split(",")):
         name, *edges = [x.strip() for x in part.split(":")]
+        if name in BY_SPEC:
+            for f in rule_features(part, serving):
+                require(f["name"] not in names, "features", spec, f"names {f['name']} twice "
+                        f"({part} reads it)")
+                names.append(f["name"])
+                fixed[f["name"]] = [float(e) for e in f["edges"]]
+            continue
         require(name in CANDIDATES + CARRIED, "features", spec,
-                f"must name quantities among {', '.join(CANDIDATES + CARRIED)} (got {show(name)})")
+                f"must name quantities among {', '.join(CANDIDATES + CARRIED)}, or a rule "
+                f"among {', '.join(RULES)} for its table's (got {show(name)})")
         require(name not in names, "features", spec, f"names {name} twice")
         names.append(name)
         if not edges:
