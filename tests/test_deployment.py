@@ -428,6 +428,26 @@ def test_a_kept_rule_carries_to_any_deployment_where_the_export_carries(carry):
     assert table.deployment_range == ({} if carry else None)
 
 
+def test_the_export_notes_a_table_that_carries_but_reads_no_deployment_feature():
+    """A learned table made from several deployments that buckets none of their features
+    serves each the same cells: the export says so. A rule's table (its cells do not depend
+    on the deployment) and a table that buckets a deployment feature get no such note."""
+    from eval.export.report import blind_note
+    from eval.export.rules import by_deployment
+
+    sc = Scenario(num_requests=40, rate=6.0)
+    rule = rule_table("time-budget-deadline-kv:4", sc, sc.arrivals())
+    assert rule.deployment_range == {} and blind_note(rule) == []
+    data = rule.to_dict()
+    data["provenance"]["deployments"]["range"] = {"prefill_tokens_per_itl": [300.0, 4000.0]}
+    (note,) = blind_note(BudgetTable(data))
+    assert note.startswith("NOTE: the table reads no feature of the deployment") and "--features" in note
+    picked = by_deployment(["time-budget-deadline-kv:4", "time-budget-deadline-kv:16"],
+                           "prefill_tokens_per_itl", [2900.0], sc, sc.arrivals(),
+                           [sc, Scenario(hardware="a100-80g")])
+    assert picked.deployment_range and blind_note(picked) == []
+
+
 def test_a_run_across_deployments_exports_a_named_deployments_own_table():
     """Told a deployment, the export of a run across deployments treats its model as a run
     on that deployment alone: one condition, the serving workload there at the model's

@@ -12,7 +12,7 @@ from eval.export.select import MIN_MODEL_GOODPUT
 from eval.harness import NOT_JUDGED
 from eval.table_use import use_line
 from policies.baselines import FRACTION
-from policies.table import BudgetTable
+from policies.table import DEPLOYMENT_AXES, BudgetTable
 
 
 def capacity_judged(f: dict) -> str:
@@ -104,6 +104,8 @@ def report(table: BudgetTable, seconds: float, args: ExportArgs) -> None:
               "features, or serve the model", file=sys.stderr)
     if table.deployment_range is not None:
         print(carry_line(table))
+        for line in blind_note(table):
+            print(line)
     print(serve_line(table))
 
 
@@ -115,6 +117,18 @@ def carry_line(table: BudgetTable) -> str:
     return ("it carries, re-priced, to deployments whose " + "; ".join(
         f"{k} lies in [{lo:.4g}, {hi:.4g}]" for k, (lo, hi) in rng.items())
         + " (python -m policies.table check says whether one does)")
+
+
+def blind_note(table: BudgetTable) -> list[str]:
+    """A learned table that carries but reads no feature of the deployment: every
+    deployment it serves looks up the same cells, made from the decisions of all of them
+    (docs/learning.md measures one such table losing 7.7% of its model's capacity)."""
+    if not table.deployment_range or any(f in DEPLOYMENT_AXES for f in table.features):
+        return []
+    return [f"NOTE: the table reads no feature of the deployment ({', '.join(DEPLOYMENT_AXES)}): "
+            "every deployment it serves looks up the same cells, made from all of them; name one "
+            "with --features, with edges that keep apart deployments whose best rules differ "
+            '(docs/learning.md, "The learned policy as a table that carries")']
 
 
 def flat_lines(flat: dict | None) -> list[str]:
