@@ -1088,7 +1088,8 @@ def test_export_features_may_name_a_rule_for_its_tables():
     for spec, message in [("time-budget-kv", "move their fraction continuously"),
                           ("time-budget-deadline-kv,kv_usage", "names kv_usage twice"),
                           ("time-budget-deadline,time-budget-deadline-kv", "names itl_slack_passes twice"),
-                          ("time-budget-deadline:x", "TOP multiple")]:
+                          ("time-budget-deadline:x", "TOP multiple"),
+                          ("time-budget:0.5", "one cell: it reads no quantity")]:
         with pytest.raises(ConfigError, match=message):
             feature_specs(spec)
 

@@ -135,7 +135,10 @@ def feature_specs(spec: str, serving: Scenario | None = None) -> tuple[list[str]
     for part in (p.strip() for p in spec.split(",")):
         name, *edges = [x.strip() for x in part.split(":")]
         if name in BY_SPEC:
-            for f in rule_features(part, serving):
+            read = [f for f in rule_features(part, serving) if f["edges"]]
+            require(bool(read), "features", spec, f"{part}'s table is one cell: it reads no "
+                    "quantity to bucket by")
+            for f in read:
                 require(f["name"] not in names, "features", spec, f"names {f['name']} twice "
                         f"({part} reads it)")
                 names.append(f["name"])
