@@ -16,8 +16,8 @@ import numpy as np
 
 from envs.errors import require, show
 from envs.pricing import Coefficients, decode_pass_s, prefill_due_s
-from envs.slack import slack_passes
 from envs.scenario import Scenario
+from envs.slack import slack_passes
 from eval.export.cells import agreement, build_table, feature_edges, log_error
 from eval.export.rules import RULES, parse_rule
 from policies.specs import BY_SPEC
