@@ -1085,6 +1085,7 @@ def test_export_features_may_name_a_rule_for_its_tables():
         assert fixed["kv_usage"] == [0.75, *KVSteps(1.0).edges] and len(fixed["kv_usage"]) == 13
         assert fixed["prefill_tokens_per_itl"] == [1000.0, 2900.0]
     assert feature_specs("time-budget-deadline:4")[0] == ["itl_slack_passes", "prefill_due_s"]
+    assert feature_specs("time-budget-deadline : 4") == feature_specs("time-budget-deadline:4")
     for spec, message in [("time-budget-kv", "move their fraction continuously"),
                           ("time-budget-deadline-kv,kv_usage", "names kv_usage twice"),
                           ("time-budget-deadline,time-budget-deadline-kv", "names itl_slack_passes twice"),
@@ -1092,6 +1093,39 @@ def test_export_features_may_name_a_rule_for_its_tables():
                           ("time-budget:0.5", "one cell: it reads no quantity")]:
         with pytest.raises(ConfigError, match=message):
             feature_specs(spec)
+    with pytest.raises(ConfigError, match="time-budget-slack") as err:
+        feature_specs("time-budget-deadline-kvv")
+    assert "time-budget[" not in str(err.value)  # offered only where it can be taken
+
+
+def test_the_export_takes_a_rules_edges_at_the_tables_slo(monkeypatch):
+    """``export_run`` reads ``--features`` for the scenario it exports for: a rule's due
+    time is 0.8 of that scenario's TTFT target, not of the default one."""
+    from types import SimpleNamespace
+
+    import eval.export as export
+    from envs.scenario import Scenario
+    from eval.export.args import ExportArgs
+
+    seen = []
+
+    def spy(spec, serving=None):
+        seen.append(export_features(spec, serving))
+        return seen[-1]
+
+    class Stop(Exception):
+        pass
+
+    def stop(*_):
+        raise Stop
+
+    export_features = export.feature_specs
+    monkeypatch.setattr(export, "feature_specs", spy)
+    monkeypatch.setattr(export, "export_episodes", stop)
+    with pytest.raises(Stop):
+        export.export_run(SimpleNamespace(actions="time"), Scenario(slo_ttft_s=10.0),
+                          ExportArgs(run_dir="x", rules="none", features="time-budget-deadline-kv"))
+    assert seen[0][1]["prefill_due_s"][0] == pytest.approx(8.0)
 
 
 def test_export_refines_cells_where_closed_loop_capacity_says(monkeypatch):

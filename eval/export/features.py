@@ -125,6 +125,11 @@ def rule_features(part: str, serving: Scenario | None) -> list[dict]:
     return parse_rule(part, serving or Scenario(), "features")[1]
 
 
+def bucketing_rules() -> list[str]:
+    """The rules whose exact tables read a quantity (``time-budget``'s is one cell)."""
+    return [r for r in RULES if any(f["edges"] for f in rule_features(r.partition("[")[0], None))]
+
+
 def feature_specs(spec: str, serving: Scenario | None = None) -> tuple[list[str], dict[str, list[float]]]:
     """``--features``: the names, and the edges of those given with theirs
     (``prefill_due_s:6:8:10``); a rule a table holds exactly (``time-budget-deadline-kv``)
@@ -135,7 +140,7 @@ def feature_specs(spec: str, serving: Scenario | None = None) -> tuple[list[str]
     for part in (p.strip() for p in spec.split(",")):
         name, *edges = [x.strip() for x in part.split(":")]
         if name in BY_SPEC:
-            read = [f for f in rule_features(part, serving) if f["edges"]]
+            read = [f for f in rule_features(":".join([name, *edges]), serving) if f["edges"]]
             require(bool(read), "features", spec, f"{part}'s table is one cell: it reads no "
                     "quantity to bucket by")
             for f in read:
@@ -146,7 +151,7 @@ def feature_specs(spec: str, serving: Scenario | None = None) -> tuple[list[str]
             continue
         require(name in CANDIDATES + CARRIED, "features", spec,
                 f"must name quantities among {', '.join(CANDIDATES + CARRIED)}, or a rule "
-                f"among {', '.join(RULES)} for its table's (got {show(name)})")
+                f"among {', '.join(bucketing_rules())} for its table's features (got {show(name)})")
         require(name not in names, "features", spec, f"names {name} twice")
         names.append(name)
         if not edges:
