@@ -1,5 +1,6 @@
-"""The README as a new user reads it: a guide before its reference sections, and every
-command and path it names exists (each command's ``--help`` runs)."""
+"""The README as a new user reads it: a guide that points to its reference
+(docs/reference.md), and every command and path the two name exists (each command's
+``--help`` runs)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from tests.conftest import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+REFERENCE = (ROOT / "docs" / "reference.md").read_text()
+NAMED = README + "\n" + REFERENCE
+"""The guide and its reference: what their commands and paths name must exist."""
 
 GUIDE_LINES = 150
 """The guide (what it is, the set-up, the serving engineer's path, what the tables
@@ -23,10 +27,10 @@ WRITTEN = ("runs/", "reports/", "tables/mine.json", "tables/rule.json", "my_trac
 
 
 def commands() -> list[list[str]]:
-    """Every ``python ...`` command line of the README's bash blocks, continuations joined,
-    as argv after ``python``."""
+    """Every ``python ...`` command line of the README's and its reference's bash blocks,
+    continuations joined, as argv after ``python``."""
     out = []
-    for block in re.findall(r"```bash\n(.*?)```", README, re.S):
+    for block in re.findall(r"```bash\n(.*?)```", NAMED, re.S):
         text = re.sub(r"\\\n\s*", " ", block)
         for line in text.splitlines():
             for part in line.split("&&"):
@@ -42,7 +46,8 @@ def commands() -> list[list[str]]:
 def test_the_guide_comes_before_the_reference():
     lines = README.splitlines()
     reference = next(i for i, line in enumerate(lines, 1) if line.startswith("## Reference"))
-    assert reference <= GUIDE_LINES
+    assert reference <= GUIDE_LINES and len(lines) <= GUIDE_LINES + 10
+    assert "[docs/reference.md](docs/reference.md)" in "\n".join(lines[reference:])
     # The first lines are exactly the two commands for a fresh machine.
     assert lines[3:5] == [
         'pip install torch==2.13.0 && pip install -e . && python train.py',
@@ -96,7 +101,7 @@ def test_the_readme_finds_commands_in_every_part():
 
 def test_every_path_the_readme_names_exists():
     paths = set(re.findall(r"`((?:envs|policies|eval|agents|tests|benchmarks|docs|tables|\.ci)/[\w./-]*)`",
-                           README))
+                           NAMED))
     paths |= set(re.findall(r"\]\(((?:docs|tables)/[\w./-]+)\)", README))
     assert len(paths) > 15
     missing = [p for p in sorted(paths) if not p.startswith(WRITTEN) and not (ROOT / p).exists()]
