@@ -498,6 +498,30 @@ def test_naming_a_deployment_is_refused_in_one_line_where_it_cannot_serve(tmp_pa
     with pytest.raises(ConfigError, match="prefill_tokens_per_itl is a deployment's feature"):
         check_against_run(parse(ExportArgs, ["--run-dir", "x", "--hardware", "l40s", "--features",
                                              "prefill_tokens_per_itl"]), across, Scenario())
+    # Traffic of its own only for a deployment named; a bad one named before the run is read.
+    refused_in_one_line(cli("eval", "export", str(tmp_path / "run"), "--out", str(tmp_path / "t.json"),
+                            "--prompt", "fixed:512"),
+                        "prompt: got 'fixed:512', needs a deployment named (--hardware or --model)")
+    refused_in_one_line(cli("eval", "export", str(tmp_path / "run"), "--out", str(tmp_path / "t.json"),
+                            "--hardware", "l40s", "--burstiness", "0"), "burstiness: got 0")
+
+
+def test_a_named_deployments_table_is_made_on_the_traffic_given():
+    """``--arrival``/``--burstiness``/``--prompt``/``--output`` replace those of the run's
+    serving workload for a deployment named; every other field stays the run's, and the
+    part's overhead and KV cache are its own."""
+    from envs.cli import parse
+    from eval.export.args import ExportArgs
+    from eval.export.cli import named_serving
+
+    run = Scenario(arrival="gamma", burstiness=0.5, prompt="short-long", per_pass_overhead_s=0.004,
+                   num_kv_blocks=900, slo_ttft_s=3.0)
+    as_run = named_serving(parse(ExportArgs, ["--run-dir", "x", "--hardware", "l40s"]), run)
+    assert as_run == run.with_fields(hardware="l40s", per_pass_overhead_s=None, num_kv_blocks=None)
+    given = named_serving(parse(ExportArgs, ["--run-dir", "x", "--hardware", "l40s", "--arrival",
+                                             "poisson", "--prompt", "fixed:512"]), run)
+    assert given == as_run.with_fields(arrival="poisson", prompt="fixed:512")
+    assert given.burstiness == 0.5 and given.slo_ttft_s == 3.0
 
 
 @pytest.mark.parametrize("flags, across, says", [

@@ -42,6 +42,16 @@ class ExportArgs:
     model's own capacity there. The table is that deployment's, not one that carries."""
     model: str | None = None
     """The same for the model served (default: the run's serving model)."""
+    arrival: str | None = field(default=None, metadata={"choices": ["poisson", "gamma", "onoff"]})
+    """With a deployment named: the arrivals of the traffic its table is built, chosen and
+    checked on (default: the run's serving workload's, as for --burstiness, --prompt and
+    --output)."""
+    burstiness: float | None = None
+    """With a deployment named: the gamma arrivals' burstiness (envs/scenario.py)."""
+    prompt: str | None = None
+    """With a deployment named: the prompt lengths (a length spec, as ``eval capacity`` takes)."""
+    output: str | None = None
+    """With a deployment named: the output lengths (a length spec)."""
     slo_ttft_s: float | None = None
     """The TTFT target the table serves, seconds (default: the run's serving SLO's)."""
     slo_itl_s: float | None = None

@@ -56,8 +56,13 @@ def parse_args(argv: list[str]) -> ExportArgs:
             "needs --refine-streams N")
     if args.features is not None:
         feature_specs(args.features)
-    if args.hardware or args.model:  # the names, before the run is loaded
-        Scenario(**{k: v for k, v in (("hardware", args.hardware), ("model", args.model)) if v}).check()
+    given = {f: getattr(args, f) for f in TRAFFIC if getattr(args, f) is not None}
+    require(not given or bool(args.hardware or args.model), next(iter(given), "arrival"),
+            next(iter(given.values()), None), "needs a deployment named (--hardware or "
+            "--model): a run's own table is chosen on the run's serving workload")
+    if args.hardware or args.model:  # the names and the traffic, before the run is loaded
+        Scenario(**{k: v for k, v in (("hardware", args.hardware), ("model", args.model)) if v},
+                 **given).check()
     check_num_requests("fidelity_requests", args.fidelity_requests)
     for f in ("slo_ttft_s", "slo_itl_s"):
         if getattr(args, f) is not None:
@@ -114,9 +119,7 @@ def named_deployment(args: ExportArgs, model, serving: Scenario):
     """(the run's model as a run on the deployment ``--hardware``/``--model`` name, that
     deployment's serving scenario at the model's capacity there): refused in one line where
     the model meets the SLO at no load (``check_against_run`` refuses the rest first)."""
-    serving = serving.with_fields(hardware=args.hardware or serving.hardware,
-                                  model=args.model or serving.model,
-                                  per_pass_overhead_s=None, num_kv_blocks=None).check()
+    serving = named_serving(args, serving)
     found = capacity_sweep([(serving, policy_for(model, serving))], NAMED_STREAMS,
                            args.fidelity_requests, executor=make_executor(args.workers))[0]
     capacity = float(found.capacity)
@@ -128,6 +131,20 @@ def named_deployment(args: ExportArgs, model, serving: Scenario):
     serving = serving.with_fields(rate=capacity)
     return on_deployment(model, serving, capacity), serving
 
+
+def named_serving(args: ExportArgs, serving: Scenario) -> Scenario:
+    """The serving scenario of the deployment ``--hardware``/``--model`` name: the run's
+    serving scenario there, on the traffic given (``TRAFFIC``; the run's otherwise), with
+    the part's own overhead and KV cache."""
+    traffic = {f: getattr(args, f) for f in TRAFFIC if getattr(args, f) is not None}
+    return serving.with_fields(hardware=args.hardware or serving.hardware,
+                               model=args.model or serving.model,
+                               per_pass_overhead_s=None, num_kv_blocks=None, **traffic).check()
+
+
+TRAFFIC = ("arrival", "burstiness", "prompt", "output")
+"""The serving workload's fields a named deployment's export may be given: its table is
+built, chosen and checked on that traffic (default: the run's)."""
 
 NAMED_STREAMS = 2
 """Streams on which a named deployment's capacity under the model sets the table's load."""
