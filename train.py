@@ -125,6 +125,15 @@ class Args(ScenarioArgs):
     """Start from each training condition's best fixed choice (agents.checks.condition_teachers;
     with --all-deployments, DEPLOYMENT_TEACHERS' member that serves it most), not from the one
     best overall."""
+    teacher_streams: int = 6
+    """With --all-deployments, the streams of 200 requests on which each condition's teacher
+    is picked by capacity (the mean over them)."""
+    teacher_tie: float = 0.01
+    """With --all-deployments, capacities within this share of a condition's highest tie,
+    and the tie goes to the shortest passes (TOP 4 before 8 before 16). Each stream's
+    capacity is found to 2%; the mean over 6 streams to about 1%. At 2% over 2 streams the
+    laptop's conditions that TOP 16 serves most taught TOP 8, which serves it 11% less
+    (docs/learning.md, "One policy for every deployment")."""
     teacher: str | None = None
     """The overall teacher (default: the checks' pick): a policy spec among the checks'
     fixed choices that act in time (time-budget:0.25 ... time-budget:1, and train.py's
@@ -163,7 +172,8 @@ class Args(ScenarioArgs):
         the scenario's fields are checked as the arguments are made)."""
         integer("total_timesteps", self.total_timesteps, 1, 10**10)
         for f, high in (("n_envs", 256), ("eval_episodes", 1000), ("final_seeds", 50),
-                        ("torch_threads", 256), ("conditions", 1000), ("clone_decisions", 10**7)):
+                        ("torch_threads", 256), ("conditions", 1000), ("clone_decisions", 10**7),
+                        ("teacher_streams", 50)):
             integer(f, getattr(self, f), 0 if f in ("conditions", "clone_decisions") else 1, high)
         for f in ("eval_every", "checkpoint_every"):
             integer(f, getattr(self, f), 1, 10**10)
@@ -179,6 +189,7 @@ class Args(ScenarioArgs):
         number("load_high", self.load_high, self.load_low, 100)
         number("episode_s", self.episode_s, 0, 86400, low_open=True)
         number("gamma", self.gamma, 0, 1, low_open=True)
+        number("teacher_tie", self.teacher_tie, 0, 0.5)
         if self.teacher is not None:
             require(self.teacher_spec() in TEACHER_NAMES, "teacher", self.teacher,
                     f"must be one of {', '.join(TEACHER_NAMES)}")
@@ -235,6 +246,7 @@ RUN_FIELDS_KEPT = ("total_timesteps", "eval_every", "checkpoint_every")
 
 
 FIELDS_ADDED = {"teacher": None, "clone_decisions": 20_000, "max_pass_itl": None,
+                "teacher_streams": 2, "teacher_tie": 0.02,
                 "all_deployments": False}
 """Fields newer than some runs, with the value an older run behaved as: its resume takes it."""
 
@@ -365,13 +377,12 @@ CONDITION_EPISODES = 4
 """...on this many episodes of that condition, loaded at SELECTION_LOADS."""
 DEPLOYMENT_TEACHERS = tuple(f"time-budget-deadline-kv:{top}" for top in (4, 8, 16))
 """With --all-deployments, each condition's teacher is the member of this family that
-serves it most requests/s (agents.checks.capacity_pick): the member that serves moves with
-the deployment, and an episode's cost misranks them there. Ties go to the first, the
+serves it most requests/s (agents.checks.capacity_pick), the mean over --teacher-streams
+streams of 200 requests: the member that serves moves with the deployment, and an
+episode's cost misranks them there. Ties (within --teacher-tie) go to the first, the
 shortest passes: the same capacity with shorter stalls for the running users (on the
 L40S TOP 4's worst gap at capacity is 400 ms, TOP 16's 1,322 ms; docs/learning.md, "One
 policy for every deployment")."""
-TEACHER_SEEDS = 2
-"""...over this many streams of 200 requests each (90 s for 34 conditions on 2 cores)."""
 CHECK_STATICS = (256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -400,12 +411,12 @@ def pretraining_checks(args: Args, scenario: Scenario, conditions: list[dict], e
     if not make_policy(best, scenario).acts_in_time:
         return out
     if args.condition_teachers and args.all_deployments:
-        names, seeds = list(DEPLOYMENT_TEACHERS), TEACHER_SEEDS
+        names, seeds = list(DEPLOYMENT_TEACHERS), args.teacher_streams
         with progress_bar(len(conditions) * len(names) * seeds, "checks: teachers by capacity",
                           "stream") as bar:
             caps = condition_capacities(scenario, conditions, names, seeds, executor=executor,
                                         progress=bar)
-        out["condition_teachers"] = [capacity_pick(names, c) for c in caps]
+        out["condition_teachers"] = [capacity_pick(names, c, args.teacher_tie) for c in caps]
         out["teacher_capacities"] = {"policies": names, "capacity_rps": caps}
     elif args.condition_teachers:
         with progress_bar(len(conditions) * CONDITION_EPISODES * len(CONDITION_TEACHERS),

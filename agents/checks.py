@@ -150,11 +150,6 @@ def condition_teachers(base: Scenario, sampler: EpisodeSampler, names: list[str]
     return picks
 
 
-TIE_SHARE = 0.02
-"""Capacities within this share of the highest on a condition tie (the capacity search's
-bisection tolerance): among them, :func:`capacity_pick` keeps the given order's first."""
-
-
 def condition_capacities(base: Scenario, conditions: list[dict], names: list[str], seeds: int = 2,
                          num_requests: int = 200, executor=None,
                          progress=None) -> list[list[float]]:
@@ -175,10 +170,11 @@ def condition_capacities(base: Scenario, conditions: list[dict], names: list[str
     return [[r.capacity for r in rs] for rs in found]
 
 
-def capacity_pick(names: list[str], capacities: list[float]) -> str:
-    """The first of ``names`` whose capacity is within :data:`TIE_SHARE` of the highest."""
+def capacity_pick(names: list[str], capacities: list[float], tie: float) -> str:
+    """The first of ``names`` whose capacity is within the share ``tie`` of the highest
+    (``train.py --teacher-tie``)."""
     top = max(capacities)
-    return next(n for n, c in zip(names, capacities) if c >= (1 - TIE_SHARE) * top)
+    return next(n for n, c in zip(names, capacities) if c >= (1 - tie) * top)
 
 
 def condition_index(scenario: Scenario, conditions) -> int | None:

@@ -594,10 +594,12 @@ def test_a_condition_teacher_by_capacity_is_the_one_that_serves_most_ties_to_the
     from agents.checks import capacity_pick
 
     names = ["time-budget-deadline-kv:16", "time-budget-deadline-kv:4", "time-budget-deadline-kv:2"]
-    assert capacity_pick(names, [1.0, 1.03, 0.5]) == names[1]  # 1.0 < 0.98 x 1.03
-    assert capacity_pick(names, [1.0, 1.01, 0.5]) == names[0]  # within 2%: the first
-    assert capacity_pick(names, [0.0, 0.0, 0.0]) == names[0]  # nothing meets the SLO: the first
-    assert capacity_pick(names, [0.5, 0.9, 1.0]) == names[2]
+    assert capacity_pick(names, [1.0, 1.015, 0.5], 0.01) == names[1]  # 1.0 < 0.99 x 1.015
+    assert capacity_pick(names, [1.0, 1.01, 0.5], 0.01) == names[0]  # within 1%: the first
+    assert capacity_pick(names, [1.0, 1.015, 0.5], 0.02) == names[0]  # within 2%: the first
+    assert capacity_pick(names, [1.0, 1.015, 0.5], 0.0) == names[1]  # no tie: the highest
+    assert capacity_pick(names, [0.0, 0.0, 0.0], 0.01) == names[0]  # nothing meets the SLO: the first
+    assert capacity_pick(names, [0.5, 0.9, 1.0], 0.01) == names[2]
 
 
 def test_condition_capacities_come_back_in_the_conditions_order_across_slo_groups(monkeypatch):
@@ -643,7 +645,7 @@ def test_on_an_l40s_the_deadline_rule_at_top_4_serves_more_than_at_top_16():
     names = ["time-budget-deadline-kv:16", "time-budget-deadline-kv:4"]
     (caps,) = condition_capacities(Scenario(rate=1.0), [cond], names, seeds=1, num_requests=200)
     assert caps[1] > 1.1 * caps[0] > 0
-    assert capacity_pick(names, caps) == "time-budget-deadline-kv:4"
+    assert capacity_pick(names, caps, 0.01) == "time-budget-deadline-kv:4"
 
 
 def test_across_deployments_each_conditions_teacher_is_picked_by_capacity(monkeypatch):
@@ -658,12 +660,23 @@ def test_across_deployments_each_conditions_teacher_is_picked_by_capacity(monkey
     monkeypatch.setattr(train, "condition_teachers", lambda *a, **k: pytest.fail("picked by cost"))
     monkeypatch.setattr(train, "room_check", lambda *a, **k: {"gain": 0.0, "gain_ci95": 0.0, "episodes": 6})
     caps = [[2.0, 2.0, 2.01], [1.0, 1.0, 1.5]]
-    monkeypatch.setattr(train, "condition_capacities", lambda base, conds, names, *_, **__: caps[:len(conds)])
+    streams = []
+
+    def capacities(base, conds, names, seeds, **_):
+        streams.append(seeds)
+        return caps[:len(conds)]
+
+    monkeypatch.setattr(train, "condition_capacities", capacities)
     args = train.Args(all_deployments=True, conditions=2, workers=1)
     args.validate()
     out = train.pretraining_checks(args, args.scenario(), [{"capacity_rps": 1.0}] * 2, None)
     assert out["condition_teachers"] == ["time-budget-deadline-kv:4", "time-budget-deadline-kv:16"]
     assert out["teacher_capacities"] == {"policies": list(train.DEPLOYMENT_TEACHERS), "capacity_rps": caps}
+    # --teacher-streams sets the streams; with --teacher-tie 0 the highest teaches, 0.5% or not.
+    args = train.Args(all_deployments=True, conditions=2, workers=1, teacher_streams=3, teacher_tie=0.0)
+    out = train.pretraining_checks(args, args.scenario(), [{"capacity_rps": 1.0}] * 2, None)
+    assert streams == [6, 3]
+    assert out["condition_teachers"] == ["time-budget-deadline-kv:16"] * 2
 
 
 def test_the_clone_follows_its_teachers_rare_decisions():
