@@ -126,14 +126,15 @@ class Args(ScenarioArgs):
     with --all-deployments, DEPLOYMENT_TEACHERS' member that serves it most), not from the one
     best overall."""
     teacher_streams: int = 6
-    """With --all-deployments, the streams of 200 requests on which each condition's teacher
-    is picked by capacity (the mean over them)."""
+    """With --all-deployments: the streams of 200 requests (1-50) over whose mean each
+    condition's teacher is picked by capacity; each stream is a capacity search per member
+    and condition (6 take about 3 minutes for 34 conditions on 2 cores)."""
     teacher_tie: float = 0.01
-    """With --all-deployments, capacities within this share of a condition's highest tie,
-    and the tie goes to the shortest passes (TOP 4 before 8 before 16). Each stream's
-    capacity is found to 2%; the mean over 6 streams to about 1%. At 2% over 2 streams the
-    laptop's conditions that TOP 16 serves most taught TOP 8, which serves it 11% less
-    (docs/learning.md, "One policy for every deployment")."""
+    """With --all-deployments: capacities within this fraction (0.01 = 1%; 0-0.5) of a
+    condition's highest count as tied, and the tie goes to the shortest passes
+    (time-budget-deadline-kv:4, then :8, then :16). Each stream's capacity is searched to
+    2%, and the mean over --teacher-streams streams more finely (docs/learning.md, "One
+    policy for every deployment")."""
     teacher: str | None = None
     """The overall teacher (default: the checks' pick): a policy spec among the checks'
     fixed choices that act in time (time-budget:0.25 ... time-budget:1, and train.py's
@@ -660,12 +661,24 @@ def finish(args: Args, config: dict, scenario: Scenario, run_dir: Path, model, c
     return text
 
 
+def check_teacher_flags(args: Args, argv: list[str] | None) -> None:
+    """--teacher-streams and --teacher-tie pick the teachers of a run across deployments;
+    given to any other run, they are refused in one line (it picks its teachers by episode
+    cost)."""
+    given = given_fields(Args, sys.argv[1:] if argv is None else argv) & {"teacher_streams", "teacher_tie"}
+    for name in sorted(given):
+        require(args.all_deployments and args.condition_teachers, name, getattr(args, name),
+                "needs --all-deployments (and its teachers per condition): a run on one "
+                "deployment picks its conditions' teachers by episode cost")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(Args, argv, prog="python train.py")
     config = None
     if args.resume:
         args, config = resumed_args(args, argv)
     args.validate()
+    check_teacher_flags(args, argv)
     args, smoke = smoke_args(args, argv)
     scenario = args.scenario()
     scenario.hardware_profile(), scenario.model_profile(), scenario.engine_config(), scenario.slo()

@@ -189,6 +189,11 @@ def test_resume_keeps_the_run_s_own_values_and_refuses_any_flag_that_differs(tmp
     del old["args"]["teacher"]
     (tmp_path / "config.json").write_text(json.dumps(old))
     assert resumed().teacher is None
+    # One from before --teacher-streams and --teacher-tie picked its teachers on 2 streams, 2%.
+    for name in ("teacher_streams", "teacher_tie"):
+        del old["args"][name]
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert (resumed().teacher_streams, resumed().teacher_tie) == (2, 0.02)
     with pytest.raises(ConfigError, match="^teacher: got 'time-budget-deadline', but the run being resumed was trained without --teacher;"):
         resumed("--teacher", "time-budget-deadline")
     # A config.json that parses but was edited or cut is one line, not a traceback.
@@ -969,3 +974,17 @@ def test_all_deployments_records_its_conditions_and_never_draws_a_held_out_one(t
 ])
 def test_all_deployments_refuses_a_held_out_serving_deployment(flags, says):
     refused_in_one_line(cli("train.py", "--all-deployments", *flags), says)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--teacher-streams", "3"], "teacher_streams: got 3, needs --all-deployments"),
+    (["--all-deployments", "--no-condition-teachers", "--teacher-tie", "0.02"],
+     "teacher_tie: got 0.02, needs --all-deployments (and its teachers per condition)"),
+    (["--all-deployments", "--teacher-tie", "2"], "teacher_tie: got 2.0, must be a finite number >= 0 and <= 0.5"),
+])
+def test_the_teacher_choice_flags_are_refused_where_they_choose_nothing(flags, says, tmp_path):
+    """A run on one deployment picks its teachers by episode cost: --teacher-streams and
+    --teacher-tie, which pick them by capacity across deployments, are refused there in one
+    line before any work, as is a tie outside 0-0.5."""
+    refused_in_one_line(cli("train.py", "--run-dir", str(tmp_path / "r"), *flags), says)
+    assert not (tmp_path / "r").exists()
