@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from envs.scenario import ScenarioArgs
+from envs.workload import ARRIVALS
 
 MAX_EPISODES = 1000
 """Most build or held-out episodes."""
@@ -38,16 +39,21 @@ class ExportArgs:
     hardware: str | None = None
     """A run across deployments only: the table for this hardware (a preset,
     PRESET@field=value or a profile file), which the run need not have trained on, built
-    from the model's decisions there alone, on the run's serving workload around the
-    model's own capacity there. The table is that deployment's, not one that carries."""
+    from the model's decisions there alone, on the run's serving workload (or the traffic
+    given: --arrival, --burstiness, --on-s, --off-s, --prompt, --output) around the model's
+    own capacity there. The table is that deployment's, not one that carries."""
     model: str | None = None
     """The same for the model served (default: the run's serving model)."""
-    arrival: str | None = field(default=None, metadata={"choices": ["poisson", "gamma", "onoff"]})
+    arrival: str | None = field(default=None, metadata={"choices": list(ARRIVALS)})
     """With a deployment named: the arrivals of the traffic its table is built, chosen and
-    checked on (default: the run's serving workload's, as for --burstiness, --prompt and
-    --output)."""
+    checked on (unset: the run's serving workload's, as for each flag below)."""
     burstiness: float | None = None
-    """With a deployment named: the gamma arrivals' burstiness (envs/scenario.py)."""
+    """With a deployment named: the gamma shape of --arrival gamma (1 is Poisson, below 1
+    burstier; 1e-4 to 1e4)."""
+    on_s: float | None = None
+    """With a deployment named: the length of a burst of --arrival onoff, seconds."""
+    off_s: float | None = None
+    """With a deployment named: the pause between bursts of --arrival onoff, seconds."""
     prompt: str | None = None
     """With a deployment named: the prompt lengths (a length spec, as ``eval capacity`` takes)."""
     output: str | None = None

@@ -56,7 +56,7 @@ def parse_args(argv: list[str]) -> ExportArgs:
             "needs --refine-streams N")
     if args.features is not None:
         feature_specs(args.features)
-    given = {f: getattr(args, f) for f in TRAFFIC if getattr(args, f) is not None}
+    given = given_traffic(args)
     require(not given or bool(args.hardware or args.model), next(iter(given), "arrival"),
             next(iter(given.values()), None), "needs a deployment named (--hardware or "
             "--model): a run's own table is chosen on the run's serving workload")
@@ -136,15 +136,20 @@ def named_serving(args: ExportArgs, serving: Scenario) -> Scenario:
     """The serving scenario of the deployment ``--hardware``/``--model`` name: the run's
     serving scenario there, on the traffic given (``TRAFFIC``; the run's otherwise), with
     the part's own overhead and KV cache."""
-    traffic = {f: getattr(args, f) for f in TRAFFIC if getattr(args, f) is not None}
+    traffic = given_traffic(args)
     return serving.with_fields(hardware=args.hardware or serving.hardware,
                                model=args.model or serving.model,
                                per_pass_overhead_s=None, num_kv_blocks=None, **traffic).check()
 
 
-TRAFFIC = ("arrival", "burstiness", "prompt", "output")
+TRAFFIC = ("arrival", "burstiness", "on_s", "off_s", "prompt", "output")
 """The serving workload's fields a named deployment's export may be given: its table is
 built, chosen and checked on that traffic (default: the run's)."""
+
+
+def given_traffic(args: ExportArgs) -> dict:
+    """The ``TRAFFIC`` fields given on the command line (those not None)."""
+    return {f: getattr(args, f) for f in TRAFFIC if getattr(args, f) is not None}
 
 NAMED_STREAMS = 2
 """Streams on which a named deployment's capacity under the model sets the table's load."""
