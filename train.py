@@ -127,8 +127,8 @@ class Args(ScenarioArgs):
     best overall."""
     teacher_streams: int = 6
     """With --all-deployments: the streams of 200 requests (1-50) over whose mean each
-    condition's teacher is picked by capacity; each stream is a capacity search per member
-    and condition (6 take about 3 minutes for 34 conditions on 2 cores)."""
+    condition's teacher is picked by capacity; each stream adds a capacity search per
+    member and condition."""
     teacher_tie: float = 0.01
     """With --all-deployments: capacities within this fraction (0.01 = 1%; 0-0.5) of a
     condition's highest count as tied, and the tie goes to the shortest passes
