@@ -151,6 +151,7 @@ def given_traffic(args: ExportArgs) -> dict:
     """The ``TRAFFIC`` fields given on the command line (those not None)."""
     return {f: getattr(args, f) for f in TRAFFIC if getattr(args, f) is not None}
 
+
 NAMED_STREAMS = 2
 """Streams on which a named deployment's capacity under the model sets the table's load."""
 
