@@ -57,9 +57,9 @@ def parse_args(argv: list[str]) -> ExportArgs:
     if args.features is not None:
         feature_specs(args.features)
     given = given_traffic(args)
-    require(not given or bool(args.hardware or args.model), next(iter(given), "arrival"),
-            next(iter(given.values()), None), "needs a deployment named (--hardware or "
-            "--model): a run's own table is chosen on the run's serving workload")
+    for name, value in given.items():  # the first given is refused
+        require(bool(args.hardware or args.model), name, value, "needs a deployment named "
+                "(--hardware or --model): a run's own table is chosen on the run's serving workload")
     if args.hardware or args.model:  # the names and the traffic, before the run is loaded
         Scenario(**{k: v for k, v in (("hardware", args.hardware), ("model", args.model)) if v},
                  **given).check()
